@@ -1,0 +1,129 @@
+"""Per-layer gradient norms for a given loss.
+
+The loss is the mean cross-entropy over every position that has a target (labels != -100)
+inside the selected positions, over all batches together (token-weighted). Per layer:
+
+- ``mean_param_grad_norm``: mean over the layer's parameter tensors of each tensor's gradient
+  L2 norm (the per-layer "gradient magnitude" of the depth-growth papers),
+- ``grad_norm``: L2 norm of all the layer's parameter gradients together,
+- ``resid_grad_norm``: per-token L2 norm of the gradient at the layer's residual input,
+  averaged over the selected positions (a decoder's last token, which no target depends on,
+  has a zero gradient and counts as such).
+
+The model's parameters keep their ``.grad`` and ``requires_grad`` as they were before the call.
+
+Example:
+    >>> res = gradient_norms(model, tokens)   # doctest: +SKIP
+    >>> res.df.pivot(index="layer", columns="measure", values="value")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from probekit import figures
+from probekit.analyses._common import TokenMeans, check_finite, loss_mask, token_loss
+from probekit.analyses.result import Result
+from probekit.data import Data, position_mask
+from probekit.errors import InputError
+from probekit.model import Model, load
+
+GRADIENT_MEASURES = ("mean_param_grad_norm", "grad_norm", "resid_grad_norm")
+
+
+class GradientResult(Result):
+    """``df`` columns: ``layer``, ``measure``, ``value``. ``summary``: ``loss``,
+    ``second_half_over_first_half`` (ratio of mean ``mean_param_grad_norm``), ``n_layers``."""
+
+    kind = "gradients"
+
+    def figure(self) -> go.Figure:
+        fig = figures.lines(
+            self.df, "layer", "value", "measure", "Gradient norm per layer", "layer", "L2 norm"
+        )
+        fig.update_yaxes(type="log")
+        return fig
+
+
+def gradient_norms(
+    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
+) -> GradientResult:
+    """Backpropagate the mean token loss and measure gradient norms per layer."""
+    model = load(model)
+    batches = model.prepare(data, batch_size)
+    selected = [position_mask(b, positions) for b in batches]
+    masks = [loss_mask(b.labels, s) for b, s in zip(batches, selected, strict=True)]
+    total = sum(int(m.sum()) for m in masks)
+    if total == 0:
+        raise InputError(
+            "no selected position has a target, so there is no loss to differentiate",
+            fix="pass labels, or use positions='all' (the last token of a decoder has no "
+            "next-token target)",
+        )
+    params = list(model.hf_model.parameters())
+    saved = [(p.grad, p.requires_grad) for p in params]
+    acc = TokenMeans()
+    loss_value = 0.0
+    try:
+        for p in params:
+            p.grad = None
+            p.requires_grad_(True)
+        for batch, mask, chosen in zip(batches, masks, selected, strict=True):
+
+            def grad_hook(layer: int, chosen: torch.Tensor = chosen) -> Any:
+                def fn(grad: torch.Tensor, hook: Any) -> None:
+                    acc.add(layer, grad.detach().double().norm(dim=-1), chosen)
+
+                return fn
+
+            bwd = [(model.hook_name(i, "resid_in"), grad_hook(i)) for i in range(model.n_layers)]
+            with torch.enable_grad(), model.hooks(bwd_hooks=bwd):
+                logits = model.forward(batch)
+                check_finite(logits)
+                loss = token_loss(logits, batch.labels)[mask].sum() / total
+                loss.backward()
+            loss_value += float(loss.detach())
+        rows = []
+        for layer in range(model.n_layers):
+            # one norm per stored weight; views of a fused weight (q, k, v of c_attn) together
+            norms = [
+                math.sqrt(
+                    sum(float(p.grad.double().norm()) ** 2 for p in group if p.grad is not None)
+                )
+                for group in model.layer_weights(layer)
+            ]
+            rows += [
+                {
+                    "layer": layer,
+                    "measure": "mean_param_grad_norm",
+                    "value": sum(norms) / len(norms),
+                },
+                {
+                    "layer": layer,
+                    "measure": "grad_norm",
+                    "value": math.sqrt(sum(x * x for x in norms)),
+                },
+                {"layer": layer, "measure": "resid_grad_norm", "value": acc.mean(layer)},
+            ]
+    finally:
+        for p, (grad, requires_grad) in zip(params, saved, strict=True):
+            p.grad = grad
+            p.requires_grad_(requires_grad)
+    df = pd.DataFrame(rows)
+    per_layer = df[df.measure == "mean_param_grad_norm"].set_index("layer")["value"]
+    half = (model.n_layers + 1) // 2
+    first, second = (
+        per_layer[per_layer.index < half].mean(),
+        per_layer[per_layer.index >= half].mean(),
+    )
+    summary = {
+        "n_layers": model.n_layers,
+        "loss": loss_value,
+        "second_half_over_first_half": float(second / first) if first > 0 else float("nan"),
+    }
+    return GradientResult(df, summary, {"positions": positions, "model": repr(model)})

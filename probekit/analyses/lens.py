@@ -1,0 +1,113 @@
+"""Logit lens: decode the residual stream after every layer with the model's own head.
+
+For depth d = 0 .. L (d = number of blocks applied; 0 is the embedding), p_d is the softmax of
+the final norm + unembedding applied to the residual after d blocks. Per token, averaged over
+the selected positions: ``kl`` = KL(p_d || p_final) and ``topk_overlap`` = |top-k(p_d) ∩
+top-k(p_final)| / k. The summary gives the first depth at which the mean KL falls below
+``kl_threshold`` (the layer where the prediction is essentially formed).
+
+Example:
+    >>> res = logit_lens(model, tokens, k=5)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from probekit import figures
+from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses.result import Result
+from probekit.data import Data, position_mask
+from probekit.errors import InputError
+from probekit.model import Model, load
+
+
+def lens_measures(
+    layer_logits: torch.Tensor, final_logits: torch.Tensor, k: int
+) -> dict[str, torch.Tensor]:
+    """Per-token KL(p_layer || p_final) and top-k overlap with the final prediction."""
+    logp = layer_logits.double().log_softmax(-1)
+    logq = final_logits.double().log_softmax(-1)
+    top_layer = layer_logits.topk(k, dim=-1).indices
+    top_final = final_logits.topk(k, dim=-1).indices
+    overlap = (top_layer[..., :, None] == top_final[..., None, :]).any(-1).double().sum(-1) / k
+    return {"kl": (logp.exp() * (logp - logq)).sum(-1), "topk_overlap": overlap}
+
+
+class LogitLensResult(Result):
+    """``df`` columns: ``depth`` (blocks applied, 0 = embeddings), ``measure`` ('kl' or
+    'topk_overlap'), ``value``. ``summary``: ``k``, ``kl_threshold``, ``formed_at_depth``,
+    ``mean_kl_second_half``."""
+
+    kind = "logit_lens"
+
+    def figure(self) -> go.Figure:
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(specs=[[{"secondary_y": True}]])
+        kl = self.df[self.df.measure == "kl"]
+        ov = self.df[self.df.measure == "topk_overlap"]
+        fig.add_trace(
+            go.Scatter(x=kl.depth, y=kl.value, name="KL(p_l || p_final)", mode="lines+markers"),
+            secondary_y=False,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=ov.depth,
+                y=ov.value,
+                name=f"top-{self.summary['k']} overlap",
+                mode="lines+markers",
+                line={"color": figures.PALETTE[1]},
+            ),
+            secondary_y=True,
+        )
+        fig.update_yaxes(title_text="KL (nats)", secondary_y=False)
+        fig.update_yaxes(title_text="overlap", range=[0, 1.05], secondary_y=True)
+        fig.update_xaxes(title_text="blocks applied (0 = embeddings)")
+        return figures.base_layout(fig, "Logit lens")
+
+
+def logit_lens(
+    model: Model,
+    data: Data,
+    *,
+    k: int = 5,
+    positions: str = "all",
+    kl_threshold: float = 0.1,
+    batch_size: int | None = None,
+) -> LogitLensResult:
+    """Decode every layer's residual with the final head and compare with the final output."""
+    model = load(model)
+    if not 1 <= k <= model.d_vocab:
+        raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
+    acc = TokenMeans()
+    for batch in model.prepare(data, batch_size):
+        trace = model.trace(batch)
+        check_finite(trace.logits)
+        mask = position_mask(batch, positions)
+        with torch.no_grad():
+            for depth, residual in enumerate(trace.residuals):
+                measures = lens_measures(model.head(residual), trace.logits, k)
+                for name, values in measures.items():
+                    acc.add((depth, name), values, mask)
+    rows = [
+        {"depth": d, "measure": m, "value": acc.mean((d, m))}
+        for d in range(model.n_layers + 1)
+        for m in ("kl", "topk_overlap")
+    ]
+    df = pd.DataFrame(rows)
+    kl = df[df.measure == "kl"].set_index("depth")["value"]
+    formed = kl[kl < kl_threshold]
+    half = (model.n_layers + 1) // 2
+    summary = {
+        "k": k,
+        "kl_threshold": kl_threshold,
+        "formed_at_depth": int(formed.index.min()) if len(formed) else model.n_layers,
+        "mean_kl_second_half": float(kl[(kl.index > half) & (kl.index < model.n_layers)].mean())
+        if model.n_layers - half > 1
+        else float("nan"),
+        "n_layers": model.n_layers,
+    }
+    return LogitLensResult(df, summary, {"positions": positions, "model": repr(model)})

@@ -1,0 +1,136 @@
+"""Residual-stream similarity and relative norms per layer.
+
+Write h_{l+1} = h_l + a_l + m_l with a_l the attention update and m_l the MLP update of layer l.
+Per token, then averaged over the selected positions:
+
+- ``cos_out_in``   cos(h_{l+1}, h_l)         how much a layer turns the stream,
+- ``cos_attn_in``  cos(a_l, h_l)             whether attention writes along or against it,
+- ``cos_mlp_mid``  cos(m_l, h_l + a_l),
+- ``attn_rel``     ||a_l|| / ||h_l||,
+- ``mlp_rel``      ||m_l|| / ||h_l + a_l||,
+- ``update_rel``   ||a_l + m_l|| / ||h_l||   the layer's relative update size.
+
+For post-norm models (BERT) a_l and m_l are the changes each sublayer, with its add-norm, makes
+to the stream (see :meth:`probekit.Model.update_hooks`), so the decomposition holds exactly.
+
+Example:
+    >>> res = residual_stats(model, tokens)    # doctest: +SKIP
+    >>> res.figure().show()                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+import torch.nn.functional as F
+
+from probekit import figures
+from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses.result import Result
+from probekit.data import Data, position_mask
+from probekit.model import Model, load
+
+RESIDUAL_MEASURES = (
+    "cos_out_in",
+    "cos_attn_in",
+    "cos_mlp_mid",
+    "attn_rel",
+    "mlp_rel",
+    "update_rel",
+)
+_EPS = 1e-12
+
+
+def residual_measures(
+    h_in: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, h_out: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The per-token measures of :data:`RESIDUAL_MEASURES` for one layer (float64)."""
+    h_in, attn, mlp, h_out = (t.double() for t in (h_in, attn, mlp, h_out))
+    mid = h_in + attn
+    norm = lambda t: t.norm(dim=-1)  # noqa: E731
+    return {
+        "cos_out_in": F.cosine_similarity(h_out, h_in, dim=-1, eps=_EPS),
+        "cos_attn_in": F.cosine_similarity(attn, h_in, dim=-1, eps=_EPS),
+        "cos_mlp_mid": F.cosine_similarity(mlp, mid, dim=-1, eps=_EPS),
+        "attn_rel": norm(attn) / (norm(h_in) + _EPS),
+        "mlp_rel": norm(mlp) / (norm(mid) + _EPS),
+        "update_rel": norm(attn + mlp) / (norm(h_in) + _EPS),
+    }
+
+
+class ResidualResult(Result):
+    """``df`` columns: ``layer``, ``measure``, ``value``. ``summary``: per measure the mean over
+    the first and the second half of the layers (``<measure>_first_half``/``_second_half``)."""
+
+    kind = "residual"
+
+    def table(self) -> pd.DataFrame:
+        """Wide table: one row per layer, one column per measure."""
+        return self.df.pivot(index="layer", columns="measure", values="value")[
+            list(RESIDUAL_MEASURES)
+        ]
+
+    def figure(self) -> go.Figure:
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(
+            rows=1, cols=2, subplot_titles=("cosine similarities", "relative norms")
+        )
+        for i, measure in enumerate(RESIDUAL_MEASURES):
+            part = self.df[self.df.measure == measure]
+            fig.add_trace(
+                go.Scatter(
+                    x=part.layer,
+                    y=part.value,
+                    name=measure,
+                    mode="lines+markers",
+                    line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
+                ),
+                row=1,
+                col=1 if measure.startswith("cos") else 2,
+            )
+        fig.update_xaxes(title_text="layer")
+        return figures.base_layout(fig, "Residual stream: similarity and relative update size")
+
+
+def residual_stats(
+    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
+) -> ResidualResult:
+    """Measure the residual-stream similarities and relative norms of every layer.
+
+    Only the tensors of the layer being run are held; each layer's measures are reduced to
+    token sums inside its output hook.
+    """
+    model = load(model)
+    acc = TokenMeans()
+    for batch in model.prepare(data, batch_size):
+        mask = position_mask(batch, positions)
+
+        def reduce(layer: int, mask: torch.Tensor = mask) -> Any:
+            def fn(h_in, attn, mlp, h_out) -> None:
+                for name, values in residual_measures(h_in, attn, mlp, h_out).items():
+                    acc.add((layer, name), values, mask)
+
+            return fn
+
+        fwd = [
+            h for layer in range(model.n_layers) for h in model.update_hooks(layer, reduce(layer))
+        ]
+        with torch.no_grad():
+            check_finite(model.forward(batch, fwd))
+    rows = [
+        {"layer": layer, "measure": m, "value": acc.mean((layer, m))}
+        for layer in range(model.n_layers)
+        for m in RESIDUAL_MEASURES
+    ]
+    df = pd.DataFrame(rows)
+    half = (model.n_layers + 1) // 2
+    summary: dict = {"n_layers": model.n_layers}
+    for m in RESIDUAL_MEASURES:
+        part = df[df.measure == m]
+        summary[f"{m}_first_half"] = float(part[part.layer < half].value.mean())
+        summary[f"{m}_second_half"] = float(part[part.layer >= half].value.mean())
+    return ResidualResult(df, summary, {"positions": positions, "model": repr(model)})

@@ -1,0 +1,137 @@
+"""Token data as analyzers take it: batches of token ids with an optional mask and labels.
+
+Analyzers accept a token tensor ``[batch, pos]``, a ``(tokens, attention_mask)`` tuple, a dict
+with ``input_ids`` (or ``tokens``), ``attention_mask`` and ``labels`` keys, a :class:`Batch`, or a
+list of any of these (one entry per batch; averages are then taken over all valid tokens of all
+batches, never by averaging batch means).
+
+``labels[b, t]`` is the token the model should predict *at* position ``t`` (``-100`` = no target).
+When labels are omitted, the model handle fills them in: the next token for decoders, the token
+itself for masked-LM encoders.
+
+Example:
+    >>> import torch
+    >>> [b] = as_batches(torch.tensor([[5, 6, 7]]))
+    >>> b.tokens.shape, b.attention_mask is None
+    (torch.Size([1, 3]), True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from probekit.errors import InputError
+
+
+@dataclass
+class Batch:
+    """One batch: ``tokens [B, T]``, ``attention_mask [B, T]`` (1 = real token), ``labels``."""
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """Bool mask of real (non-padding) tokens."""
+        if self.attention_mask is None:
+            return torch.ones_like(self.tokens, dtype=torch.bool)
+        return self.attention_mask.bool()
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Move all tensors to ``device``."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(move(self.tokens), move(self.attention_mask), move(self.labels))
+
+
+Data = Union[torch.Tensor, Batch, Mapping[str, Any], tuple, list]  # noqa: UP007
+
+
+def _one_batch(item: Any) -> Batch:
+    if isinstance(item, Batch):
+        return item
+    if isinstance(item, torch.Tensor):
+        return Batch(item)
+    if isinstance(item, Mapping):
+        tokens = item.get("input_ids", item.get("tokens"))
+        if tokens is None:
+            raise InputError(
+                f"a data dict has no 'input_ids' or 'tokens' key (keys: {sorted(item)})",
+                fix="pass {'input_ids': tokens, 'attention_mask': mask}",
+            )
+        return Batch(_tensor(tokens), _opt(item.get("attention_mask")), _opt(item.get("labels")))
+    if isinstance(item, tuple) and 1 <= len(item) <= 3:
+        return Batch(*(_opt(x) for x in item))
+    raise InputError(
+        f"cannot read data of type {type(item).__name__}",
+        fix="pass a token tensor [batch, pos], a (tokens, attention_mask) tuple, a dict with "
+        "'input_ids', or a list of these",
+    )
+
+
+def _tensor(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def _opt(x: Any) -> torch.Tensor | None:
+    return None if x is None else _tensor(x)
+
+
+def as_batches(data: Data, batch_size: int | None = None) -> list[Batch]:
+    """Normalise any accepted data form into a list of :class:`Batch`.
+
+    ``batch_size`` splits each batch further into chunks of at most that many sequences.
+    """
+    if isinstance(data, list) or (
+        isinstance(data, Iterable) and not isinstance(data, torch.Tensor | Mapping | tuple | Batch)
+    ):
+        items = [_one_batch(x) for x in data]
+    else:
+        items = [_one_batch(data)]
+    if not items:
+        raise InputError("the data is empty (no batches)", fix="pass at least one sequence")
+    out: list[Batch] = []
+    for b in items:
+        if b.tokens.ndim == 1:
+            b = Batch(
+                b.tokens[None],
+                None if b.attention_mask is None else b.attention_mask.reshape(1, -1),
+                None if b.labels is None else b.labels.reshape(1, -1),
+            )
+        if batch_size is None or b.tokens.shape[0] <= batch_size:
+            out.append(b)
+            continue
+        for start in range(0, b.tokens.shape[0], batch_size):
+            sl = slice(start, start + batch_size)
+            out.append(
+                Batch(
+                    b.tokens[sl],
+                    None if b.attention_mask is None else b.attention_mask[sl],
+                    None if b.labels is None else b.labels[sl],
+                )
+            )
+    return out
+
+
+def position_mask(batch: Batch, positions: str) -> torch.Tensor:
+    """Bool mask ``[B, T]`` of the positions a measure is averaged over.
+
+    ``positions="all"``: every real token; ``"last"``: the last real token of each sequence.
+    """
+    valid = batch.valid
+    if positions == "all":
+        return valid
+    if positions == "last":
+        last = valid.long().cumsum(-1).argmax(-1)
+        out = torch.zeros_like(valid)
+        has_any = valid.any(-1)
+        out[torch.arange(valid.shape[0], device=valid.device)[has_any], last[has_any]] = True
+        return out
+    raise InputError(f"unknown positions={positions!r}", fix="use positions='all' or 'last'")
+
+
+__all__ = ["Batch", "Data", "as_batches", "position_mask"]

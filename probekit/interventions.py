@@ -1,0 +1,220 @@
+"""Interventions: context managers that change what a model computes and always restore it.
+
+Each one restores the model in ``finally``: no hook, no reordered layer and no changed weight
+survives the ``with`` block, even one that raised. The ``*_hooks`` functions return the
+TransformerLens hook lists the context managers install, so the fast paths in the analyzers can
+apply exactly the same edit inside a resumed forward (:meth:`probekit.model.Trace.resume`).
+
+Example:
+    >>> with skip_layer(model, 3):            # doctest: +SKIP
+    ...     logits = model.logits(tokens)     # layer 3's output := its input
+    >>> with swap_layers(model, 4, 5):        # doctest: +SKIP
+    ...     logits = model.logits(tokens)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from probekit.data import Data
+from probekit.errors import InputError
+from probekit.model import HookList, Model
+
+SUBLAYERS = ("attn", "mlp")
+
+
+def _check_layer(model: Model, layer: int) -> int:
+    if not isinstance(layer, int) or not 0 <= layer < model.n_layers:
+        raise InputError(
+            f"layer {layer!r} is outside the model's {model.n_layers} layers",
+            fix=f"use a layer index in 0..{model.n_layers - 1}",
+        )
+    return layer
+
+
+def _site(sublayer: str) -> str:
+    if sublayer not in SUBLAYERS:
+        raise InputError(f"unknown sublayer {sublayer!r}", fix="use 'attn' or 'mlp'")
+    return sublayer
+
+
+def skip_layer_hooks(model: Model, layer: int) -> list[tuple[str, Any]]:
+    """Hooks that make block ``layer`` return its input unchanged (its whole update removed)."""
+    _check_layer(model, layer)
+    stash: dict[str, torch.Tensor] = {}
+
+    def keep_input(tensor: torch.Tensor, hook: Any) -> None:
+        stash["h"] = tensor
+
+    def return_input(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        return stash.pop("h")
+
+    return [
+        (model.hook_name(layer, "resid_in"), keep_input),
+        (model.hook_name(layer, "resid_out"), return_input),
+    ]
+
+
+def ablate_hooks(
+    model: Model, layer: int, sublayer: str, value: torch.Tensor | None = None
+) -> list[tuple[str, Any]]:
+    """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of ``layer``.
+
+    ``value=None`` zero-ablates; otherwise the update is replaced by ``value`` (broadcast, e.g.
+    a ``[d_model]`` mean for mean ablation). In pre-norm models the update is the sublayer output
+    added to the residual stream; in post-norm models (BERT) it is the change the sublayer and
+    its add-norm make to the stream, so zero-ablating it leaves the stream as it entered.
+    """
+    _check_layer(model, layer)
+    _site(sublayer)
+    return model.replace_update_hooks(layer, sublayer, value)
+
+
+@contextmanager
+def hooks(model: Model, fwd_hooks: HookList) -> Iterator[Model]:
+    """Install arbitrary TransformerLens forward hooks, removed on exit."""
+    with model.hooks(fwd_hooks):
+        yield model
+
+
+@contextmanager
+def skip_layer(model: Model, layers: int | Sequence[int]) -> Iterator[Model]:
+    """Skip one or more layers: each block's output is set to its input."""
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    fwd = [h for layer in layers for h in skip_layer_hooks(model, layer)]
+    with model.hooks(fwd):
+        yield model
+
+
+@contextmanager
+def ablate(
+    model: Model,
+    layer: int,
+    sublayer: str,
+    mode: str = "zero",
+    data: Data | None = None,
+) -> Iterator[Model]:
+    """Zero- or mean-ablate the attention or MLP update of one layer.
+
+    Mean ablation replaces the update by its mean over all real tokens of ``data``.
+    """
+    if mode == "zero":
+        value = None
+    elif mode == "mean":
+        if data is None:
+            raise InputError("mean ablation needs data", fix="pass data=tokens to ablate()")
+        value = sublayer_means(model, data)[(layer, sublayer)]
+    else:
+        raise InputError(f"unknown ablation mode {mode!r}", fix="use mode='zero' or 'mean'")
+    with model.hooks(ablate_hooks(model, layer, sublayer, value)):
+        yield model
+
+
+@torch.no_grad()
+def sublayer_means(model: Model, data: Data) -> dict[tuple[int, str], torch.Tensor]:
+    """Mean attention and MLP update ``[d_model]`` of every layer over the real tokens of data."""
+    sums: dict[tuple[int, str], torch.Tensor] = {}
+    count = 0
+
+    def accumulate(layer: int, valid: torch.Tensor) -> Any:
+        def fn(h_in, attn, mlp, h_out) -> None:
+            for name, update in (("attn", attn), ("mlp", mlp)):
+                total = (update * valid[..., None]).sum((0, 1), dtype=torch.float64)
+                sums[(layer, name)] = sums.get((layer, name), 0) + total
+
+        return fn
+
+    for batch in model.prepare(data):
+        valid = batch.valid.to(model.dtype)
+        fwd = [
+            hook
+            for layer in range(model.n_layers)
+            for hook in model.update_hooks(layer, accumulate(layer, valid))
+        ]
+        model.forward(batch, fwd)
+        count += int(batch.valid.sum())
+    return {key: (total / count).to(model.dtype) for key, total in sums.items()}
+
+
+def check_order(model: Model, order: Sequence[int]) -> list[int]:
+    """Validate that ``order`` is a permutation of ``range(n_layers)``."""
+    order = [int(i) for i in order]
+    if sorted(order) != list(range(model.n_layers)):
+        raise InputError(
+            f"layer order {order} is not a permutation of 0..{model.n_layers - 1}",
+            fix="list every layer index exactly once",
+        )
+    return order
+
+
+@contextmanager
+def reorder_layers(model: Model, order: Sequence[int]) -> Iterator[Model]:
+    """Run the blocks in ``order`` (a permutation of layer indices); restored on exit.
+
+    The block modules themselves move in the model's ModuleList (weights are untouched); each
+    keeps its hook names, so ``blocks.3.hook_out`` is still block 3's output wherever it runs.
+    """
+    order = check_order(model, order)
+    blocks = model.blocks
+    original = list(blocks)
+    try:
+        for position, layer in enumerate(order):
+            blocks[position] = original[layer]
+        yield model
+    finally:
+        for position, module in enumerate(original):
+            blocks[position] = module
+
+
+def swapped_order(n_layers: int, first: Sequence[int], second: Sequence[int]) -> list[int]:
+    """The layer order with two contiguous, non-overlapping ranges of layers exchanged.
+
+    ``first`` and ``second`` are ``(start, stop)`` ranges; single layers are ``(i, i + 1)``.
+    """
+    (a, b), (c, d) = sorted([tuple(first), tuple(second)])
+    if not (0 <= a < b <= c < d <= n_layers):
+        raise InputError(
+            f"blocks {tuple(first)} and {tuple(second)} are not two non-overlapping ranges "
+            f"inside 0..{n_layers}",
+            fix="give (start, stop) ranges with start < stop that do not overlap",
+        )
+    layers = list(range(n_layers))
+    return layers[:a] + layers[c:d] + layers[b:c] + layers[a:b] + layers[d:]
+
+
+@contextmanager
+def swap_layers(model: Model, i: int, j: int) -> Iterator[Model]:
+    """Exchange the positions of layers ``i`` and ``j``; restored on exit."""
+    _check_layer(model, i)
+    _check_layer(model, j)
+    if i == j:
+        raise InputError(f"cannot swap layer {i} with itself", fix="pass two different layers")
+    with reorder_layers(model, swapped_order(model.n_layers, (i, i + 1), (j, j + 1))):
+        yield model
+
+
+@contextmanager
+def swap_blocks(model: Model, first: tuple[int, int], second: tuple[int, int]) -> Iterator[Model]:
+    """Exchange two contiguous blocks of layers, given as ``(start, stop)`` ranges."""
+    with reorder_layers(model, swapped_order(model.n_layers, first, second)):
+        yield model
+
+
+__all__ = [
+    "SUBLAYERS",
+    "ablate",
+    "ablate_hooks",
+    "check_order",
+    "hooks",
+    "reorder_layers",
+    "skip_layer",
+    "skip_layer_hooks",
+    "sublayer_means",
+    "swap_blocks",
+    "swap_layers",
+    "swapped_order",
+]

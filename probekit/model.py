@@ -1,0 +1,574 @@
+"""The model handle: one object over a TransformerLens 4 ``TransformerBridge``.
+
+All architecture-specific knowledge in probekit lives in this module: how to find the blocks,
+the names of the residual / attention / MLP hook points, how the final residual becomes logits,
+and whether the model predicts the next token (decoder) or the token itself (masked LM).
+Analyzers only use the handle's methods and the canonical hook names it returns.
+
+Example:
+    >>> import probekit, transformers
+    >>> hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    ...     vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4))
+    >>> model = probekit.load(hf)
+    >>> model.n_layers, model.d_model, model.is_causal
+    (2, 32, True)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from probekit.data import Batch, Data, as_batches
+from probekit.errors import (
+    CheckpointError,
+    InputError,
+    NumericalError,
+    UnsupportedModelError,
+)
+
+log = logging.getLogger(__name__)
+
+HookList = Sequence[tuple[Any, Callable]]
+"""TransformerLens-style forward hooks: ``[(hook_name_or_filter, fn(tensor, hook))]``."""
+
+# Masked-LM encoders: loss targets are the input tokens, not the next ones, and the
+# prediction head is the HF model's own ``cls`` module (dense -> act -> LayerNorm -> decoder).
+_MASKED_LM_SUFFIXES = ("ForMaskedLM", "ForPreTraining")
+
+SITES = {
+    "resid_in": "blocks.{layer}.hook_in",
+    "resid_out": "blocks.{layer}.hook_out",
+    "attn_out": "blocks.{layer}.attn.hook_out",
+    "mlp_out": "blocks.{layer}.mlp.hook_out",
+}
+"""Canonical TransformerBridge hook names of the sites probekit reads and edits."""
+
+
+class Model:
+    """A loaded model: the bridge plus what analyzers need to know about it.
+
+    Build one with :func:`load`. Attributes: ``bridge`` (the TransformerBridge), ``hf_model``
+    (the wrapped Hugging Face module), ``n_layers``, ``d_model``, ``d_vocab``, ``n_ctx``,
+    ``device``, ``dtype``, ``architecture``, ``is_causal``, ``blocks``.
+    """
+
+    def __init__(self, bridge: Any, source: str | None = None) -> None:
+        self.bridge = bridge
+        self.source = source
+        self.hf_model: nn.Module = bridge.original_model
+        if not hasattr(bridge, "blocks") or len(bridge.blocks) == 0:
+            raise UnsupportedModelError(
+                f"the {self.architecture} bridge exposes no 'blocks' stack",
+                fix="use a standard decoder (GPT-2, Llama, ...) or encoder (BERT) architecture",
+            )
+        missing = [
+            name for site in SITES if (name := self.hook_name(0, site)) not in bridge.hook_dict
+        ]
+        if missing:
+            raise UnsupportedModelError(
+                f"the {self.architecture} bridge lacks the hook points {missing}",
+                fix="use an architecture with separate attention and MLP sublayers",
+            )
+        self.hf_model.eval()
+
+    # ---- what the model is -------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return str(getattr(self.bridge.cfg, "architecture", type(self.hf_model).__name__))
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.bridge.blocks)
+
+    @property
+    def d_model(self) -> int:
+        return int(self.bridge.cfg.d_model)
+
+    @property
+    def d_vocab(self) -> int:
+        return int(self.bridge.cfg.d_vocab)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.bridge.cfg.n_ctx)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf_model.parameters()).dtype
+
+    @property
+    def is_causal(self) -> bool:
+        """True for decoders (targets are next tokens), False for masked-LM encoders."""
+        return not self.architecture.endswith(_MASKED_LM_SUFFIXES)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The ModuleList of blocks that the model's forward iterates over, in run order."""
+        return self.bridge.blocks
+
+    @property
+    def post_norm(self) -> bool:
+        """True for post-LayerNorm blocks (BERT-style encoders), whose sublayer hooks hold the
+        normalised stream rather than the update added to it."""
+        return not self.is_causal
+
+    def update_hooks(
+        self,
+        layer: int,
+        on_layer: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+    ) -> list[tuple[str, Callable]]:
+        """Hooks that call ``on_layer(h_in, a, m, h_out)`` once block ``layer`` has run.
+
+        ``a`` and ``m`` are the attention and MLP updates with ``h_out = h_in + a + m``: the
+        sublayer outputs in pre-norm models; in post-norm models the change each sublayer
+        (with its add-norm) makes to the stream.
+        """
+        held: dict[str, torch.Tensor] = {}
+
+        def keep(key: str) -> Callable:
+            def fn(tensor: torch.Tensor, hook: Any) -> None:
+                held[key] = tensor.detach()
+
+            return fn
+
+        def finish(tensor: torch.Tensor, hook: Any) -> None:
+            h_in, h_out = held.pop("in"), tensor.detach()
+            if self.post_norm:
+                mid = held.pop("mid")
+                on_layer(h_in, mid - h_in, h_out - mid, h_out)
+            else:
+                on_layer(h_in, held.pop("attn"), held.pop("mlp"), h_out)
+
+        hooks = [(self.hook_name(layer, "resid_in"), keep("in"))]
+        if self.post_norm:
+            hooks.append((self.hook_name(layer, "attn_out"), keep("mid")))
+        else:
+            hooks += [
+                (self.hook_name(layer, "attn_out"), keep("attn")),
+                (self.hook_name(layer, "mlp_out"), keep("mlp")),
+            ]
+        return hooks + [(self.hook_name(layer, "resid_out"), finish)]
+
+    def replace_update_hooks(
+        self, layer: int, sublayer: str, value: torch.Tensor | None = None
+    ) -> list[tuple[str, Callable]]:
+        """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of ``layer`` by
+        ``value`` (broadcast; ``None`` = zero), with updates as in :meth:`update_hooks`."""
+        if sublayer not in ("attn", "mlp"):
+            raise InputError(f"unknown sublayer {sublayer!r}", fix="use 'attn' or 'mlp'")
+
+        def update(like: torch.Tensor) -> torch.Tensor:
+            if value is None:
+                return torch.zeros_like(like)
+            return value.to(like.dtype).expand_as(like)
+
+        if not self.post_norm:
+            site = "attn_out" if sublayer == "attn" else "mlp_out"
+            return [(self.hook_name(layer, site), lambda t, hook: update(t).clone())]
+        held: dict[str, torch.Tensor] = {}
+
+        def keep(tensor: torch.Tensor, hook: Any) -> None:
+            held["base"] = tensor
+
+        def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+            base = held.pop("base")
+            return base + update(base)
+
+        before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+        return [(self.hook_name(layer, before), keep), (self.hook_name(layer, at), replace)]
+
+    def hook_name(self, layer: int, site: str) -> str:
+        """Canonical hook name of ``site`` (one of :data:`SITES`) in block ``layer``."""
+        return SITES[site].format(layer=layer)
+
+    def layer_weights(self, layer: int) -> list[list[nn.Parameter]]:
+        """The weight tensors of block ``layer`` as the original model defines them.
+
+        The bridge may expose one stored weight as several parameters (GPT-2's fused ``c_attn``
+        appears as views ``q``, ``k``, ``v``); parameters sharing storage form one group here,
+        so a layer has as many groups as the Hugging Face model has weight tensors.
+        """
+        groups: dict[int, list[nn.Parameter]] = {}
+        for param in self.blocks[layer].parameters():
+            groups.setdefault(param.untyped_storage().data_ptr(), []).append(param)
+        return list(groups.values())
+
+    def __repr__(self) -> str:
+        return (
+            f"Model({self.architecture}, n_layers={self.n_layers}, d_model={self.d_model}, "
+            f"d_vocab={self.d_vocab}, device={self.device}, dtype={self.dtype})"
+        )
+
+    # ---- checks -----------------------------------------------------------------------
+    def check_finite(self) -> None:
+        """Raise :class:`NumericalError` if any weight is NaN or infinite."""
+        for name, param in self.hf_model.named_parameters():
+            if not torch.isfinite(param).all():
+                raise NumericalError(
+                    f"weight {name} contains NaN or infinite values",
+                    fix="load an earlier checkpoint or retrain with a lower learning rate",
+                )
+
+    def prepare(self, data: Data, batch_size: int | None = None) -> list[Batch]:
+        """Validate ``data`` against this model and return batches on its device with labels.
+
+        Raises :class:`InputError` for empty data, non-integer ids, ids outside the vocabulary,
+        sequences longer than the context, or masks and labels of the wrong shape.
+        """
+        out = []
+        for batch in as_batches(data, batch_size):
+            tokens = batch.tokens
+            if tokens.numel() == 0:
+                raise InputError("the data is empty (no tokens)", fix="pass at least one token")
+            if tokens.is_floating_point() or tokens.dtype == torch.bool:
+                raise InputError(
+                    f"token ids have dtype {tokens.dtype}", fix="pass integer (long) token ids"
+                )
+            if tokens.ndim != 2:
+                raise InputError(
+                    f"tokens have shape {tuple(tokens.shape)}", fix="pass tokens as [batch, pos]"
+                )
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= self.d_vocab:
+                bad = high if high >= self.d_vocab else low
+                raise InputError(
+                    f"token id {bad} is outside the vocabulary [0, {self.d_vocab})",
+                    fix="tokenize with this model's vocabulary",
+                )
+            if tokens.shape[1] > self.n_ctx:
+                raise InputError(
+                    f"sequences have {tokens.shape[1]} tokens, more than the model's context "
+                    f"of {self.n_ctx}",
+                    fix=f"truncate or split sequences to at most {self.n_ctx} tokens",
+                )
+            for what, t in (("attention_mask", batch.attention_mask), ("labels", batch.labels)):
+                if t is not None and t.shape != tokens.shape:
+                    raise InputError(
+                        f"{what} has shape {tuple(t.shape)} but tokens have {tuple(tokens.shape)}",
+                        fix=f"give {what} the same [batch, pos] shape as the tokens",
+                    )
+            if batch.attention_mask is not None and not batch.attention_mask.bool().any():
+                raise InputError(
+                    "the attention mask marks no token as real", fix="mark real tokens with 1"
+                )
+            batch = batch.to(self.device)
+            tokens = batch.tokens.long()
+            mask = None if batch.attention_mask is None else batch.attention_mask.long()
+            labels = batch.labels.long() if batch.labels is not None else None
+            if labels is None:
+                labels = self.default_labels(tokens, mask)
+            out.append(Batch(tokens, mask, labels))
+        return out
+
+    def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Targets per position: the next real token (decoders) or the token itself (encoders)."""
+        valid = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
+        if not self.is_causal:
+            return torch.where(valid, tokens, torch.full_like(tokens, -100))
+        labels = torch.full_like(tokens, -100)
+        ok = valid[:, :-1] & valid[:, 1:]
+        labels[:, :-1] = torch.where(ok, tokens[:, 1:], labels[:, :-1])
+        return labels
+
+    # ---- running ------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, fwd_hooks: HookList = (), bwd_hooks: HookList = ()) -> Iterator[Model]:
+        """Attach TransformerLens hooks for the duration of the block; always removed after."""
+        with self.bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks)):
+            yield self
+
+    def forward(self, batch: Batch, fwd_hooks: HookList = ()) -> torch.Tensor:
+        """Full forward of one prepared batch through the bridge; returns logits ``[B, T, V]``."""
+        with self.hooks(fwd_hooks):
+            return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
+
+    @torch.no_grad()
+    def logits(self, tokens: Any, attention_mask: Any = None) -> torch.Tensor:
+        """Logits ``[batch, pos, vocab]`` of the model on ``tokens`` (validated)."""
+        [batch] = self.prepare((tokens, attention_mask) if attention_mask is not None else tokens)
+        return self.forward(batch)
+
+    def head(self, residual: torch.Tensor) -> torch.Tensor:
+        """Map a final-layer residual ``[B, T, d_model]`` to logits (final norm + unembedding)."""
+        prediction_head = getattr(self.hf_model, "cls", None)
+        if not self.is_causal and prediction_head is not None:
+            return prediction_head(residual)
+        return self.bridge.unembed(self.bridge.ln_final(residual))
+
+    @torch.no_grad()
+    def trace(self, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
+        """Clean forward that keeps only each block's input residual and its call arguments.
+
+        The returned :class:`Trace` resumes the forward from any layer without recomputing the
+        blocks before it (see :meth:`Trace.resume`).
+        """
+        residuals: list[torch.Tensor | None] = [None] * (self.n_layers + 1)
+        calls: list[tuple[tuple, dict] | None] = [None] * self.n_layers
+
+        def keep(layer: int) -> Callable:
+            def fn(tensor: torch.Tensor, hook: Any) -> None:
+                residuals[layer] = tensor.detach()
+
+            return fn
+
+        def record(layer: int) -> Callable:
+            def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                calls[layer] = (args, dict(kwargs))
+
+            return pre_hook
+
+        hooks = [(self.hook_name(i, "resid_in"), keep(i)) for i in range(self.n_layers)]
+        hooks.append((self.hook_name(self.n_layers - 1, "resid_out"), keep(self.n_layers)))
+        handles = [
+            block.register_forward_pre_hook(record(i), with_kwargs=True)
+            for i, block in enumerate(self.blocks)
+        ]
+        try:
+            logits = self.forward(batch, list(fwd_hooks) + hooks)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if any(r is None for r in residuals) or any(c is None for c in calls):
+            raise UnsupportedModelError(
+                f"the {self.architecture} forward did not pass through every block hook",
+                fix="use a standard architecture whose forward runs each block once",
+            )
+        return Trace(self, batch, residuals, logits, calls)  # type: ignore[arg-type]
+
+
+@dataclass
+class Trace:
+    """The residual stream of one clean forward, ready to resume from any layer.
+
+    ``residuals[l]`` is the input of block ``l`` (``residuals[n_layers]`` the final residual),
+    ``logits`` the clean output and ``calls[l]`` the arguments the model passed to block ``l``
+    (attention mask, position embeddings, ...), replayed by :meth:`resume`.
+    """
+
+    model: Model
+    batch: Batch
+    residuals: list[torch.Tensor]
+    logits: torch.Tensor
+    calls: list[tuple[tuple, dict]] = field(repr=False)
+
+    def run_block(self, layer: int, residual: torch.Tensor) -> torch.Tensor:
+        """Run block ``layer`` on ``residual`` with the arguments of the clean forward."""
+        args, kwargs = self.calls[layer]
+        if args:
+            out = self.model.blocks[layer](residual, *args[1:], **kwargs)
+        else:
+            out = self.model.blocks[layer](**{**kwargs, "hidden_states": residual})
+        return out[0] if isinstance(out, tuple) else out
+
+    @torch.no_grad()
+    def resume(
+        self,
+        start: int,
+        residual: torch.Tensor | None = None,
+        order: Sequence[int] | None = None,
+        fwd_hooks: HookList = (),
+        observe: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
+        """Logits of the forward resumed at block ``start`` (``start == n_layers``: head only).
+
+        ``residual`` replaces the cached input of block ``start`` (default: the clean one);
+        ``order`` lists the blocks to run from there on (default ``start .. n_layers-1``), so a
+        swap of layers i < j is ``resume(i, order=[j, i+1, ..., i, ...])``; ``fwd_hooks`` are
+        active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run.
+
+        Example:
+            >>> trace = model.trace(batch)                      # doctest: +SKIP
+            >>> skipped = trace.resume(4, trace.residuals[3])   # doctest: +SKIP  (skip layer 3)
+        """
+        n = self.model.n_layers
+        if not 0 <= start <= n:
+            raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+        h = self.residuals[start] if residual is None else residual
+        order = list(range(start, n)) if order is None else list(order)
+        with self.model.hooks(fwd_hooks):
+            for layer in order:
+                h_out = self.run_block(layer, h)
+                if observe is not None:
+                    observe(layer, h, h_out)
+                h = h_out
+            return self.model.head(h)
+
+
+def _check_safetensors(path: Path) -> None:
+    """Check that a .safetensors file has a readable header and all the data it declares."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError(f"header length {header_len} exceeds file size {size}")
+            header = json.loads(handle.read(header_len))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        if 8 + header_len + max(ends, default=0) > size:
+            raise ValueError("the file is shorter than its header says (truncated)")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as err:
+        raise CheckpointError(
+            f"corrupt safetensors file {path} ({err})",
+            fix="re-save the checkpoint with save_pretrained(safe_serialization=True)",
+        ) from err
+
+
+def _check_checkpoint_dir(path: Path) -> dict:
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint path {path} does not exist", fix="pass a Hugging Face model directory"
+        )
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint path {path} is a file, not a directory",
+            fix="pass the directory holding config.json and *.safetensors",
+        )
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{path} has no config.json",
+            fix="pass a directory written by save_pretrained() (config.json + safetensors)",
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{config_path} is not valid JSON ({err})", fix="re-save the model's config"
+        ) from err
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        fix = (
+            "convert the weights to safetensors (probekit never unpickles checkpoint files)"
+            if pickled
+            else "save the weights with save_pretrained(safe_serialization=True)"
+        )
+        raise CheckpointError(f"{path} has no *.safetensors weights", fix=fix)
+    for weight_file in weights:
+        _check_safetensors(weight_file)
+    return config
+
+
+def _supported_architectures() -> set[str]:
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    return set(SUPPORTED_ARCHITECTURES)
+
+
+def _unsupported(arch: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"architecture {arch!r} is not supported by TransformerLens 4's TransformerBridge",
+        fix="use a supported architecture such as GPT2LMHeadModel, LlamaForCausalLM or "
+        "BertForMaskedLM",
+    )
+
+
+def _tokenizer(path: Path) -> Any:
+    """The tokenizer saved beside the weights, if any (probekit itself needs none)."""
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # a broken tokenizer must not block the analyses
+        log.warning("ignoring the tokenizer in %s: %s", path, err)
+        return None
+
+
+def _bridge(hf_model: nn.Module, arch: str, tokenizer: Any = None) -> Any:
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    try:
+        return build_bridge_from_module(
+            hf_model, arch, hf_config=hf_model.config, tokenizer=tokenizer
+        )
+    except ValueError as err:
+        raise UnsupportedModelError(
+            f"TransformerLens could not attach to this {arch} ({err})",
+            fix="use a supported architecture such as GPT2LMHeadModel or LlamaForCausalLM",
+        ) from err
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(
+    source: Any,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> Model:
+    """Attach probekit to a model and return its :class:`Model` handle.
+
+    ``source`` is a Hugging Face model directory on disk (config.json + safetensors), an
+    in-memory Hugging Face ``PreTrainedModel`` (wrapped in place: the bridge replaces its
+    submodules), a ``TransformerBridge``, or an existing :class:`Model` (returned as is).
+    Directories load onto CUDA when present, else the CPU, in float32 unless ``dtype`` is set.
+
+    Example:
+        >>> model = probekit.load("runs/anchor-gamma0.8")  # doctest: +SKIP
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedModel
+
+    if isinstance(source, Model):
+        return source
+    if isinstance(source, TransformerBridge):
+        model = Model(source)
+    elif isinstance(source, PreTrainedModel):
+        arch = type(source).__name__
+        if arch not in _supported_architectures():
+            raise _unsupported(arch)
+        if device is not None or dtype is not None:
+            source.to(device=device, dtype=dtype)
+        model = Model(_bridge(source, arch))
+    elif isinstance(source, str | os.PathLike):
+        path = Path(source).expanduser()
+        config = _check_checkpoint_dir(path)
+        archs = config.get("architectures") or []
+        arch = archs[0] if archs else config.get("model_type", "<unknown>")
+        if arch not in _supported_architectures():
+            raise _unsupported(arch)
+        import transformers
+
+        try:
+            hf_model = getattr(transformers, arch).from_pretrained(
+                str(path),
+                use_safetensors=True,
+                dtype=dtype or torch.float32,
+                attn_implementation="eager",
+            )
+        except Exception as err:  # HF raises many types; name the folder and the cause
+            raise CheckpointError(
+                f"could not load the checkpoint in {path}: {type(err).__name__}: {err}",
+                fix="check that config.json matches the safetensors weights",
+            ) from err
+        hf_model.to(device or _default_device())
+        model = Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+    else:
+        raise InputError(
+            f"cannot load a model from a {type(source).__name__}",
+            fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
+        )
+    model.check_finite()
+    return model
+
+
+__all__ = ["Model", "Trace", "load", "SITES"]

@@ -1,0 +1,249 @@
+"""The depth-use diagnosis of one model, as numbers and one self-contained HTML report.
+
+:func:`diagnose` runs the depth analyzers on a model and data; :func:`write_report` writes
+``report.html`` (plotly embedded, opens offline), ``summary.json`` and one ``<analysis>.json``
+(the saved Result) plus ``<analysis>.csv`` (its table) per analysis. Every file is written
+atomically.
+
+Example:
+    >>> diagnosis = diagnose(model, tokens)                 # doctest: +SKIP
+    >>> write_report(diagnosis, "report/", title="my model")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probekit.analyses import (
+    Result,
+    contributions,
+    gradient_norms,
+    layer_swaps,
+    logit_lens,
+    residual_stats,
+    skip_effects,
+)
+from probekit.analyses.result import _plain
+from probekit.data import Data
+from probekit.io import atomic_write_bytes, atomic_write_text
+from probekit.model import Model, load
+
+SKIPPABLE_FRACTION = 0.01
+"""A layer is called skippable when removing it raises the loss by less than this fraction of
+the clean loss."""
+
+
+@dataclass
+class Diagnosis:
+    """The results of :func:`diagnose`, keyed by analysis name, and the verdict lines."""
+
+    model: str
+    results: dict[str, Result]
+    verdict: list[str] = field(default_factory=list)
+    headline: dict[str, Any] = field(default_factory=dict)
+
+
+def diagnose(
+    model: Model | Any,
+    data: Data,
+    *,
+    pairs: str = "adjacent",
+    n_bootstrap: int = 100,
+    positions: str = "all",
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> Diagnosis:
+    """Run every depth-use analyzer and derive the verdict a reader wants first."""
+    model = load(model)
+    steps = {
+        "contributions": lambda: contributions(
+            model, data, positions=positions, batch_size=batch_size
+        ),
+        "skip_effects": lambda: skip_effects(
+            model, data, positions=positions, batch_size=batch_size
+        ),
+        "layer_swaps": lambda: layer_swaps(
+            model,
+            data,
+            pairs=pairs,
+            n_bootstrap=n_bootstrap,
+            positions=positions,
+            batch_size=batch_size,
+        ),
+        "residual": lambda: residual_stats(model, data, positions=positions, batch_size=batch_size),
+        "logit_lens": lambda: logit_lens(model, data, positions=positions, batch_size=batch_size),
+        "gradients": lambda: gradient_norms(
+            model, data, positions=positions, batch_size=batch_size
+        ),
+    }
+    results: dict[str, Result] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(steps), desc="diagnose", unit="analysis")
+    try:
+        for name, step in steps.items():
+            if bar is not None:
+                bar.set_postfix_str(name)
+            results[name] = step()
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    headline, verdict = _verdict(model, results)
+    return Diagnosis(repr(model), results, verdict, headline)
+
+
+def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]:
+    contrib, swaps, lens = results["contributions"], results["layer_swaps"], results["logit_lens"]
+    n = model.n_layers
+    share = contrib.summary["second_half_share"]
+    clean_loss = contrib.summary["clean_loss"]
+    loss_delta = contrib.profile("loss_delta")
+    threshold = SKIPPABLE_FRACTION * clean_loss
+    skippable = [int(layer) for layer, value in loss_delta.items() if value < threshold]
+    blocks = swaps.summary["blocks"]
+    confidence = swaps.boundary_confidence()
+    headline = {
+        "n_layers": n,
+        "second_half_share": share,
+        "clean_loss": clean_loss,
+        "skippable_layers": skippable,
+        "skippable_threshold": threshold,
+        "permutable_blocks": blocks,
+        "depth_score": results["skip_effects"].summary["depth_score"],
+        "prediction_formed_at_depth": lens.summary["formed_at_depth"],
+    }
+    verdict = [
+        f"The second half of the network (layers {(n + 1) // 2}–{n - 1}) accounts for "
+        f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share; "
+        "static pre-LN models typically stay below 15%, a depth-using model nears 50%).",
+    ]
+    if skippable:
+        listed = ", ".join(f"{layer} (Δloss {loss_delta[layer]:+.4f})" for layer in skippable)
+        verdict.append(
+            f"{len(skippable)} of {n} layers could be skipped at little cost "
+            f"(Δloss < {SKIPPABLE_FRACTION:.0%} of the clean loss {clean_loss:.4f}): {listed}."
+        )
+    else:
+        verdict.append(
+            f"No layer can be skipped at little cost: removing any one raises the loss by at "
+            f"least {SKIPPABLE_FRACTION:.0%} of the clean loss {clean_loss:.4f}."
+        )
+    parts = []
+    for start, stop in blocks:
+        parts.append(f"{start}–{stop - 1}" if stop - start > 1 else f"{start}")
+    conf_text = ", ".join(
+        f"before layer {k}: {confidence[k]:.0%}" for k in [b[0] for b in blocks[1:]]
+    )
+    verdict.append(
+        f"Layers form {len(blocks)} permutable block(s): {'; '.join(parts)}"
+        + (f" (bootstrap boundary confidence {conf_text})." if conf_text else ".")
+    )
+    verdict.append(
+        f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
+        f"after {lens.summary['formed_at_depth']} of {n} blocks."
+    )
+    return headline, verdict
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<script type="text/javascript">{plotly}</script>
+<style>
+body {{ font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
+       max-width: 1100px; color: #222; line-height: 1.5; }}
+h1 {{ font-size: 1.7rem; margin-bottom: .2rem; }}
+.sub {{ color: #666; margin-top: 0; }}
+.verdict {{ background: #f4f7fb; border-left: 4px solid #1f77b4; padding: .8rem 1.2rem; }}
+.verdict li {{ margin: .3rem 0; }}
+table {{ border-collapse: collapse; font-size: .9rem; }}
+td, th {{ border-bottom: 1px solid #ddd; padding: .25rem .8rem; text-align: left; }}
+section {{ margin-top: 2.2rem; }}
+</style></head><body>
+<h1>{title}</h1><p class="sub">{model}</p>
+<div class="verdict"><strong>Verdict</strong><ul>{verdict}</ul></div>
+{sections}
+</body></html>
+"""
+
+
+def _summary_table(summary: dict) -> str:
+    rows = []
+    for key, value in summary.items():
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        else:
+            text = html.escape(json.dumps(_plain(value)))
+        rows.append(f"<tr><th>{html.escape(key)}</th><td>{text}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def write_report(
+    diagnosis: Diagnosis, out_dir: str | os.PathLike, title: str = "probekit depth diagnosis"
+) -> Path:
+    """Write report.html, summary.json and each analysis's JSON and CSV into ``out_dir``."""
+    import plotly.offline
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for name, result in diagnosis.results.items():
+        result.save(out / f"{name}.json")
+        atomic_write_text(out / f"{name}.csv", result.df.to_csv(index=False))
+        figure = result.figure().to_html(full_html=False, include_plotlyjs=False)
+        sections.append(
+            f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>{figure}"
+            f"{_summary_table(result.summary)}</section>"
+        )
+    page = _PAGE.format(
+        title=html.escape(title),
+        model=html.escape(diagnosis.model),
+        plotly=plotly.offline.get_plotlyjs(),
+        verdict="".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict),
+        sections="\n".join(sections),
+    )
+    atomic_write_text(
+        out / "summary.json",
+        json.dumps(
+            {
+                "model": diagnosis.model,
+                "verdict": diagnosis.verdict,
+                "headline": _plain(diagnosis.headline),
+            },
+            indent=1,
+        ),
+    )
+    return atomic_write_text(out / "report.html", page)
+
+
+def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
+    """PNG and SVG copies of every figure (needs kaleido and a Chrome/Chromium)."""
+    out = Path(out_dir)
+    written = []
+    for name, result in diagnosis.results.items():
+        figure = result.figure()
+        for suffix in ("png", "svg"):
+            data = figure.to_image(format=suffix, width=1000, height=600)
+            written.append(atomic_write_bytes(out / f"{name}.{suffix}", data))
+    return written
+
+
+def random_tokens(model: Model, n_sequences: int, length: int, seed: int = 0) -> Any:
+    """Tokens drawn uniformly from the vocabulary (ids 1.., leaving 0 for padding)."""
+    import torch
+
+    length = min(length, model.n_ctx)
+    g = torch.Generator().manual_seed(seed)
+    low = 1 if model.d_vocab > 1 else 0
+    return torch.randint(low, model.d_vocab, (n_sequences, length), generator=g)
+
+
+__all__ = ["Diagnosis", "diagnose", "write_report", "export_images", "random_tokens"]

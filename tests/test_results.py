@@ -1,0 +1,100 @@
+"""Result objects: tidy tables, summaries, figures, and save/load round trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import probekit
+from probekit.errors import CheckpointError
+from tests.conftest import make_hf, sample_tokens
+
+
+@pytest.fixture(scope="module")
+def results():
+    model = probekit.load(make_hf("gpt2", scale=2.0))
+    data = sample_tokens()
+    return [
+        probekit.contributions(model, data),
+        probekit.skip_effects(model, data),
+        probekit.residual_stats(model, data),
+        probekit.gradient_norms(model, data),
+        probekit.logit_lens(model, data),
+        probekit.layer_swaps(model, data, n_bootstrap=10),
+    ]
+
+
+def test_results_are_tidy_with_summary_and_figure(results):
+    for res in results:
+        assert len(res.df) > 0 and res.df.columns.is_unique
+        assert "value" in res.df.columns
+        assert res.df["value"].notna().any()
+        assert isinstance(res.summary, dict) and res.summary
+        fig = res.figure()
+        assert isinstance(fig, go.Figure) and len(fig.data) > 0
+        assert fig.layout.title.text
+        json.dumps(fig.to_plotly_json(), default=str)  # serialisable for reports
+        assert type(res).__name__ in repr(res)
+
+
+def test_save_load_round_trip(results, tmp_path):
+    for res in results:
+        path = res.save(tmp_path / f"{res.kind}.json")
+        loaded = probekit.Result.load(path)
+        assert type(loaded) is type(res)
+        assert list(loaded.df.columns) == list(res.df.columns)
+        for col in res.df.columns:
+            a, b = res.df[col].to_numpy(), loaded.df[col].to_numpy()
+            if np.issubdtype(a.dtype, np.number):
+                assert np.allclose(a.astype(float), b.astype(float), equal_nan=True), col
+            else:
+                assert list(a) == list(b), col
+        for key, value in res.summary.items():
+            if isinstance(value, float) and np.isnan(value):
+                assert loaded.summary[key] is None or np.isnan(loaded.summary[key])
+            else:
+                assert (
+                    loaded.summary[key] == pytest.approx(value)
+                    if isinstance(value, float)
+                    else loaded.summary[key] == value
+                )
+        assert isinstance(loaded.figure(), go.Figure)
+    assert not list(tmp_path.glob(".*tmp"))  # no temporary files left behind
+
+
+def test_load_rejects_garbage(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot read a probekit result"):
+        probekit.Result.load(bad)
+    bad.write_text(
+        json.dumps(
+            {
+                "kind": "nonsense",
+                "summary": {},
+                "meta": {},
+                "df": {"schema": {"fields": []}, "data": []},
+            }
+        )
+    )
+    with pytest.raises(CheckpointError, match="unknown kind"):
+        probekit.Result.load(bad)
+
+
+def test_failed_save_leaves_no_partial_file(results, tmp_path, monkeypatch):
+    res = results[0]
+    target = tmp_path / "r.json"
+    res.save(target)
+    original = target.read_text()
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.fsync", explode)
+    with pytest.raises(OSError, match="disk full"):
+        res.save(target)
+    assert target.read_text() == original
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
