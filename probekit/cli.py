@@ -30,12 +30,30 @@ def _chromium_available() -> bool:
     return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
 
 
+def _run_checkpoint(path: str) -> str:
+    """A probekit run folder stands for its checkpoint folder."""
+    inner = os.path.join(path, "checkpoint")
+    return inner if os.path.isfile(os.path.join(inner, "run_config.json")) else path
+
+
 def _diagnose_data(model, args):
+    """The task's test data for probekit runs, a tokenized --text file, or drawn tokens."""
     from probekit.report import random_tokens
 
+    if os.path.isfile(os.path.join(args.model, "run_config.json")) and not args.text:
+        import torch
+
+        from probekit.training.trainer import load_run_config
+
+        data = load_run_config(args.model).task.dataset("test_data")
+        labels = torch.full_like(data.tokens, -100)
+        labels[:, -1] = data.targets
+        if args.positions == "auto":
+            args.positions = "last"
+        return {"input_ids": data.tokens, "labels": labels}
+    if args.positions == "auto":
+        args.positions = "all"
     if args.text:
-        if not os.path.isfile(args.text):
-            raise InputError(f"text file {args.text} does not exist", fix="pass a readable file")
         tokenizer = getattr(model.bridge, "tokenizer", None)
         if tokenizer is None:
             raise InputError(
@@ -62,6 +80,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     import probekit
     from probekit.report import diagnose, export_images, write_report
 
+    args.model = _run_checkpoint(args.model)
+    if args.text and not os.path.isfile(args.text):
+        raise InputError(f"text file {args.text} does not exist", fix="pass a readable file")
     model = probekit.load(args.model, device=args.device)
     data = _diagnose_data(model, args)
     diagnosis = diagnose(
@@ -100,12 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
         "layer swaps and permutable blocks, residual stream, logit lens, gradient norms) on a "
         "checkpoint and write report.html, summary.json and one JSON/CSV per analysis.",
     )
-    diag.add_argument("model", help="Hugging Face model directory (config.json + safetensors)")
+    diag.add_argument(
+        "model", help="Hugging Face model directory (config.json + safetensors) or a probekit run"
+    )
     diag.add_argument("--out", required=True, help="folder for the report and the numbers")
     diag.add_argument(
         "--text",
         help="a UTF-8 text file to tokenize with the model's tokenizer "
-        "(default: tokens drawn uniformly from the vocabulary)",
+        "(default: the task's test data for probekit runs, else tokens drawn uniformly from "
+        "the vocabulary)",
     )
     diag.add_argument("--n-sequences", type=int, default=32, help="sequences of data (default 32)")
     diag.add_argument(
@@ -128,9 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument(
         "--positions",
-        choices=["all", "last"],
-        default="all",
-        help="average over all real tokens or only the last one (default all)",
+        choices=["auto", "all", "last"],
+        default="auto",
+        help="average over all real tokens or only the last one (default auto: the last "
+        "token for probekit anchor runs, all tokens otherwise)",
     )
     diag.add_argument(
         "--batch-size", type=int, default=None, help="sequences per forward (default: all at once)"

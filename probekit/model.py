@@ -547,7 +547,10 @@ def load(
         if arch not in _supported_architectures():
             raise _unsupported(arch)
         import transformers
+        from transformers.utils import logging as hf_logging
 
+        bar_was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
         try:
             hf_model = getattr(transformers, arch).from_pretrained(
                 str(path),
@@ -560,6 +563,9 @@ def load(
                 f"could not load the checkpoint in {path}: {type(err).__name__}: {err}",
                 fix="check that config.json matches the safetensors weights",
             ) from err
+        finally:
+            if bar_was_on:
+                hf_logging.enable_progress_bar()
         hf_model.to(device or _default_device())
         model = Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
     else:

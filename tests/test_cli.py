@@ -1,0 +1,88 @@
+"""The command line: diagnose writes a self-contained report; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from probekit.cli import build_parser, main
+from tests.conftest import make_hf
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "gpt2"
+    make_hf("gpt2", scale=2.0).save_pretrained(path)
+    return path
+
+
+def test_diagnose_writes_report(checkpoint, tmp_path, capsys):
+    out = tmp_path / "report"
+    code = main(
+        [
+            "diagnose",
+            str(checkpoint),
+            "--out",
+            str(out),
+            "--n-sequences",
+            "6",
+            "--seq-len",
+            "8",
+            "--bootstrap",
+            "5",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert code == 0
+    page = (out / "report.html").read_text()
+    assert "Verdict" in page and "second half of the network" in page
+    assert not re.search(r"<script[^>]+src=", page)  # plotly embedded: opens offline
+    assert page.count("plotly-graph-div") >= 6
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["headline"]["second_half_share"] <= 1
+    for name in (
+        "contributions",
+        "skip_effects",
+        "layer_swaps",
+        "residual",
+        "logit_lens",
+        "gradients",
+    ):
+        assert (out / f"{name}.json").is_file() and (out / f"{name}.csv").is_file()
+    assert "report:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["diagnose", "/no/such/dir", "--out", "x"], "does not exist"),
+        (["diagnose", "CKPT", "--out", "OUT", "--text", "/no/file.txt"], "does not exist"),
+        (["diagnose", "CKPT", "--out", "OUT", "--text", "CKPT/config.json"], "no tokenizer"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, match, checkpoint, tmp_path, capsys):
+    argv = [a.replace("CKPT", str(checkpoint)).replace("OUT", str(tmp_path / "o")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probekit: error:") and "\n" not in err and match in err
+
+
+def test_bad_flags_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", "x", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probekit: error:") and "\n" not in err
+
+
+def test_help_explains_every_flag():
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices["diagnose"]
+    text = sub.format_help()
+    for action in sub._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.dest
+            assert action.option_strings[-1] in text
