@@ -40,9 +40,22 @@ def _diagnose_data(model, args):
     """The task's test data for probekit runs, a tokenized --text file, or drawn tokens."""
     from probekit.report import random_tokens
 
-    if os.path.isfile(os.path.join(args.model, "run_config.json")) and not args.text:
+    run_config = os.path.join(args.model, "run_config.json")
+    if os.path.isfile(run_config) and not args.text:
+        import json
+
         import torch
 
+        with open(run_config) as handle:
+            stored = json.load(handle)
+        if "lm" in stored:  # a byte-level LM run: validation text of its corpus
+            from probekit.tasks.corpus import ByteCorpus
+
+            if args.positions == "auto":
+                args.positions = "all"
+            corpus = ByteCorpus(max_files=stored["lm"].get("corpus_max_files"))
+            length = min(args.seq_len, model.n_ctx)
+            return corpus.sequences("validation", length, n=args.n_sequences)
         from probekit.training.trainer import load_run_config
 
         data = load_run_config(args.model).task.dataset("test_data")

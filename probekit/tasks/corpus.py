@@ -25,6 +25,7 @@ from probekit.errors import ConfigError
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}  # installed packages are not stdlib
 
 
 def stdlib_root() -> Path:
@@ -55,7 +56,11 @@ class ByteCorpus:
             raise ConfigError(
                 f"corpus folder {self.root} does not exist", fix="pass a folder of text files"
             )
-        files = sorted(p for p in self.root.rglob(pattern) if p.is_file())
+        files = sorted(
+            p
+            for p in self.root.rglob(pattern)
+            if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(self.root).parts)
+        )
         if max_files is not None:
             files = files[:max_files]
         self.splits: dict[str, list[Path]] = {"train": [], "validation": []}
@@ -73,7 +78,7 @@ class ByteCorpus:
                 )
 
     def stream(self, split: str) -> torch.Tensor:
-        """All tokens of a split as one 1-D long tensor (files joined by ``EOS``)."""
+        """All tokens of a split as one 1-D int16 tensor (files joined by ``EOS``)."""
         if split not in self.splits:
             raise ConfigError(f"unknown split {split!r}", fix="use 'train' or 'validation'")
         if split not in self._streams:
@@ -84,9 +89,11 @@ class ByteCorpus:
                 except OSError:
                     continue
                 if data:
-                    chunks.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).long())
-                    chunks.append(torch.tensor([EOS]))
-            self._streams[split] = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.long)
+                    chunks.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).short())
+                    chunks.append(torch.tensor([EOS], dtype=torch.int16))
+            self._streams[split] = (
+                torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.int16)
+            )
         return self._streams[split]
 
     def sequences(self, split: str, length: int, n: int | None = None) -> torch.Tensor:
@@ -99,7 +106,7 @@ class ByteCorpus:
                 f"cannot cut {n} sequences of {length} tokens from {len(stream)} {split} tokens",
                 fix="ask for fewer or shorter sequences",
             )
-        return stream[: n * length].view(n, length)
+        return stream[: n * length].view(n, length).long()
 
     def batch(self, split: str, length: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
         """A batch ``[batch_size, length]`` at random offsets, a function of (seed, step)."""
@@ -111,7 +118,7 @@ class ByteCorpus:
             )
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
-        return torch.stack([stream[s : s + length] for s in starts.tolist()])
+        return torch.stack([stream[s : s + length] for s in starts.tolist()]).long()
 
 
 @torch.no_grad()

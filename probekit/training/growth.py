@@ -72,6 +72,18 @@ def layer_map(n_layers: int, method: str, block_size: int) -> list[int]:
     return layers[:middle] + new_block + layers[middle:]
 
 
+def inserted_layers(n_layers: int, method: str, block_size: int) -> list[int]:
+    """Indices, in the grown model, of the newly inserted copies."""
+    layer_map(n_layers, method, block_size)  # validates
+    if method == "append":
+        start = n_layers
+    elif method == "midas":
+        start = (n_layers - block_size) // 2 + block_size
+    else:
+        start = n_layers // 2
+    return list(range(start, start + block_size))
+
+
 def _renumber(tensors: dict, mapping: list[int]) -> dict:
     """Tensors of the grown model: layer ``i`` of the output is a copy of ``mapping[i]``."""
     by_layer: dict[int, dict[str, object]] = {}
@@ -147,6 +159,7 @@ def grow_checkpoint(
                     "block_size": block_size,
                     "from_layers": n_layers,
                     "layer_map": mapping,
+                    "inserted": inserted_layers(n_layers, method, block_size),
                 }
             ),
         )
@@ -236,6 +249,7 @@ __all__ = [
     "METHODS",
     "grow_checkpoint",
     "growth_plan",
+    "inserted_layers",
     "layer_map",
     "prop_alpha_stages",
     "training_flops",

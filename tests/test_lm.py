@@ -1,0 +1,99 @@
+"""Language-model training on the byte corpus, static and grown (MIDAS, MIDAS-plus)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+import probekit
+from probekit.errors import ConfigError
+from probekit.training.growth import grow_checkpoint
+from probekit.training.lm import LMConfig, _ResidualScale, train_lm
+
+TINY = dict(
+    d_model=32,
+    n_heads=4,
+    seq_len=16,
+    batch_size=2,
+    eval_every=2,
+    eval_sequences=4,
+    corpus_max_files=30,
+    warmup_steps=2,
+)
+
+
+def test_grown_run_checkpoints_and_flops(tmp_path):
+    cfg = LMConfig(n_layers=4, initial_layers=2, growth="midas", block_size=2, steps=8, **TINY)
+    run = train_lm(cfg, tmp_path / "grown", progress=False, device="cpu")
+    assert [p.name for p in run.checkpoints] == ["stage1-before", "stage1-after"]
+    before = json.loads((tmp_path / "grown/stage1-before/config.json").read_text())
+    after = json.loads((tmp_path / "grown/stage1-after/config.json").read_text())
+    assert (before["n_layer"], after["n_layer"]) == (2, 4)
+    boundary = cfg.plan().boundaries[0]
+    n_small = transformers.GPT2LMHeadModel(cfg.hf_config(2)).num_parameters()
+    n_big = transformers.GPT2LMHeadModel(cfg.hf_config(4)).num_parameters()
+    tokens = cfg.batch_size * cfg.seq_len
+    want = 6 * tokens * (n_small * boundary + n_big * (cfg.steps - boundary))
+    assert run.flops == pytest.approx(want)
+    want_depths = [2 if s - 1 < boundary else 4 for s in run.metrics.step]
+    assert list(run.metrics.depth) == want_depths and 2 in want_depths and 4 in want_depths
+    model = probekit.load(run.final, device="cpu")
+    assert model.n_layers == 4
+    static = train_lm(
+        LMConfig(n_layers=4, steps=8, **TINY), tmp_path / "static", progress=False, device="cpu"
+    )
+    assert run.flops < static.flops
+    assert (tmp_path / "static/metrics.jsonl").is_file()
+
+
+def test_residual_scale_zero_keeps_the_function(tmp_path):
+    cfg = LMConfig(n_layers=4, initial_layers=2, **TINY)
+    torch.manual_seed(0)
+    small = transformers.GPT2LMHeadModel(cfg.hf_config(2)).eval()
+    small.save_pretrained(tmp_path / "small")
+    grown_dir = grow_checkpoint(tmp_path / "small", tmp_path / "big", "midas", 2)
+    big = transformers.GPT2LMHeadModel.from_pretrained(grown_dir).eval()
+    inserted = json.loads((grown_dir / "growth.json").read_text())["inserted"]
+    tokens = torch.randint(0, 256, (2, 16))
+    scaler = _ResidualScale(big.transformer.h, inserted)
+    scaler.scale = 0.0
+    with torch.no_grad():
+        assert torch.allclose(big(tokens).logits, small(tokens).logits, atol=1e-5)
+        scaler.scale = 0.5
+        assert not torch.allclose(big(tokens).logits, small(tokens).logits, atol=1e-4)
+    scaler.close()
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in big.transformer.h)
+
+
+def test_midas_plus_run(tmp_path):
+    cfg = LMConfig(
+        n_layers=4,
+        initial_layers=2,
+        growth="midas",
+        steps=6,
+        residual_scale_start=0.1,
+        residual_scale_steps=2,
+        **TINY,
+    )
+    run = train_lm(cfg, tmp_path / "plus", progress=False, device="cpu")
+    assert torch.isfinite(torch.tensor(run.metrics.val_loss.to_numpy())).all()
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"growth": "sideways"}, "unknown growth"),
+        ({"growth": "midas", "initial_layers": 2, "n_layers": 5}, "multiple of the block"),
+        ({"growth": "midas", "steps": 1}, "cannot hold"),
+        ({"growth": "midas", "alpha": 0.0}, "alpha"),
+        ({"d_model": 30}, "divisible"),
+    ],
+)
+def test_bad_configs_fail_before_training(overrides, match, tmp_path):
+    cfg = LMConfig(**{**TINY, "n_layers": 4, "steps": 10, **overrides})
+    with pytest.raises(ConfigError, match=match):
+        train_lm(cfg, tmp_path / "x", progress=False)
+    assert not (tmp_path / "x").exists()
