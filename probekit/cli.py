@@ -26,6 +26,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"probekit: error: {message} (see {self.prog} --help)\n")
 
 
+def _kaleido_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("kaleido") is not None
+
+
 def _chromium_available() -> bool:
     return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
 
@@ -108,11 +114,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     report = write_report(diagnosis, args.out, title=f"probekit depth diagnosis: {args.model}")
-    if args.images:
-        if _chromium_available():
+    if not args.no_images:
+        if _chromium_available() and _kaleido_available():
             export_images(diagnosis, args.out)
         else:
-            print("probekit: no Chrome/Chromium found; wrote HTML figures only", file=sys.stderr)
+            print(
+                "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
+                file=sys.stderr,
+            )
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
@@ -176,9 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     diag.add_argument("--seed", type=int, default=0, help="seed of the drawn tokens (default 0)")
     diag.add_argument(
-        "--images",
+        "--no-images",
         action="store_true",
-        help="also write PNG and SVG figures (needs Chrome/Chromium)",
+        help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
+        "Chrome/Chromium are present)",
     )
     diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
     diag.set_defaults(func=cmd_diagnose)

@@ -30,7 +30,7 @@ from probekit.analyses import (
 )
 from probekit.analyses.result import _plain
 from probekit.data import Data
-from probekit.io import atomic_write_bytes, atomic_write_text
+from probekit.io import atomic_write_text
 from probekit.model import Model, load
 
 SKIPPABLE_FRACTION = 0.01
@@ -225,14 +225,27 @@ def write_report(
 
 
 def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
-    """PNG and SVG copies of every figure (needs kaleido and a Chrome/Chromium)."""
+    """PNG and SVG copies of every figure (kaleido with a Chrome/Chromium), written atomically.
+
+    All images are rendered in one browser session into a temporary folder beside ``out_dir``
+    and then renamed into place.
+    """
+    import tempfile
+
+    import plotly.io as pio
+
     out = Path(out_dir)
-    written = []
-    for name, result in diagnosis.results.items():
-        figure = result.figure()
-        for suffix in ("png", "svg"):
-            data = figure.to_image(format=suffix, width=1000, height=600)
-            written.append(atomic_write_bytes(out / f"{name}.{suffix}", data))
+    out.mkdir(parents=True, exist_ok=True)
+    names = [f"{name}.{suffix}" for name in diagnosis.results for suffix in ("png", "svg")]
+    figs = [result.figure() for result in diagnosis.results.values() for _ in ("png", "svg")]
+    with tempfile.TemporaryDirectory(dir=out, prefix=".images.") as tmp:
+        pio.write_images(
+            fig=figs, file=[Path(tmp) / name for name in names], width=1000, height=600
+        )
+        written = []
+        for name in names:
+            os.replace(Path(tmp) / name, out / name)
+            written.append(out / name)
     return written
 
 

@@ -34,6 +34,7 @@ def test_diagnose_writes_report(checkpoint, tmp_path, capsys):
             "5",
             "--device",
             "cpu",
+            "--no-images",
         ]
     )
     assert code == 0
@@ -86,3 +87,42 @@ def test_help_explains_every_flag():
         if action.option_strings and action.dest != "help":
             assert action.help, action.dest
             assert action.option_strings[-1] in text
+
+
+def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
+    import probekit.cli as cli
+
+    argv = [
+        "diagnose",
+        str(checkpoint),
+        "--out",
+        str(tmp_path / "a"),
+        "--n-sequences",
+        "4",
+        "--seq-len",
+        "8",
+        "--bootstrap",
+        "0",
+        "--quiet",
+    ]
+    monkeypatch.setattr(cli, "_chromium_available", lambda: False)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
+    assert not list((tmp_path / "a").glob("*.png"))
+    monkeypatch.undo()
+    argv[3] = str(tmp_path / "b")
+    assert cli._chromium_available(), "chromium is installed by .ci/run"
+    assert main(argv) == 0
+    for name in (
+        "contributions",
+        "skip_effects",
+        "layer_swaps",
+        "residual",
+        "logit_lens",
+        "gradients",
+    ):
+        png = (tmp_path / "b" / f"{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in (tmp_path / "b" / f"{name}.svg").read_bytes()[:500]
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]
