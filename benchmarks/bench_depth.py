@@ -90,20 +90,20 @@ def run_naive(model, tokens) -> dict:
         with torch.no_grad():
             return bridge.run_with_hooks(tokens, fwd_hooks=list(hooks), use_cache=False)
 
-    clean_updates = {}
-
-    def keep_update(layer):
+    def keep_update(layer, updates):
+        """Hooks that store block ``layer``'s update (output - input) in ``updates``."""
         store = {}
 
         def grab_in(t, hook):
             store["in"] = t
 
         def grab_out(t, hook):
-            clean_updates[layer] = t - store["in"]
+            updates[layer] = t - store["in"]
 
         return [(f"blocks.{layer}.hook_in", grab_in), (f"blocks.{layer}.hook_out", grab_out)]
 
-    clean = forward([h for i in range(n) for h in keep_update(i)])
+    clean_updates = {}
+    clean = forward([h for i in range(n) for h in keep_update(i, clean_updates)])
     clean_loss = token_loss(clean, labels)[has_target].mean()
     numbers = {}
 
@@ -130,19 +130,9 @@ def run_naive(model, tokens) -> dict:
                 numbers[f"contrib/{component}/{layer}/{name}"] = float(values[sel].mean())
     for skipped in range(n):
         new_updates = {}
-
-        def capture(layer, new_updates=new_updates):
-            store = {}
-
-            def grab_in(t, hook):
-                store["in"] = t
-
-            def grab_out(t, hook):
-                new_updates[layer] = t - store["in"]
-
-            return [(f"blocks.{layer}.hook_in", grab_in), (f"blocks.{layer}.hook_out", grab_out)]
-
-        hooks = skip(skipped) + [h for i in range(skipped + 1, n) for h in capture(i)]
+        hooks = skip(skipped) + [
+            h for i in range(skipped + 1, n) for h in keep_update(i, new_updates)
+        ]
         changed = forward(hooks)
         for layer in range(skipped + 1, n):
             diff = (new_updates[layer] - clean_updates[layer]).double().norm(dim=-1)

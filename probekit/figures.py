@@ -70,6 +70,17 @@ def heatmap(
     return fig
 
 
+def _per_group(df: pd.DataFrame, color: str | None, make_trace) -> go.Figure:
+    """One trace per value of ``color`` (or a single trace), in probekit's palette."""
+    fig = go.Figure()
+    groups = [(None, df)] if color is None else list(df.groupby(color, sort=False))
+    for i, (name, part) in enumerate(groups):
+        fig.add_trace(
+            make_trace(part, None if name is None else str(name), PALETTE[i % len(PALETTE)])
+        )
+    return fig
+
+
 def lines(
     df: pd.DataFrame,
     x: str,
@@ -81,18 +92,13 @@ def lines(
     kind: str = "lines+markers",
 ) -> go.Figure:
     """One line per value of ``color`` (or a single line) of ``y`` over ``x``."""
-    fig = go.Figure()
-    groups = [(None, df)] if color is None else list(df.groupby(color, sort=False))
-    for i, (name, part) in enumerate(groups):
-        fig.add_trace(
-            go.Scatter(
-                x=part[x],
-                y=part[y],
-                mode=kind,
-                name=str(name) if name is not None else y,
-                line={"color": PALETTE[i % len(PALETTE)]},
-            )
-        )
+    fig = _per_group(
+        df,
+        color,
+        lambda part, name, c: go.Scatter(
+            x=part[x], y=part[y], mode=kind, name=name or y, line={"color": c}
+        ),
+    )
     return base_layout(fig, title, x_title, y_title)
 
 
@@ -100,17 +106,11 @@ def bars(
     df: pd.DataFrame, x: str, y: str, color: str | None, title: str, x_title: str, y_title: str
 ) -> go.Figure:
     """Grouped bars of ``y`` over ``x``, one colour per value of ``color``."""
-    fig = go.Figure()
-    groups = [(None, df)] if color is None else list(df.groupby(color, sort=False))
-    for i, (name, part) in enumerate(groups):
-        fig.add_trace(
-            go.Bar(
-                x=part[x],
-                y=part[y],
-                name=str(name) if name is not None else y,
-                marker_color=PALETTE[i % len(PALETTE)],
-            )
-        )
+    fig = _per_group(
+        df,
+        color,
+        lambda part, name, c: go.Bar(x=part[x], y=part[y], name=name or y, marker_color=c),
+    )
     fig.update_layout(barmode="group")
     return base_layout(fig, title, x_title, y_title)
 

@@ -10,6 +10,8 @@ import pytest
 from probekit.cli import build_parser, main
 from tests.conftest import make_hf
 
+ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
@@ -44,14 +46,7 @@ def test_diagnose_writes_report(checkpoint, tmp_path, capsys):
     assert page.count("plotly-graph-div") >= 6
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["headline"]["second_half_share"] <= 1
-    for name in (
-        "contributions",
-        "skip_effects",
-        "layer_swaps",
-        "residual",
-        "logit_lens",
-        "gradients",
-    ):
+    for name in ANALYSES:
         assert (out / f"{name}.json").is_file() and (out / f"{name}.csv").is_file()
     assert "report:" in capsys.readouterr().out
 
@@ -114,14 +109,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     argv[3] = str(tmp_path / "b")
     assert cli._chromium_available(), "chromium is installed by .ci/run"
     assert main(argv) == 0
-    for name in (
-        "contributions",
-        "skip_effects",
-        "layer_swaps",
-        "residual",
-        "logit_lens",
-        "gradients",
-    ):
+    for name in ANALYSES:
         png = (tmp_path / "b" / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert b"<svg" in (tmp_path / "b" / f"{name}.svg").read_bytes()[:500]
