@@ -93,7 +93,10 @@ def main(argv=None) -> dict:
             "boundary_confidence": {
                 int(k): float(v) for k, v in swaps.boundary_confidence().items()
             },
-            "skip_matrix": skips.matrix().round(4).values.tolist(),
+            "skip_matrix": [
+                [None if v != v else round(float(v), 4) for v in row]  # NaN -> null (JSON)
+                for row in skips.matrix().values.tolist()
+            ],
         }
         series += [(name, int(p.name[4:]), p) for p in run.checkpoints if p.name.startswith("step")]
         series.append((name, cfg.steps, run.final))
