@@ -140,6 +140,29 @@ def sublayer_means(model: Model, data: Data) -> dict[tuple[int, str], torch.Tens
     return {key: (total / count).to(model.dtype) for key, total in sums.items()}
 
 
+@contextmanager
+def resume_from(model: Model, layer: int, residual: torch.Tensor) -> Iterator[Model]:
+    """Forwards inside the block continue from ``residual`` as the input of block ``layer``.
+
+    What blocks before ``layer`` compute is discarded (they still run, as in TransformerLens'
+    ``start_at_layer``); :meth:`probekit.model.Trace.resume` is the fast path that skips them.
+    ``residual`` must match the batch that is run: ``[batch, pos, d_model]``.
+    """
+    _check_layer(model, layer)
+
+    def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        if tensor.shape != residual.shape:
+            raise InputError(
+                f"cached residual has shape {tuple(residual.shape)} but the forward's residual "
+                f"at layer {layer} has {tuple(tensor.shape)}",
+                fix="run the same batch the residual was cached from",
+            )
+        return residual.to(tensor.dtype)
+
+    with model.hooks([(model.hook_name(layer, "resid_in"), replace)]):
+        yield model
+
+
 def check_order(model: Model, order: Sequence[int]) -> list[int]:
     """Validate that ``order`` is a permutation of ``range(n_layers)``."""
     order = [int(i) for i in order]
@@ -211,6 +234,7 @@ __all__ = [
     "check_order",
     "hooks",
     "reorder_layers",
+    "resume_from",
     "skip_layer",
     "skip_layer_hooks",
     "sublayer_means",

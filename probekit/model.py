@@ -60,7 +60,8 @@ class Model:
 
     Build one with :func:`load`. Attributes: ``bridge`` (the TransformerBridge), ``hf_model``
     (the wrapped Hugging Face module), ``n_layers``, ``d_model``, ``d_vocab``, ``n_ctx``,
-    ``device``, ``dtype``, ``architecture``, ``is_causal``, ``blocks``.
+    ``device``, ``dtype``, ``architecture``, ``is_causal``, ``blocks``. The wrapped model is
+    put in eval mode (no dropout): every analysis needs a deterministic forward.
     """
 
     def __init__(self, bridge: Any, source: str | None = None) -> None:

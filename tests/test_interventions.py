@@ -126,3 +126,18 @@ def test_bad_interventions(call, match):
     with pytest.raises(InputError, match=match):
         with call(model):
             pass
+
+
+def test_resume_from_a_cached_residual(arch):
+    model, plain, tokens, mask = _setup(arch)
+    [batch] = model.prepare((tokens, mask))
+    trace = model.trace(batch)
+    patched = trace.residuals[2] + 0.5 * torch.randn_like(trace.residuals[2])
+    with iv.resume_from(model, 2, patched):
+        got = model.logits(tokens, mask)
+    assert _close(got, trace.resume(2, patched), mask)
+    assert not _close(got, trace.logits, mask)
+    assert torch.equal(model.logits(tokens, mask), trace.logits)  # restored
+    with pytest.raises(InputError, match="cached residual has shape"):
+        with iv.resume_from(model, 1, patched[:2]):
+            model.logits(tokens, mask)
