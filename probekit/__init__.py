@@ -10,21 +10,8 @@ Example:
     >>> probekit.contributions(model, tokens).summary["second_half_share"]  # doctest: +SKIP
 """
 
-from probekit.analyses import (
-    ContributionResult,
-    GradientResult,
-    LogitLensResult,
-    ResidualResult,
-    Result,
-    SkipEffectResult,
-    SwapResult,
-    contributions,
-    gradient_norms,
-    layer_swaps,
-    logit_lens,
-    residual_stats,
-    skip_effects,
-)
+from probekit.analyses import *  # noqa: F403  (the analyzers and their results)
+from probekit.analyses import __all__ as _analyses
 from probekit.data import Batch, as_batches
 from probekit.errors import (
     CheckpointError,
@@ -39,29 +26,17 @@ from probekit.model import Model, Trace, load
 __version__ = "0.1.0"
 
 __all__ = [
+    *_analyses,
     "Batch",
     "CheckpointError",
     "ConfigError",
-    "ContributionResult",
-    "GradientResult",
     "InputError",
-    "LogitLensResult",
     "Model",
     "NumericalError",
     "ProbekitError",
-    "ResidualResult",
-    "Result",
-    "SkipEffectResult",
-    "SwapResult",
     "Trace",
     "UnsupportedModelError",
     "__version__",
     "as_batches",
-    "contributions",
-    "gradient_norms",
-    "layer_swaps",
     "load",
-    "logit_lens",
-    "residual_stats",
-    "skip_effects",
 ]

@@ -55,12 +55,12 @@ def _headlines(model: Any, data: Data, positions: str, n_bootstrap: int) -> dict
     }
 
 
-class TimelineResult(Result):
+class DepthTimelineResult(Result):
     """``df`` columns: ``run``, ``step``, ``measure``, ``value`` (one row per checkpoint and
     headline measure). ``summary``: per run, the last checkpoint's second-half share
     (``<run>/second_half_share``) and the number of checkpoints."""
 
-    kind = "timeline"
+    kind = "depth_timeline"
 
     def table(self) -> pd.DataFrame:
         """Wide table: one row per (run, step), one column per measure."""
@@ -79,7 +79,7 @@ def depth_timeline(
     *,
     positions: str = "all",
     n_bootstrap: int = 0,
-) -> TimelineResult:
+) -> DepthTimelineResult:
     """Run the depth-use headline analyses on every ``(run, step, model)`` checkpoint.
 
     ``data`` is the data for all checkpoints, or a function of the loaded model returning it.
@@ -106,7 +106,7 @@ def depth_timeline(
     summary: dict[str, Any] = {"n_checkpoints": len(checkpoints)}
     for run, part in df[df.measure == "second_half_share"].groupby("run"):
         summary[f"{run}/second_half_share"] = float(part.sort_values("step").value.iloc[-1])
-    return TimelineResult(df, summary, {"positions": positions})
+    return DepthTimelineResult(df, summary, {"positions": positions})
 
 
-__all__ = ["TimelineResult", "depth_timeline"]
+__all__ = ["DepthTimelineResult", "depth_timeline"]
