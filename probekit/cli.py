@@ -129,6 +129,15 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from probekit.demo import run_demo
+
+    index = run_demo(args.out, quick=args.quick, progress=not args.quiet, images=not args.no_images)
+    if not args.quiet:
+        print(f"demo report: {index}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="probekit",
@@ -192,6 +201,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
     diag.set_defaults(func=cmd_diagnose)
+    demo = sub.add_parser(
+        "demo",
+        help="train the two reference anchor models and write the full report",
+        description="Train the symmetric (gamma 0.5) and inferential (gamma 0.8) reference "
+        "models of the anchor-function task, classify their solutions, run the mechanism "
+        "analyses and the depth-use diagnosis, and write a report per model and an index page.",
+    )
+    demo.add_argument(
+        "--out", default="probekit-demo", help="output folder (default ./probekit-demo)"
+    )
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny models and few steps: a smoke run whose numbers mean nothing",
+    )
+    demo.add_argument(
+        "--no-images", action="store_true", help="skip the PNG/SVG copies of the figures"
+    )
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(func=cmd_demo)
     try:
         from probekit.training import cli as training_cli
     except ImportError:  # the trainer is optional for the analyzers
