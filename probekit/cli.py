@@ -59,7 +59,8 @@ def _diagnose_data(model, args):
 
             if args.positions == "auto":
                 args.positions = "all"
-            corpus = ByteCorpus(max_files=stored["lm"].get("corpus_max_files"))
+            lm = stored["lm"]
+            corpus = ByteCorpus(lm.get("corpus_root"), max_files=lm.get("corpus_max_files"))
             length = min(args.seq_len, model.n_ctx)
             return corpus.sequences("validation", length, n=args.n_sequences)
         from probekit.training.trainer import load_run_config

@@ -97,3 +97,12 @@ def test_bad_configs_fail_before_training(overrides, match, tmp_path):
     with pytest.raises(ConfigError, match=match):
         train_lm(cfg, tmp_path / "x", progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_corpus_without_text_fails_before_training(tmp_path):
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.py").write_text("")
+    cfg = LMConfig(**{**TINY, "n_layers": 2, "steps": 4, "corpus_root": str(tmp_path / "texts")})
+    with pytest.raises(ConfigError, match="no readable text"):
+        train_lm(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -47,7 +47,8 @@ from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
 @dataclass
 class LMConfig:
     """A language-model run. ``n_layers`` is the final depth; grown runs start at
-    ``initial_layers`` and add ``block_size`` layers per stage."""
+    ``initial_layers`` and add ``block_size`` layers per stage. ``corpus_root`` is a folder of
+    ``.py`` files (default: the Python standard library)."""
 
     n_layers: int = 8
     d_model: int = 128
@@ -70,6 +71,7 @@ class LMConfig:
     residual_scale_steps: int = 200
     eval_every: int = 200
     eval_sequences: int = 64
+    corpus_root: str | None = None
     corpus_max_files: int | None = None
     save_every: int | None = None
 
@@ -240,11 +242,11 @@ def train_lm(
 
     cfg.validate()
     plan = cfg.plan()
+    corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)  # raises before training
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "run_config.json", json.dumps({"lm": asdict(cfg)}, indent=1))
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    corpus = ByteCorpus(max_files=cfg.corpus_max_files)
     val = corpus.sequences(
         "validation",
         cfg.seq_len,
