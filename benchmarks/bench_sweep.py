@@ -1,0 +1,167 @@
+"""Benchmark: a 24-run anchor sweep, probekit's stacked sweep versus a plain sequential loop.
+
+The sweep is 4 gammas x 2 weight decays x 3 seeds of the CPU-sized anchor model (2 layers,
+d_model 64), a fixed number of steps. It is trained two ways:
+
+1. ``probekit``: :func:`probekit.training.sweep.run_sweep` (the 24 runs stacked into one
+   batched model; checkpoints and the final evaluation included);
+2. ``loop``: each run alone, a Hugging Face ``GPT2LMHeadModel`` with ``torch.optim.AdamW``,
+   ``clip_grad_norm_`` and a ``LambdaLR`` warmup + cosine schedule, the same initial weights and
+   the same batches, then the same final evaluation and a ``save_pretrained``.
+
+It prints the wall-clock ratio loop / probekit at each batch size and the largest difference in
+the final metrics between the two ways. Goals: on CPU >= 1.5x at batch 64 and never below 1x;
+on a GPU >= 15x.
+
+Usage::
+
+    python benchmarks/bench_sweep.py                      # batch 64 and 256, 100 steps
+    python benchmarks/bench_sweep.py --steps 50 --batch-sizes 64 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from probekit.tasks import AnchorTask  # noqa: E402
+from probekit.training import ModelConfig, TrainConfig, init_params, to_hf_model  # noqa: E402
+from probekit.training.models import decays  # noqa: E402
+from probekit.training.sweep import SweepConfig, run_sweep  # noqa: E402
+from probekit.training.trainer import batch_indices  # noqa: E402
+
+GAMMAS = [0.3, 0.5, 0.8, 1.0]
+WEIGHT_DECAYS = [0.1, 1.0]
+SEEDS = [0, 1, 2]
+METRICS = ("train_acc", "test_data_acc", "test_task_acc", "test_task_inferential",
+           "test_task_symmetric", "test_data_loss")
+
+
+def base_config(steps: int, batch: int, device: str) -> TrainConfig:
+    """The CPU-sized anchor configuration of docs/anchor-training.md, with ``steps`` steps."""
+    return TrainConfig(
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4), task=AnchorTask(n_train=20000),
+        steps=steps, batch_size=batch, lr=2e-3, warmup_steps=min(10, steps), eval_every=steps,
+        checkpoint_every=steps, eval_at_start=False, device=device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def _evaluate(model, cfg: TrainConfig, device: torch.device) -> dict[str, float]:
+    task = cfg.task
+    train = task.dataset("train")
+    sets = {"train": (train.tokens[:cfg.eval_train_samples], train.targets[:cfg.eval_train_samples],
+                      None, None),
+            "test_data": (task.dataset("test_data").tokens, task.dataset("test_data").targets,
+                          None, None),
+            "test_task": (task.dataset("test_task").tokens, task.dataset("test_task").targets,
+                          task.dataset("test_task").composite,
+                          task.dataset("test_task").symmetric)}
+    out = {}
+    for split, (tok, tgt, comp, sym) in sets.items():
+        logits = torch.cat([model(tok[i:i + 4096].to(device)).logits[:, -1].float()
+                            for i in range(0, len(tok), 4096)])
+        pred = logits.argmax(-1).cpu()
+        out[f"{split}_acc"] = float((pred == tgt).float().mean())
+        out[f"{split}_loss"] = float(F.cross_entropy(logits.cpu(), tgt))
+        if comp is not None:
+            out["test_task_inferential"] = float((pred == comp).float().mean())
+            out["test_task_symmetric"] = float((pred == sym).float().mean())
+    return out
+
+
+def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device) -> dict[str, float]:
+    """Train one run the plain way: HF GPT-2, torch AdamW, one model at a time."""
+    params = {k: v[None] for k, v in init_params(cfg.model, cfg.seed).items()}
+    model = to_hf_model(cfg.model, params).to(device).train()
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.schedule)
+    data = cfg.task.dataset("train")
+    tokens, targets = data.tokens.to(device), data.targets.to(device)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                else torch.autocast("cpu", enabled=False))
+    for step in range(cfg.steps):
+        idx = batch_indices(cfg.seed, step, len(data), cfg.batch_size).to(device)
+        with autocast:
+            logits = model(tokens[idx]).logits[:, -1]
+        loss = F.cross_entropy(logits.float(), targets[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+    model.eval()
+    metrics = _evaluate(model, cfg, device)
+    model.save_pretrained(out_dir / cfg.name)
+    return metrics
+
+
+def bench(batch: int, steps: int, device_name: str) -> dict[str, float]:
+    base = base_config(steps, batch, device_name)
+    device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available()
+                          else ("cpu" if device_name == "auto" else device_name))
+    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS)
+    runs = sweep.runs()
+    for split in ("train", "test_data", "test_task"):
+        base.task.dataset(split)  # data generation is not what we time
+    with tempfile.TemporaryDirectory() as tmp:
+        _sync(device)
+        t0 = time.perf_counter()
+        res = run_sweep(sweep, Path(tmp) / "sweep", resume=False, progress=False)
+        _sync(device)
+        t_sweep = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loop = {}
+        for cfg in runs:
+            loop[cfg.name] = loop_run(cfg, Path(tmp) / "loop", device)
+        _sync(device)
+        t_loop = time.perf_counter() - t0
+    table = res.df.set_index("run")
+    worst = {m: 0.0 for m in METRICS}
+    for name, met in loop.items():
+        for m in METRICS:
+            worst[m] = max(worst[m], abs(float(table.loc[name, f"final_{m}"]) - met[m]))
+    return {"batch": batch, "runs": len(runs), "steps": steps, "device": str(device),
+            "probekit_s": t_sweep, "loop_s": t_loop, "ratio": t_loop / t_sweep, **{
+                f"max_diff_{m}": v for m, v in worst.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=100, help="steps per run")
+    p.add_argument("--batch-sizes", default="64,256",
+                   help="per-run batch sizes to time, comma-separated (256 is the documented)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        r = bench(batch, args.steps, args.device)
+        diffs = ", ".join(f"{k[9:]} {v:.4f}" for k, v in r.items() if k.startswith("max_diff"))
+        print(f"[{r['device']}] {r['runs']} runs x {r['steps']} steps, batch {batch}: "
+              f"probekit sweep {r['probekit_s']:.1f} s, sequential loop {r['loop_s']:.1f} s, "
+              f"ratio {r['ratio']:.2f}x")
+        print(f"    largest |difference| of final metrics: {diffs}")
+        if not math.isfinite(r["ratio"]):
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,358 @@
+"""GPT-2-style decoders for the anchor tasks: configs, the initialization rate, a stacked forward.
+
+probekit trains plain Hugging Face GPT-2 models (``GPT2LMHeadModel``), so every checkpoint it
+writes opens in any tool. Training itself runs on a *stack* of ``M`` models that share a shape:
+the parameters are held as ``{hf_name: tensor[M, ...]}`` and :func:`stacked_forward` evaluates
+all ``M`` models at once with batched matrix products. A single run is a stack of one.
+
+Initialization rate gamma: every weight matrix is drawn from ``N(0, d_in^(-2 gamma))`` (std
+``d_in^-gamma``), with optional separate gammas for the embeddings (token, position and output
+embedding; their ``d_in`` is ``d_model``, as in the reference code), the attention query/key
+weights, the attention value/output weights and the MLP weights. Biases start at 0, layer-norm
+gains at 1.
+
+Example:
+    >>> import torch
+    >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, gamma=0.5)
+    >>> params = init_stacked_params(cfg, seeds=[0, 1])
+    >>> params["transformer.wte.weight"].shape
+    torch.Size([2, 201, 32])
+    >>> stacked_forward(params, torch.zeros(2, 3, 9, dtype=torch.long), cfg).shape
+    torch.Size([2, 3, 201])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from probekit.errors import ConfigError
+
+ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
+
+
+@dataclass
+class ModelConfig:
+    """Shape and initialization of a GPT-2-style decoder.
+
+    ``d_mlp`` defaults to ``4 * d_model``. ``gamma_emb``, ``gamma_qk``, ``gamma_vo`` and
+    ``gamma_mlp`` default to ``gamma``.
+
+    Example:
+        >>> ModelConfig(d_model=64, n_heads=4).to_hf_config().n_inner
+        256
+    """
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    d_mlp: int | None = None
+    activation: str = "gelu_new"
+    vocab_size: int = 201
+    n_positions: int = 9
+    tie_embeddings: bool = False
+    layer_norm_eps: float = 1e-5
+    gamma: float = 0.5
+    gamma_emb: float | None = None
+    gamma_qk: float | None = None
+    gamma_vo: float | None = None
+    gamma_mlp: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.d_mlp is None:
+            self.d_mlp = 4 * self.d_model
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` on an impossible shape."""
+        for name in ("n_layers", "d_model", "n_heads", "d_mlp", "vocab_size", "n_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} = {value!r} must be a positive integer",
+                    fix=f"set {name} to e.g. 2, 64 or 4",
+                )
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}",
+                fix="choose n_heads dividing d_model",
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"unknown activation {self.activation!r}", fix=f"use one of {list(ACTIVATIONS)}"
+            )
+        for name in ("gamma", "gamma_emb", "gamma_qk", "gamma_vo", "gamma_mlp"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+                raise ConfigError(
+                    f"{name} = {value!r} is not a finite number",
+                    fix="use e.g. 0.3 (large init) .. 0.8 (small init)",
+                )
+
+    def gammas(self) -> dict[str, float]:
+        """The effective gamma of each parameter group (emb, qk, vo, mlp)."""
+        g = float(self.gamma)
+        return {
+            "emb": g if self.gamma_emb is None else float(self.gamma_emb),
+            "qk": g if self.gamma_qk is None else float(self.gamma_qk),
+            "vo": g if self.gamma_vo is None else float(self.gamma_vo),
+            "mlp": g if self.gamma_mlp is None else float(self.gamma_mlp),
+        }
+
+    def shape_key(self) -> tuple:
+        """Everything but the initialization: runs with equal keys can be stacked."""
+        return (
+            self.n_layers,
+            self.d_model,
+            self.n_heads,
+            self.d_mlp,
+            self.activation,
+            self.vocab_size,
+            self.n_positions,
+            self.tie_embeddings,
+            self.layer_norm_eps,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown model settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
+            )
+        return cls(**d)
+
+    def to_hf_config(self):
+        """The matching ``transformers.GPT2Config`` (dropout off)."""
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            vocab_size=self.vocab_size,
+            n_positions=self.n_positions,
+            n_embd=self.d_model,
+            n_layer=self.n_layers,
+            n_head=self.n_heads,
+            n_inner=self.d_mlp,
+            activation_function=self.activation,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=self.layer_norm_eps,
+            tie_word_embeddings=self.tie_embeddings,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF parameter names and shapes of one model, in a fixed order."""
+        d, f, v = self.d_model, self.d_mlp, self.vocab_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "transformer.wte.weight": (v, d),
+            "transformer.wpe.weight": (self.n_positions, d),
+        }
+        for i in range(self.n_layers):
+            p = f"transformer.h.{i}."
+            shapes.update(
+                {
+                    p + "ln_1.weight": (d,),
+                    p + "ln_1.bias": (d,),
+                    p + "attn.c_attn.weight": (d, 3 * d),
+                    p + "attn.c_attn.bias": (3 * d,),
+                    p + "attn.c_proj.weight": (d, d),
+                    p + "attn.c_proj.bias": (d,),
+                    p + "ln_2.weight": (d,),
+                    p + "ln_2.bias": (d,),
+                    p + "mlp.c_fc.weight": (d, f),
+                    p + "mlp.c_fc.bias": (f,),
+                    p + "mlp.c_proj.weight": (f, d),
+                    p + "mlp.c_proj.bias": (d,),
+                }
+            )
+        shapes["transformer.ln_f.weight"] = (d,)
+        shapes["transformer.ln_f.bias"] = (d,)
+        if not self.tie_embeddings:
+            shapes["lm_head.weight"] = (v, d)
+        return shapes
+
+
+def decays(name: str) -> bool:
+    """Whether weight decay applies to a parameter (weight matrices and embeddings only)."""
+    return name.endswith("weight") and "ln_" not in name
+
+
+def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """One model's parameters drawn with the initialization rate; same seed, same weights.
+
+    Example:
+        >>> p = init_params(ModelConfig(d_model=64, gamma=0.5), seed=0)
+        >>> round(float(p["transformer.h.0.mlp.c_fc.weight"].std()), 2)  # 64 ** -0.5
+        0.12
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    g = cfg.gammas()
+    d = cfg.d_model
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in cfg.param_shapes().items():
+        if not decays(name):
+            is_gain = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+            out[name] = torch.ones(shape) if is_gain else torch.zeros(shape)
+            continue
+        w = torch.randn(shape, generator=gen)
+        if name.endswith(("wte.weight", "wpe.weight", "lm_head.weight")):
+            w.mul_(d ** -g["emb"])
+        elif name.endswith("attn.c_attn.weight"):
+            w[:, : 2 * d].mul_(d ** -g["qk"])
+            w[:, 2 * d :].mul_(d ** -g["vo"])
+        elif name.endswith("attn.c_proj.weight"):
+            w.mul_(d ** -g["vo"])
+        elif name.endswith("mlp.c_fc.weight"):
+            w.mul_(d ** -g["mlp"])
+        elif name.endswith("mlp.c_proj.weight"):
+            w.mul_(cfg.d_mlp ** -g["mlp"])
+        else:  # pragma: no cover - every weight is listed above
+            raise AssertionError(name)
+        out[name] = w
+    return out
+
+
+def init_stacked_params(
+    cfg: ModelConfig | list[ModelConfig], seeds: list[int]
+) -> dict[str, torch.Tensor]:
+    """Stack :func:`init_params` of each (config, seed) along a leading model dimension.
+
+    ``cfg`` may be one config (shared) or one per seed (same shape, different gammas).
+    """
+    cfgs = cfg if isinstance(cfg, list) else [cfg] * len(seeds)
+    if len(cfgs) != len(seeds):
+        raise ConfigError(
+            f"{len(cfgs)} configs for {len(seeds)} seeds", fix="pass one config per seed"
+        )
+    if len({c.shape_key() for c in cfgs}) != 1:
+        raise ConfigError(
+            "stacked models must share one shape", fix="group runs by ModelConfig.shape_key()"
+        )
+    singles = [init_params(c, s) for c, s in zip(cfgs, seeds, strict=False)]
+    return {k: torch.stack([p[k] for p in singles]) for k in singles[0]}
+
+
+def _act(name: str, x: torch.Tensor) -> torch.Tensor:
+    if name == "gelu_new":  # GPT-2's tanh approximation (HF NewGELU), as one fused kernel
+        return F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "relu":
+        return F.relu(x)
+    return F.silu(x)
+
+
+def _ln(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    # x [M, N, d]; w, b [M, d]
+    y = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    return y * w[:, None, :] + b[:, None, :]
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # x [M, N, d_in]; w [M, d_in, d_out] (HF Conv1D layout); b [M, d_out]
+    return torch.baddbmm(b[:, None, :], x, w)
+
+
+def stacked_forward(
+    params: dict[str, torch.Tensor],
+    tokens: torch.Tensor,
+    cfg: ModelConfig,
+    last_only: bool = True,
+) -> torch.Tensor:
+    """Logits of ``M`` stacked GPT-2 models on ``tokens`` ``[M, B, T]``.
+
+    Returns ``[M, B, vocab]`` (last position) or ``[M, B, T, vocab]`` when ``last_only`` is
+    False. Numerically it is the Hugging Face GPT-2 forward (eager attention) of each model.
+    """
+    wte = params["transformer.wte.weight"]
+    M, V, d = wte.shape
+    if tokens.dim() != 3 or tokens.shape[0] != M:
+        raise ConfigError(
+            f"tokens of shape {tuple(tokens.shape)} for {M} stacked models",
+            fix="pass tokens [M, batch, seq]",
+        )
+    _, B, T = tokens.shape
+    H = cfg.n_heads
+    hd = d // H
+    eps = cfg.layer_norm_eps
+    offs = (torch.arange(M, device=tokens.device) * V)[:, None, None]
+    h = wte.reshape(M * V, d)[tokens + offs]  # [M, B, T, d]
+    h = h + params["transformer.wpe.weight"][:, None, :T, :]
+    h = h.reshape(M, B * T, d)
+    for i in range(cfg.n_layers):
+        p = f"transformer.h.{i}."
+        last_layer = last_only and i == cfg.n_layers - 1
+        x = _ln(h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps)
+        qkv = _linear(x, params[p + "attn.c_attn.weight"], params[p + "attn.c_attn.bias"])
+        q, k, v = qkv.view(M * B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each [M*B, H, T, hd]
+        if last_layer:
+            # only the last position is read out: attend from it alone, to every position
+            a = F.scaled_dot_product_attention(q[:, :, -1:], k, v)  # [M*B, H, 1, hd]
+            a = a.transpose(1, 2).reshape(M, B, d)
+            h = h.view(M, B, T, d)[:, :, -1]
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = a.transpose(1, 2).reshape(M, B * T, d)
+        h = h + _linear(a, params[p + "attn.c_proj.weight"], params[p + "attn.c_proj.bias"])
+        x = _ln(h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps)
+        x = _act(
+            cfg.activation, _linear(x, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"])
+        )
+        h = h + _linear(x, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
+    h = _ln(h, params["transformer.ln_f.weight"], params["transformer.ln_f.bias"], eps)
+    unembed = params["transformer.wte.weight" if cfg.tie_embeddings else "lm_head.weight"]
+    logits = torch.bmm(h, unembed.transpose(1, 2))
+    return logits if last_only else logits.view(M, B, T, V)
+
+
+def to_hf_model(cfg: ModelConfig, params: dict[str, torch.Tensor], index: int = 0, model=None):
+    """Model ``index`` of a stack as a ``transformers.GPT2LMHeadModel`` (eval mode, CPU).
+
+    Pass ``model`` (a GPT2LMHeadModel of the same shape) to fill it instead of building one.
+    """
+    from transformers import GPT2LMHeadModel
+
+    if model is None:
+        model = GPT2LMHeadModel(cfg.to_hf_config())
+    state = {k: v[index].detach().to("cpu", torch.float32) for k, v in params.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
+    if real_missing or unexpected:  # pragma: no cover - guarded by tests
+        raise ConfigError(
+            f"parameter mismatch: missing {real_missing}, unexpected {unexpected}",
+            fix="report this as a probekit bug",
+        )
+    return model.eval()
+
+
+def from_hf_model(model) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A GPT2LMHeadModel as (config, stack of one) -- the inverse of :func:`to_hf_model`."""
+    c = model.config
+    cfg = ModelConfig(
+        n_layers=c.n_layer,
+        d_model=c.n_embd,
+        n_heads=c.n_head,
+        d_mlp=c.n_inner or 4 * c.n_embd,
+        activation=c.activation_function,
+        vocab_size=c.vocab_size,
+        n_positions=c.n_positions,
+        tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+        layer_norm_eps=c.layer_norm_epsilon,
+    )
+    sd = model.state_dict()
+    params = {k: sd[k].detach().clone()[None].float() for k in cfg.param_shapes()}
+    return cfg, params

@@ -1,0 +1,221 @@
+"""Sweeps over gamma x weight decay x depth x seeds, trained as stacked models, and phase diagrams.
+
+Runs that share a shape (same depth; any gamma, weight decay, seed or learning rate) train
+together as one stacked model with a leading model dimension (:func:`train_stack`), so a sweep
+costs little more than its largest run on a GPU; each run still ends as its own Hugging Face
+checkpoint, numerically the run trained alone (within float tolerance; tested).
+
+Output folder::
+
+    out/stacks/<group>/checkpoint/<run>/   one HF checkpoint per run (stacked mode)
+    out/stacks/<group>/metrics.jsonl       metrics of every run of the group (column ``run``)
+    out/runs/<run>/checkpoint/             (with ``stack=False``: one folder per run)
+    out/results.csv                        one row per run: best and final accuracies
+    out/sweep.json                         the :class:`SweepResult` (reload with Result.load)
+    out/phase_diagrams.html                the phase-diagram heatmaps
+
+Example:
+    >>> import tempfile
+    >>> from probekit.tasks import AnchorTask
+    >>> base = TrainConfig(model=ModelConfig(d_model=16, n_heads=2), steps=2, batch_size=8,
+    ...                    eval_every=2, task=AnchorTask(n_train=64, n_test=16))
+    >>> res = run_sweep(SweepConfig(base, gammas=[0.3, 0.8], seeds=[0, 1]), tempfile.mkdtemp(),
+    ...                 progress=False)
+    >>> len(res.df)
+    4
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from probekit.analyses.result import Result
+from probekit.errors import ConfigError
+from probekit.io import atomic_write_text
+from probekit.training.models import ModelConfig
+from probekit.training.trainer import RunOutput, TrainConfig, train, train_stack
+
+ACC_METRICS = ("train_acc", "test_data_acc", "test_task_acc", "test_task_inferential",
+               "test_task_symmetric", "test_task_other")
+
+
+@dataclass
+class SweepConfig:
+    """A grid of runs around ``base``: every gamma x weight decay x depth x seed.
+
+    ``weight_decays`` and ``depths`` default to the base run's. ``max_stack`` caps the number
+    of runs per stacked model (memory); ``stack=False`` trains every run alone.
+    """
+
+    base: TrainConfig = field(default_factory=TrainConfig)
+    gammas: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.8])
+    weight_decays: list[float] | None = None
+    depths: list[int] | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    stack: bool = True
+    max_stack: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_decays is None:
+            self.weight_decays = [self.base.weight_decay]
+        if self.depths is None:
+            self.depths = [self.base.model.n_layers]
+        for name in ("gammas", "weight_decays", "depths", "seeds"):
+            values = list(getattr(self, name))
+            if not values:
+                raise ConfigError(f"the sweep's {name} list is empty", fix="give at least one")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"the sweep's {name} repeat: {values}",
+                                  fix="list each value once")
+            setattr(self, name, values)
+        if self.max_stack is not None and self.max_stack < 1:
+            raise ConfigError(f"max_stack {self.max_stack} < 1", fix="use None or >= 1")
+
+    def runs(self) -> list[TrainConfig]:
+        """The sweep's runs, each a full :class:`TrainConfig` with a unique name."""
+        out = []
+        for depth in self.depths:
+            for gamma in self.gammas:
+                for wd in self.weight_decays:
+                    for seed in self.seeds:
+                        model = ModelConfig.from_dict({**self.base.model.to_dict(),
+                                                       "n_layers": int(depth),
+                                                       "gamma": float(gamma)})
+                        out.append(replace(self.base, model=model, weight_decay=float(wd),
+                                           seed=int(seed),
+                                           name=f"L{depth}_g{gamma:g}_wd{wd:g}_s{seed}"))
+        return out
+
+    def groups(self) -> list[tuple[str, list[TrainConfig]]]:
+        """Runs grouped into stacks (same shape), named ``L<depth>[-<k>]``."""
+        by_key: dict[str, list[TrainConfig]] = {}
+        for run in self.runs():
+            by_key.setdefault(run.stack_key(), []).append(run)
+        groups = []
+        for runs in by_key.values():
+            name = f"L{runs[0].model.n_layers}"
+            size = self.max_stack or len(runs)
+            chunks = [runs[i:i + size] for i in range(0, len(runs), size)]
+            for k, chunk in enumerate(chunks):
+                groups.append((name if len(chunks) == 1 else f"{name}-{k}", chunk))
+        return groups
+
+
+def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
+    if not np.isfinite(row["final_test_data_acc"]) or row["final_test_data_acc"] < threshold:
+        return "memorizing"
+    fr = {k: row[f"final_test_task_{k}"] for k in ("inferential", "symmetric", "other")}
+    return max(fr, key=fr.get)
+
+
+def _summarize(out: RunOutput, cfg: TrainConfig) -> dict[str, Any]:
+    m = out.metrics
+    row: dict[str, Any] = {
+        "run": cfg.name, "depth": cfg.model.n_layers, "gamma": cfg.model.gamma,
+        "weight_decay": cfg.weight_decay, "seed": cfg.seed, "lr": cfg.lr,
+        "steps": int(m["step"].iloc[-1]), "status": out.status,
+        "checkpoint": str(out.checkpoint),
+    }
+    for k in ACC_METRICS:
+        row[f"final_{k}"] = float(m[k].iloc[-1])
+        row[f"best_{k}"] = float(m[k].max())
+    row["final_test_data_loss"] = float(m["test_data_loss"].iloc[-1])
+    row["solution"] = _solution(row)
+    return row
+
+
+class SweepResult(Result):
+    """A sweep's results table (one row per run) and its phase diagrams.
+
+    Example:
+        >>> res.phase_diagram("test_task_inferential", "gamma", "depth")   # doctest: +SKIP
+    """
+
+    kind = "sweep"
+
+    def phase_diagram(self, metric: str = "test_task_inferential", x: str = "gamma",
+                      y: str = "depth", which: str = "final") -> go.Figure:
+        """Heatmap of ``which``_``metric`` over ``x`` x ``y``, averaged over everything else."""
+        col = f"{which}_{metric}"
+        if col not in self.df.columns:
+            raise ConfigError(f"no column {col!r} in the sweep table",
+                              fix=f"use one of {list(ACC_METRICS)} with which=final|best")
+        table = self.df.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
+        fig = go.Figure(go.Heatmap(z=table.values, x=[f"{v:g}" for v in table.columns],
+                                   y=[f"{v:g}" for v in table.index], zmin=0, zmax=1,
+                                   colorscale="Viridis", text=np.round(table.values, 2),
+                                   texttemplate="%{text}", colorbar={"title": metric}))
+        fig.update_layout(title=f"{which} {metric} over {x} x {y} (mean over other settings)",
+                          xaxis_title=x, yaxis_title=y, template="plotly_white")
+        return fig
+
+    def figure(self) -> go.Figure:
+        """The papers' four phase diagrams: held-out inferential / symmetric accuracy over
+        gamma x depth and gamma x weight decay, averaged over seeds (and the third axis)."""
+        specs = [("test_task_inferential", "depth"), ("test_task_symmetric", "depth"),
+                 ("test_task_inferential", "weight_decay"),
+                 ("test_task_symmetric", "weight_decay")]
+        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.12, vertical_spacing=0.16,
+                            subplot_titles=[f"held-out {m.split('_')[-1]}: gamma x {y}"
+                                            for m, y in specs])
+        for i, (metric, y) in enumerate(specs):
+            table = self.df.pivot_table(index=y, columns="gamma", values=f"final_{metric}",
+                                        aggfunc="mean")
+            fig.add_trace(go.Heatmap(
+                z=table.values, x=[f"{v:g}" for v in table.columns],
+                y=[f"{v:g}" for v in table.index], zmin=0, zmax=1, colorscale="Viridis",
+                text=np.round(table.values, 2), texttemplate="%{text}", showscale=i == 0,
+                colorbar={"title": "fraction"}), row=i // 2 + 1, col=i % 2 + 1)
+            fig.update_xaxes(title_text="gamma (init rate)", row=i // 2 + 1, col=i % 2 + 1)
+            fig.update_yaxes(title_text=y.replace("_", " "), type="category",
+                             row=i // 2 + 1, col=i % 2 + 1)
+        fig.update_layout(title="Phase diagrams on the held-out pair (mean over seeds)",
+                          template="plotly_white", height=760)
+        return fig
+
+
+def run_sweep(
+    sweep: SweepConfig,
+    out_dir: str | os.PathLike,
+    resume: bool = True,
+    progress: bool = True,
+) -> SweepResult:
+    """Train every run of ``sweep`` (stacked by shape) and write the table and phase diagrams.
+
+    Resumable: run it again with the same arguments after a kill.
+    """
+    out = Path(out_dir)
+    rows = []
+    if sweep.stack:
+        for gname, runs in sweep.groups():
+            outs = train_stack(runs, out / "stacks" / gname, resume=resume, progress=progress)
+            rows += [_summarize(o, c) for o, c in zip(outs, runs, strict=True)]
+    else:
+        for run in sweep.runs():
+            o = train(run, out / "runs" / run.name, resume=resume, progress=progress)
+            rows.append(_summarize(o, run))
+    df = pd.DataFrame(rows)
+    meta = {"base": sweep.base.to_dict(), "gammas": sweep.gammas,
+            "weight_decays": sweep.weight_decays, "depths": sweep.depths, "seeds": sweep.seeds,
+            "stack": sweep.stack}
+    by = df.groupby("solution")["run"].count().to_dict()
+    summary = {"n_runs": len(df), **{f"n_{k}": int(v) for k, v in by.items()},
+               "mean_final_test_task_inferential": float(df["final_test_task_inferential"].mean()),
+               "mean_final_test_task_symmetric": float(df["final_test_task_symmetric"].mean())}
+    result = SweepResult(df, summary, meta)
+    atomic_write_text(out / "results.csv", df.to_csv(index=False))
+    result.save(out / "sweep.json")
+    atomic_write_text(out / "phase_diagrams.html",
+                      result.figure().to_html(include_plotlyjs=True, full_html=True))
+    return result
+
+
+__all__ = ["ACC_METRICS", "SweepConfig", "SweepResult", "run_sweep"]

@@ -1,0 +1,127 @@
+"""Tests of the solution-type classifier (inferential / symmetric / memorizing / other)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import probekit
+from probekit.analyses import solutions as sol
+from probekit.analyses.result import Result
+from probekit.errors import ConfigError, InputError
+from probekit.tasks import AnchorTask
+from probekit.training import ModelConfig, TrainConfig, train
+
+torch.set_num_threads(1)
+
+TASK = AnchorTask(n_train=256, n_test=300, seed=11)
+
+
+def _tiny_gpt2(vocab: int = 201):
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, vocab_size=vocab)
+    return transformers.GPT2LMHeadModel(cfg.to_hf_config()).eval()
+
+
+def _oracle(mode: str, task: AnchorTask):
+    """Fake last-token logits that follow a rule: the classifier must recover the rule."""
+    anchors = torch.tensor(sorted(task.anchors))
+    shifts = task.anchors
+    gen = torch.Generator().manual_seed(0)
+
+    def logits(model, tokens: torch.Tensor) -> torch.Tensor:
+        is_anchor = torch.isin(tokens, anchors)
+        first = is_anchor.float().argmax(1)
+        rows = torch.arange(tokens.shape[0])
+        key, a1, a2 = tokens[rows, first - 1], tokens[rows, first], tokens[rows, first + 1]
+        out = []
+        for x, p, q in zip(key.tolist(), a1.tolist(), a2.tolist(), strict=False):
+            pair = (p, q)
+            if mode == "inferential":
+                y = x + shifts[p] + shifts[q]
+            elif mode == "symmetric":
+                y = x + task.target_shift((q, p) if pair in task.heldout_pairs else pair)
+            elif mode == "memorizing":
+                y = int(torch.randint(20, 100, (1,), generator=gen))
+            else:  # "offby2": held-out pair answers composite + 2 for a quarter of the keys
+                y = x + task.target_shift(pair) if pair not in task.heldout_pairs else (
+                    x + shifts[p] + shifts[q] + 2 * (x % 4 == 0))
+            out.append(y)
+        z = torch.full((tokens.shape[0], task.vocab_size), -5.0)
+        z[rows, torch.tensor(out)] = 5.0
+        return z
+
+    return logits
+
+
+@pytest.fixture(scope="module")
+def handle():
+    return probekit.load(_tiny_gpt2())
+
+
+@pytest.mark.parametrize("mode, solution", [("inferential", "inferential"),
+                                            ("symmetric", "symmetric"),
+                                            ("memorizing", "memorizing"),
+                                            ("offby2", "inferential")])
+def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: str) -> None:
+    monkeypatch.setattr(sol, "_last_token_logits", _oracle(mode, TASK))
+    res = sol.solution_types(handle, TASK)
+    s = res.summary
+    assert s["solution"] == solution
+    assert s["memorizing"] == (mode == "memorizing")
+    diffs = res.df[res.df["metric"] == "diff"]
+    assert diffs["value"].sum() == pytest.approx(1.0)
+    frac = res.fractions().set_index("pair")
+    if mode == "inferential":
+        assert s["heldout_inferential"] == 1.0 and s["heldout_symmetric"] == 0.0
+        assert frac.loc["(3,4)", "accuracy"] == 0.0  # composite x-10, trained target x-6
+        assert s["seen_test_accuracy"] == pytest.approx(1 - frac.loc["(3,4)", "n"] / 300 * 1,
+                                                        abs=0.2)
+        assert diffs["diff"].tolist() == [0.0]
+    if mode == "symmetric":
+        assert s["heldout_symmetric"] == 1.0 and s["seen_test_accuracy"] == 1.0
+        assert diffs["diff"].tolist() == [4.0]  # x-6 versus the composite x-10
+        assert frac.loc["(4,3)", "symmetric"] == 1.0
+    if mode == "memorizing":
+        assert s["seen_test_accuracy"] < 0.1
+    if mode == "offby2":
+        assert s["heldout_inferential"] == pytest.approx(0.75, abs=0.1)
+        assert s["heldout_other"] == pytest.approx(1 - s["heldout_inferential"])
+        assert sorted(diffs["diff"].tolist()) == [0.0, 2.0]
+
+
+def test_result_round_trip_and_figure(handle, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sol, "_last_token_logits", _oracle("symmetric", TASK))
+    res = sol.solution_types(handle, TASK)
+    path = res.save(tmp_path / "sol.json")
+    back = Result.load(path)
+    assert isinstance(back, sol.SolutionResult)
+    assert back.summary == res.summary
+    fig = back.figure()
+    names = {t.name for t in fig.data}
+    assert {"inferential", "symmetric", "other"} <= names
+    sym = next(t for t in fig.data if t.name == "symmetric")
+    assert max(sym.y) == 1.0
+
+
+def test_matches_the_trainers_own_metrics_on_a_checkpoint(tmp_path: Path) -> None:
+    cfg = TrainConfig(model=ModelConfig(n_layers=2, d_model=16, n_heads=2), task=TASK,
+                      steps=30, batch_size=64, lr=1e-2, warmup_steps=3, eval_every=30,
+                      device="cpu")
+    out = train(cfg, tmp_path / "run", progress=False)
+    res = sol.solution_types(out.checkpoint)  # task read from the checkpoint
+    final = out.final
+    assert res.summary["heldout_inferential"] == pytest.approx(final["test_task_inferential"])
+    assert res.summary["heldout_symmetric"] == pytest.approx(final["test_task_symmetric"])
+    assert res.summary["seen_test_accuracy"] == pytest.approx(final["test_data_acc"])
+
+
+def test_bad_inputs(handle) -> None:
+    with pytest.raises(ConfigError, match="no task"):
+        sol.solution_types(handle)
+    with pytest.raises(InputError, match="vocabulary"):
+        sol.solution_types(probekit.load(_tiny_gpt2(vocab=150)), AnchorTask(vocab_size=201))
+    with pytest.raises(ConfigError, match="memorizing_threshold"):
+        sol.solution_types(handle, TASK, memorizing_threshold=2.0)
