@@ -50,3 +50,25 @@ def test_impossible_families_raise():
         depth_family(10**6, [2], style="tall")
     with pytest.raises(ConfigError, match="positive integers"):
         depth_family(10**6, [0, 2])
+
+
+def test_sweep_accepts_a_family(tmp_path):
+    from probekit.tasks import AnchorTask
+    from probekit.training.sweep import SweepConfig, run_sweep
+    from probekit.training.trainer import TrainConfig
+
+    task = AnchorTask(n_train=64, n_test=16)
+    base = TrainConfig(task=task, steps=2, batch_size=8, eval_every=2, warmup_steps=1)
+    fam = depth_family(200_000, [2, 3], style="width", n_heads=4)
+    sweep = SweepConfig(base, gammas=[0.5], family=fam)
+    runs = sweep.runs()
+    assert [r.model.n_layers for r in runs] == [2, 3]
+    for run, row in zip(runs, fam.df.itertuples(), strict=True):
+        assert (run.model.d_model, run.model.d_mlp) == (row.d_model, row.d_mlp)
+        assert hf_count(run.model) == row.params
+    res = run_sweep(sweep, tmp_path / "sweep", progress=False)
+    assert len(res.df) == 2 and res.meta["family"][0]["depth"] == 2
+    with pytest.raises(ConfigError, match="sized for vocab_size"):
+        SweepConfig(base, family=depth_family(200_000, [2], vocab_size=300))
+    with pytest.raises(ConfigError, match="not all in the family"):
+        SweepConfig(base, depths=[4], family=fam)

@@ -259,9 +259,18 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
     if getattr(args, "config", None) is not None:
         _mark_given(args._parser, args)
     base = build_train_config(args, sweep=True)
+    family = None
+    if args.family_budget is not None:
+        from probekit.training.families import depth_family
+
+        family = depth_family(args.family_budget, args.depths, style=args.family_style,
+                              d_model=base.model.d_model, n_heads=base.model.n_heads,
+                              vocab_size=base.model.vocab_size,
+                              n_positions=base.model.n_positions,
+                              tie_embeddings=base.model.tie_embeddings)
     sweep = SweepConfig(base, gammas=args.gammas, weight_decays=args.weight_decays,
                         depths=args.depths, seeds=args.seeds, stack=not args.no_stack,
-                        max_stack=args.max_stack)
+                        max_stack=args.max_stack, family=family)
     res = run_sweep(sweep, args.out, resume=not args.no_resume, progress=not args.no_progress)
     cols = ["run", "final_test_data_acc", "final_test_task_inferential",
             "final_test_task_symmetric", "solution"]
@@ -302,6 +311,12 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--depths", type=_ints, default=[_M.n_layers],
                    help="numbers of layers, comma-separated")
     g.add_argument("--seeds", type=_ints, default=[0], help="seeds, comma-separated")
+    g.add_argument("--family-budget", type=int, default=None,
+                   help="sweep --depths at this fixed parameter count: each depth's widths come "
+                   "from a depth/width family (within 1%% of the budget)")
+    g.add_argument("--family-style", choices=["mlp", "width"], default="mlp",
+                   help="family style: 'mlp' holds d_model and shrinks the MLP (Petty et al.), "
+                   "'width' shrinks d_model (Levine et al.)")
     g.add_argument("--no-stack", action="store_true",
                    help="train every run alone instead of stacking runs of one shape")
     g.add_argument("--max-stack", type=int, default=None,

@@ -52,7 +52,9 @@ class SweepConfig:
     """A grid of runs around ``base``: every gamma x weight decay x depth x seed.
 
     ``weight_decays`` and ``depths`` default to the base run's. ``max_stack`` caps the number
-    of runs per stacked model (memory); ``stack=False`` trains every run alone.
+    of runs per stacked model (memory); ``stack=False`` trains every run alone. ``family`` (a
+    :func:`probekit.training.families.depth_family` result) sweeps depth at a fixed parameter
+    budget: the depths are the family's and each depth takes its widths from it.
     """
 
     base: TrainConfig = field(default_factory=TrainConfig)
@@ -62,10 +64,25 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     stack: bool = True
     max_stack: int | None = None
+    family: Any = None
 
     def __post_init__(self) -> None:
         if self.weight_decays is None:
             self.weight_decays = [self.base.weight_decay]
+        if self.family is not None:
+            fixed = self.family.meta.get("fixed", {})
+            for key in ("vocab_size", "n_positions"):
+                if key in fixed and fixed[key] != getattr(self.base.model, key):
+                    raise ConfigError(
+                        f"the family was sized for {key} {fixed[key]}, the task's models have "
+                        f"{getattr(self.base.model, key)}",
+                        fix=f"build the family with {key}={getattr(self.base.model, key)}",
+                    )
+            family_depths = [int(d) for d in self.family.df.depth]
+            if self.depths is not None and not set(self.depths) <= set(family_depths):
+                raise ConfigError(f"depths {self.depths} are not all in the family "
+                                  f"{family_depths}", fix="leave depths out to use the family's")
+            self.depths = self.depths or family_depths
         if self.depths is None:
             self.depths = [self.base.model.n_layers]
         for name in ("gammas", "weight_decays", "depths", "seeds"):
@@ -79,6 +96,13 @@ class SweepConfig:
         if self.max_stack is not None and self.max_stack < 1:
             raise ConfigError(f"max_stack {self.max_stack} < 1", fix="use None or >= 1")
 
+    def _shape(self, depth: int) -> dict[str, int]:
+        """The family's widths at ``depth`` (nothing without a family)."""
+        if self.family is None:
+            return {}
+        row = self.family.df[self.family.df.depth == depth].iloc[0]
+        return {key: int(row[key]) for key in ("d_model", "d_mlp", "n_heads")}
+
     def runs(self) -> list[TrainConfig]:
         """The sweep's runs, each a full :class:`TrainConfig` with a unique name."""
         out = []
@@ -88,7 +112,8 @@ class SweepConfig:
                     for seed in self.seeds:
                         model = ModelConfig.from_dict({**self.base.model.to_dict(),
                                                        "n_layers": int(depth),
-                                                       "gamma": float(gamma)})
+                                                       "gamma": float(gamma),
+                                                       **self._shape(int(depth))})
                         out.append(replace(self.base, model=model, weight_decay=float(wd),
                                            seed=int(seed),
                                            name=f"L{depth}_g{gamma:g}_wd{wd:g}_s{seed}"))
@@ -205,7 +230,8 @@ def run_sweep(
     df = pd.DataFrame(rows)
     meta = {"base": sweep.base.to_dict(), "gammas": sweep.gammas,
             "weight_decays": sweep.weight_decays, "depths": sweep.depths, "seeds": sweep.seeds,
-            "stack": sweep.stack}
+            "stack": sweep.stack,
+            "family": None if sweep.family is None else sweep.family.df.to_dict("records")}
     by = df.groupby("solution")["run"].count().to_dict()
     summary = {"n_runs": len(df), **{f"n_{k}": int(v) for k, v in by.items()},
                "mean_final_test_task_inferential": float(df["final_test_task_inferential"].mean()),
