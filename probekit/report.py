@@ -121,8 +121,10 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         "depth_score": results["skip_effects"].summary["depth_score"],
         "prediction_formed_at_depth": lens.summary["formed_at_depth"],
     }
+    first_late = (n + 1) // 2
+    late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
     verdict = [
-        f"The second half of the network (layers {(n + 1) // 2}–{n - 1}) accounts for "
+        f"The second half of the network ({late}) accounts for "
         f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share; "
         "static pre-LN models typically stay below 15%, a depth-using model nears 50%).",
     ]
