@@ -40,6 +40,30 @@ def _snapshot(model, tokens, mask):
     }
 
 
+def fail_midway(monkeypatch, at: int) -> None:
+    """Make the ``at``-th call of TokenMeans.add or Trace.run_block (together) raise: a failure
+    inside an analysis's hooks and resumed forwards."""
+    calls = {"n": 0}
+    original_add = _common.TokenMeans.add
+    original_run_block = probekit.Trace.run_block
+
+    def tick() -> None:
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise RuntimeError("injected failure")
+
+    def failing_add(self, *args, **kwargs):
+        tick()
+        return original_add(self, *args, **kwargs)
+
+    def failing_run_block(self, layer, residual):
+        tick()
+        return original_run_block(self, layer, residual)
+
+    monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
+    monkeypatch.setattr(probekit.Trace, "run_block", failing_run_block)
+
+
 def _assert_same(before, after):
     assert after["hooks"] == before["hooks"]
     assert after["order"] == before["order"]
@@ -66,24 +90,7 @@ def test_analyzer_restores_model_after_exception(name, monkeypatch):
     model = probekit.load(make_hf("gpt2"))
     tokens, mask = sample_tokens()
     before = _snapshot(model, tokens, mask)
-    calls = {"n": 0}
-    original_add = _common.TokenMeans.add
-    original_run_block = probekit.Trace.run_block
-
-    def failing_add(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("injected failure")
-        return original_add(self, *args, **kwargs)
-
-    def failing_run_block(self, layer, residual):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("injected failure")
-        return original_run_block(self, layer, residual)
-
-    monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
-    monkeypatch.setattr(probekit.Trace, "run_block", failing_run_block)
+    fail_midway(monkeypatch, at=3)
     with pytest.raises(RuntimeError, match="injected failure"):
         ANALYZERS[name](model, (tokens, mask))
     monkeypatch.undo()

@@ -8,7 +8,6 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses import _common
 from probekit.analyses.masking import (
     attention_knockout,
     information_flow,
@@ -20,7 +19,7 @@ from probekit.analyses.result import Result
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import hf_blocks, make_hf, sample_tokens, twin
-from tests.test_hygiene import _assert_same, _snapshot
+from tests.test_hygiene import _assert_same, _snapshot, fail_midway
 
 DECODERS = ("gpt2", "llama")
 
@@ -329,24 +328,7 @@ def test_analyzer_restores_model_after_exception(name, monkeypatch):
     model = probekit.load(make_hf("gpt2", n_layers=2))
     tokens, mask = sample_tokens()
     before = _snapshot(model, tokens, mask)
-    calls = {"n": 0}
-    original_add = _common.TokenMeans.add
-    original_run_block = probekit.Trace.run_block
-
-    def failing_add(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 15:
-            raise RuntimeError("injected failure")
-        return original_add(self, *args, **kwargs)
-
-    def failing_run_block(self, layer, residual):  # inside the knockout hooks
-        calls["n"] += 1
-        if calls["n"] == 15:
-            raise RuntimeError("injected failure")
-        return original_run_block(self, layer, residual)
-
-    monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
-    monkeypatch.setattr(probekit.Trace, "run_block", failing_run_block)
+    fail_midway(monkeypatch, at=15)  # inside the knockout hooks
     with pytest.raises(RuntimeError, match="injected failure"):
         ANALYZERS[name](model, (tokens, mask))
     monkeypatch.undo()
