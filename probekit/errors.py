@@ -45,7 +45,21 @@ class NumericalError(ProbekitError):
     """NaN or infinite values in weights, activations or losses."""
 
 
+def check_known_keys(settings: dict, known: set[str], what: str) -> None:
+    """Raise :class:`ConfigError` naming any key of ``settings`` outside ``known``.
+
+    Example:
+        >>> check_known_keys({"steps": 3}, {"steps", "lr"}, "training")
+    """
+    unknown = set(settings) - set(known)
+    if unknown:
+        raise ConfigError(
+            f"unknown {what} settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
+        )
+
+
 __all__ = [
+    "check_known_keys",
     "ProbekitError",
     "CheckpointError",
     "UnsupportedModelError",

@@ -149,3 +149,19 @@ def test_score_fractions(task: AnchorTask) -> None:
     assert len(seen) == 15 and all(r["accuracy"] == 1.0 for r in seen)
     with pytest.raises(InputError):
         task.score(d, d.composite[:-1])
+
+
+def test_unknown_settings_are_named():
+    import pytest
+
+    from probekit.errors import ConfigError
+    from probekit.tasks.anchor import AnchorTask
+    from probekit.training.models import ModelConfig
+    from probekit.training.trainer import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"unknown task settings \['bogus'\]"):
+        AnchorTask.from_dict({**AnchorTask().to_dict(), "bogus": 1})
+    with pytest.raises(ConfigError, match=r"unknown model settings \['depth'\]"):
+        ModelConfig.from_dict({"depth": 3})
+    with pytest.raises(ConfigError, match=r"unknown training settings \['epochs'\]"):
+        TrainConfig.from_dict({"epochs": 3})

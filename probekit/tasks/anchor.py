@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probekit.errors import ConfigError, InputError
+from probekit.errors import ConfigError, InputError, check_known_keys
 
 Pair = tuple[int, int]
 
@@ -235,12 +235,7 @@ class AnchorTask:
             True
         """
         d = dict(d)
-        known = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown task settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
-            )
+        check_known_keys(d, {f for f in cls.__dataclass_fields__ if not f.startswith("_")}, "task")
         if "anchors" in d:
             d["anchors"] = {int(k): int(v) for k, v in dict(d["anchors"]).items()}
         if "special_targets" in d:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import ConfigError
+from probekit.errors import ConfigError, check_known_keys
 
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
 
@@ -124,12 +124,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown model settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
-            )
+        check_known_keys(d, {f.name for f in fields(cls)}, "model")
         return cls(**d)
 
     def to_hf_config(self):

@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import CheckpointError, ConfigError, NumericalError
+from probekit.errors import CheckpointError, ConfigError, NumericalError, check_known_keys
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.anchor import AnchorTask
 from probekit.training.models import (
@@ -182,12 +182,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown training settings {sorted(unknown)}", fix=f"use only {sorted(known)}"
-            )
+        check_known_keys(d, {f.name for f in fields(cls)}, "training")
         return cls(**d)
 
     def stack_key(self) -> str:
