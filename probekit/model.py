@@ -465,6 +465,47 @@ def _check_checkpoint_dir(path: Path) -> dict:
     return config
 
 
+def from_pretrained_complete(klass: Any, path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+    """``klass.from_pretrained(path)`` from safetensors, refusing incomplete weights.
+
+    Raises :class:`CheckpointError` when loading fails or when the checkpoint's tensors do not
+    match the model its config describes (see :func:`_check_complete`).
+    """
+    path = Path(path)
+    try:
+        hf_model, loading_info = klass.from_pretrained(
+            str(path), use_safetensors=True, output_loading_info=True, **kwargs
+        )
+    except Exception as err:  # HF raises many types; name the folder and the cause
+        raise CheckpointError(
+            f"could not load the checkpoint in {path}: {type(err).__name__}: {err}",
+            fix="check that config.json matches the safetensors weights",
+        ) from err
+    _check_complete(path, loading_info)
+    return hf_model
+
+
+def _check_complete(path: Path, loading_info: dict) -> None:
+    """Refuse a checkpoint whose tensors do not match the model its config describes.
+
+    Hugging Face fills missing weights with a random initialisation and drops unexpected ones,
+    so numbers computed after such a load would not be the checkpoint's. Weights that the model
+    ties to others (GPT-2's unembedding) are not reported missing by transformers and load.
+    """
+    problems = []
+    for what in ("missing", "unexpected", "mismatched"):
+        names = sorted(str(n) for n in loading_info.get(f"{what}_keys") or ())
+        if names:
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            problems.append(f"{len(names)} {what} tensor(s): {shown}")
+    if problems:
+        raise CheckpointError(
+            f"the weights in {path} do not match its config.json ({'; '.join(problems)})",
+            fix="re-save the complete model with save_pretrained(safe_serialization=True), or "
+            "fix config.json (number of layers, sizes, architectures) to match the weights",
+        )
+
+
 def _supported_architectures() -> set[str]:
     from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
@@ -553,17 +594,12 @@ def load(
         bar_was_on = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
         try:
-            hf_model = getattr(transformers, arch).from_pretrained(
-                str(path),
-                use_safetensors=True,
+            hf_model = from_pretrained_complete(
+                getattr(transformers, arch),
+                path,
                 dtype=dtype or torch.float32,
                 attn_implementation="eager",
             )
-        except Exception as err:  # HF raises many types; name the folder and the cause
-            raise CheckpointError(
-                f"could not load the checkpoint in {path}: {type(err).__name__}: {err}",
-                fix="check that config.json matches the safetensors weights",
-            ) from err
         finally:
             if bar_was_on:
                 hf_logging.enable_progress_bar()
@@ -578,4 +614,4 @@ def load(
     return model
 
 
-__all__ = ["Model", "Trace", "load", "SITES"]
+__all__ = ["Model", "Trace", "load", "from_pretrained_complete", "SITES"]

@@ -190,7 +190,9 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
     import transformers
     from safetensors.torch import load_file
 
-    model = transformers.GPT2LMHeadModel.from_pretrained(path, use_safetensors=True).to(device)
+    from probekit.model import from_pretrained_complete
+
+    model = from_pretrained_complete(transformers.GPT2LMHeadModel, path).to(device)
     model.train()
     optimizer = _optimizer(model, cfg)
     moments_path = path / "optimizer.safetensors"
