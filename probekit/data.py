@@ -18,9 +18,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -117,6 +117,13 @@ def as_batches(data: Data, batch_size: int | None = None) -> list[Batch]:
     return out
 
 
+POSITIONS = ("all", "last")
+"""The position selections every analyzer understands. ``"all"``: every real token;
+``"last"``: the last real token of each sequence. Task data (:class:`TaskData`) adds its role
+names (the anchor task: ``"key"``, ``"anchor1"``, ``"anchor2"``, ``"noise"``); analyzers
+that read single positions also take a list of position indices."""
+
+
 def position_mask(batch: Batch, positions: str) -> torch.Tensor:
     """Bool mask ``[B, T]`` of the positions a measure is averaged over.
 
@@ -134,4 +141,65 @@ def position_mask(batch: Batch, positions: str) -> torch.Tensor:
     raise InputError(f"unknown positions={positions!r}", fix="use positions='all' or 'last'")
 
 
-__all__ = ["Batch", "Data", "as_batches", "position_mask"]
+@runtime_checkable
+class TaskData(Protocol):
+    """Sequences of a task with what task-aware analyzers ask about them.
+
+    Analyzers (token masking, attention knockout, probes, hidden-state maps, solution types)
+    know nothing of any task: they ask data of this shape. Every per-sequence field has one
+    entry per row of ``tokens``; each sequence is scored at its last position.
+
+    - ``tokens`` ``[n, T]`` long token ids (no padding);
+    - ``targets`` ``[n]``: the token the sequence is scored against;
+    - ``groups()``: one label per sequence (anchor task: the pair, ``"(4,3)"``);
+    - ``heldout()`` ``[n]`` bool: sequences of groups never seen in training;
+    - ``answers()``: named alternative answers ``[n]`` (``-1`` = none), e.g. the anchor task's
+      ``"inferential"`` (composite) and ``"symmetric"`` (mirrored pair's trained target);
+    - ``roles()``: named bool position masks ``[n, T]`` (anchor task: key, anchor1, anchor2,
+      noise), usable wherever ``positions=`` takes a role name;
+    - ``variables()``: task variables per sequence for probes, ``{name: [n] array}``;
+    - ``mirror_groups()``: pairs of groups expected to be related (held-out pair and mirror);
+    - ``resample_range``: ``(low, high)`` token ids that a resampled position draws from;
+    - ``concat(others)``: one data set from this and more of the same kind.
+
+    Example:
+        >>> from probekit.tasks import AnchorTask
+        >>> data = AnchorTask(n_test=20).dataset("test_task")
+        >>> isinstance(data, TaskData), sorted(data.roles())
+        (True, ['anchor1', 'anchor2', 'key', 'noise'])
+    """
+
+    tokens: torch.Tensor
+    targets: torch.Tensor
+
+    @property
+    def resample_range(self) -> tuple[int, int]: ...
+
+    def __len__(self) -> int: ...
+
+    def groups(self) -> list[str]: ...
+
+    def heldout(self) -> torch.Tensor: ...
+
+    def answers(self) -> dict[str, torch.Tensor]: ...
+
+    def roles(self) -> dict[str, torch.Tensor]: ...
+
+    def variables(self) -> dict[str, Any]: ...
+
+    def mirror_groups(self) -> list[tuple[str, str]]: ...
+
+    def concat(self, others: Sequence[TaskData]) -> TaskData: ...
+
+
+def task_data(data: Any) -> TaskData | None:
+    """``data`` as :class:`TaskData`: itself, one data set from a non-empty list of task data,
+    or ``None`` for plain token data."""
+    if isinstance(data, TaskData):
+        return data
+    if isinstance(data, list | tuple) and data and all(isinstance(d, TaskData) for d in data):
+        return data[0].concat(list(data[1:]))
+    return None
+
+
+__all__ = ["POSITIONS", "Batch", "Data", "TaskData", "as_batches", "position_mask", "task_data"]

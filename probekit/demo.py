@@ -64,11 +64,11 @@ def analyse(
 ) -> dict[str, Any]:
     """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``."""
     import probekit
-    from probekit.analyses.condensation import condensation
-    from probekit.analyses.maps import embedding_map
-    from probekit.analyses.masking import attention_knockout
-    from probekit.analyses.probes import linear_probes
-    from probekit.analyses.solutions import solution_types
+    from probekit.analyses.mechanisms.maps import embedding_map
+    from probekit.analyses.mechanisms.masking import attention_knockout
+    from probekit.analyses.mechanisms.probes import linear_probes
+    from probekit.analyses.mechanisms.solutions import solution_types
+    from probekit.analyses.weights.condensation import condensation
     from probekit.report import diagnose, write_report
     from probekit.training.trainer import load_run_config
 
@@ -143,7 +143,7 @@ def run_demo(
             f'<h2><a href="{run.name}/report.html">{html.escape(run.name)} model</a>'
             f"</h2><ul>{items}</ul>"
         )
-    from probekit.analyses.result import _plain
+    from probekit.result import _plain
 
     atomic_write_text(out / "summary.json", json.dumps(_plain(summary), indent=1))
     page = (

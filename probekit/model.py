@@ -20,9 +20,11 @@ import json
 import logging
 import os
 import struct
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,19 @@ SITES = {
     "resid_out": "blocks.{layer}.hook_out",
     "attn_out": "blocks.{layer}.attn.hook_out",
     "mlp_out": "blocks.{layer}.mlp.hook_out",
+    "attn_pattern": "blocks.{layer}.attn.hook_pattern",
+    "attn_scores": "blocks.{layer}.attn.hook_attn_scores",
 }
-"""Canonical TransformerBridge hook names of the sites probekit reads and edits."""
+"""Canonical TransformerBridge hook names of the sites probekit reads and edits.
+
+``attn_pattern`` holds the attention weights ``[B, heads, query, source]`` after the softmax,
+``attn_scores`` the scores before it (with the causal / padding mask applied)."""
+
+REQUIRED_SITES = ("resid_in", "resid_out", "attn_out", "mlp_out")
+"""The sites every model must have; attention sites are checked where they are used."""
+
+WEIGHT_NAMES = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out")
+"""Per-layer weight matrices :meth:`Model.weights` returns (W_gate only in gated MLPs)."""
 
 
 class Model:
@@ -74,7 +87,9 @@ class Model:
                 fix="use a standard decoder (GPT-2, Llama, ...) or encoder (BERT) architecture",
             )
         missing = [
-            name for site in SITES if (name := self.hook_name(0, site)) not in bridge.hook_dict
+            name
+            for site in REQUIRED_SITES
+            if (name := self.hook_name(0, site)) not in bridge.hook_dict
         ]
         if missing:
             raise UnsupportedModelError(
@@ -123,10 +138,130 @@ class Model:
         return self.bridge.blocks
 
     @property
+    def n_heads(self) -> int:
+        """Number of attention (query) heads per layer."""
+        return int(self.bridge.cfg.n_heads)
+
+    @cached_property
     def post_norm(self) -> bool:
-        """True for post-LayerNorm blocks (BERT-style encoders), whose sublayer hooks hold the
-        normalised stream rather than the update added to it."""
-        return not self.is_causal
+        """True for post-LayerNorm blocks (BERT-style), whose sublayer hooks hold the normalised
+        stream rather than the update added to it.
+
+        Read from the blocks themselves, not from the architecture's name: a pre-norm block adds
+        its sublayer outputs to the stream, ``h_out = h_in + attn_out + mlp_out``; a post-norm
+        block does not. One forward of two tokens checks which, once per model.
+        """
+        held: dict[str, torch.Tensor] = {}
+
+        def keep(key: str) -> Callable:
+            def fn(tensor: torch.Tensor, hook: Any) -> None:
+                held[key] = tensor.detach().double()
+
+            return fn
+
+        sites = ("resid_in", "attn_out", "mlp_out", "resid_out")
+        hooks = [(self.hook_name(0, site), keep(site)) for site in sites]
+        tokens = torch.ones(1, 2, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            self.forward(Batch(tokens, torch.ones_like(tokens)), hooks)
+        pre_norm_out = held["resid_in"] + held["attn_out"] + held["mlp_out"]
+        scale = held["resid_out"].abs().max().clamp_min(1e-12)
+        return bool((pre_norm_out - held["resid_out"]).abs().max() / scale > 1e-3)
+
+    @cached_property
+    def supports_pattern_edits(self) -> bool:
+        """Whether editing ``attn_pattern`` changes the output (False where the bridge only
+        observes an attention computed inside the wrapped module, e.g. BERT). Tested once."""
+        if self.hook_name(0, "attn_pattern") not in self.bridge.hook_dict:
+            return False
+        tokens = torch.ones(1, 3, dtype=torch.long, device=self.device)
+        batch = Batch(tokens, torch.ones_like(tokens))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clean = self.forward(batch)
+            zeroed = self.forward(
+                batch, [(self.hook_name(0, "attn_pattern"), lambda t, hook: torch.zeros_like(t))]
+            )
+        return not torch.equal(clean, zeroed)
+
+    def check_layer(self, layer: Any, what: str = "layer") -> int:
+        """``layer`` as an int in ``0..n_layers-1``, or :class:`InputError` naming the problem
+        (other types, ``True``/``False`` and floats included)."""
+        n = self.n_layers
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+            raise InputError(
+                f"{what} {layer!r} is a {type(layer).__name__}, not an integer",
+                fix=f"pass a {what} index in 0..{n - 1}",
+            )
+        if not 0 <= int(layer) < n:
+            raise InputError(
+                f"{what} {layer!r} is outside the model's {n} layers",
+                fix=f"use a {what} index in 0..{n - 1}",
+            )
+        return int(layer)
+
+    def check_head(self, head: Any) -> int | None:
+        """``head`` as an int in ``0..n_heads-1``, ``None`` (all heads), or :class:`InputError`."""
+        if head is None:
+            return None
+        if isinstance(head, bool) or not hasattr(head, "__index__"):
+            raise InputError(
+                f"head {head!r} is a {type(head).__name__}, not an integer",
+                fix=f"pass a head index in 0..{self.n_heads - 1}, or head=None for all heads",
+            )
+        if not 0 <= int(head) < self.n_heads:
+            raise InputError(
+                f"head {head} is outside the model's {self.n_heads} heads",
+                fix=f"use a head index in 0..{self.n_heads - 1}, or head=None for all heads",
+            )
+        return int(head)
+
+    @torch.no_grad()
+    def weights(self, names: Sequence[str] = WEIGHT_NAMES) -> dict[tuple[int, str], torch.Tensor]:
+        """Every per-layer weight as a 2-D float64 CPU tensor ``[d_in, n_out]`` (columns are
+        neurons), keyed ``(layer, name)`` with names from :data:`WEIGHT_NAMES`.
+
+        W_Q/W_K/W_V are ``[d_model, heads * d_head]`` (grouped K/V keep their own number of
+        heads), W_O ``[heads * d_head, d_model]``, W_in/W_gate ``[d_model, d_mlp]``, W_out
+        ``[d_mlp, d_model]``. Names a model lacks (W_gate in a non-gated MLP) are left out.
+        """
+        unknown = set(names) - set(WEIGHT_NAMES)
+        if unknown:
+            raise InputError(
+                f"unknown weight matrices {sorted(unknown)}", fix=f"use {list(WEIGHT_NAMES)}"
+            )
+        out: dict[tuple[int, str], torch.Tensor] = {}
+        for name in names:
+            try:
+                stacked = getattr(self.bridge, name)
+            except AttributeError:
+                continue
+            if stacked is None:
+                continue
+            stacked = stacked.detach().to("cpu", torch.float64)
+            for layer in range(stacked.shape[0]):
+                w = stacked[layer]
+                if name in ("W_Q", "W_K", "W_V"):  # [heads, d_model, d_head]
+                    w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
+                elif name == "W_O":  # [heads, d_head, d_model]
+                    w = w.reshape(-1, w.shape[-1])
+                out[(layer, name)] = w
+        return out
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        """Token embedding ``W_E`` ``[d_vocab, d_model]`` as a float64 CPU tensor."""
+        return self.bridge.W_E.detach().to("cpu", torch.float64)
+
+    @property
+    def unembedding(self) -> torch.Tensor:
+        """Unembedding ``W_U`` ``[d_model, d_vocab]`` as a float64 CPU tensor."""
+        return self.bridge.W_U.detach().to("cpu", torch.float64)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer saved with the checkpoint, or ``None``."""
+        return getattr(self.bridge, "tokenizer", None)
 
     def update_hooks(
         self,
@@ -614,4 +749,4 @@ def load(
     return model
 
 
-__all__ = ["Model", "Trace", "load", "from_pretrained_complete", "SITES"]
+__all__ = ["SITES", "WEIGHT_NAMES", "Model", "Trace", "from_pretrained_complete", "load"]

@@ -28,10 +28,10 @@ from probekit.analyses import (
     residual_stats,
     skip_effects,
 )
-from probekit.analyses.result import _plain
 from probekit.data import Data
 from probekit.io import atomic_write_text
 from probekit.model import Model, load
+from probekit.result import _plain
 
 SKIPPABLE_FRACTION = 0.01
 """A layer is called skippable when removing it raises the loss by less than this fraction of

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from probekit.analyses.solutions import solution_types
+from probekit.analyses.mechanisms.solutions import solution_types
 from probekit.training import anchor_cpu_config, train_stack
 
 torch.set_num_threads(1)

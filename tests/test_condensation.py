@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses.condensation import (
+from probekit.analyses.weights.condensation import (
     condensation,
     condensation_timeline,
     cosine_matrix,
@@ -15,8 +15,8 @@ from probekit.analyses.condensation import (
     stable_rank,
     weight_matrices,
 )
-from probekit.analyses.result import Result
 from probekit.errors import InputError
+from probekit.result import Result
 from tests.conftest import make_hf, twin
 
 

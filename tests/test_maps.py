@@ -8,15 +8,15 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses.maps import (
+from probekit.analyses.mechanisms.maps import (
     embedding_map,
     hidden_state_map,
     neighbour_ratio,
     pair_cosines,
     reduce,
 )
-from probekit.analyses.result import Result
 from probekit.errors import InputError
+from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import make_hf, sample_tokens, twin
 from tests.test_hygiene import _assert_same, _snapshot

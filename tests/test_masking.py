@@ -8,15 +8,15 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses.masking import (
+from probekit.analyses.mechanisms.masking import (
     attention_knockout,
     information_flow,
     knock_out,
     mask_tokens,
     token_masking,
 )
-from probekit.analyses.result import Result
 from probekit.errors import InputError, UnsupportedModelError
+from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import hf_blocks, make_hf, sample_tokens, twin
 from tests.test_hygiene import _assert_same, _snapshot, fail_midway

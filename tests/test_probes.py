@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses.probes import anchor_variables, fit_probe, gather, linear_probes
-from probekit.analyses.result import Result
+from probekit.analyses.mechanisms.probes import anchor_variables, fit_probe, gather, linear_probes
 from probekit.errors import ConfigError, InputError
+from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import VOCAB, make_hf, twin
 from tests.test_hygiene import _assert_same, _snapshot

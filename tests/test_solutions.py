@@ -9,9 +9,9 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses import solutions as sol
-from probekit.analyses.result import Result
+from probekit.analyses.mechanisms import solutions as sol
 from probekit.errors import ConfigError, InputError
+from probekit.result import Result
 from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig, train
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probekit.analyses.result import Result
 from probekit.errors import ConfigError
+from probekit.result import Result
 from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig
 from probekit.training.sweep import SweepConfig, SweepResult, run_sweep

@@ -1,20 +1,13 @@
 """Analyzers: each a function ``(model, data, ...) -> Result`` (tidy ``.df``, ``.summary``,
 ``.figure()``, save/load)."""
 
-from probekit.analyses.condensation import (
-    CondensationResult,
-    SpectraResult,
-    TimelineResult,
-    condensation,
-    condensation_timeline,
-    spectra,
-    stable_rank,
-    weight_matrices,
-)
-from probekit.analyses.contributions import ContributionResult, contributions
-from probekit.analyses.gradients import GradientResult, gradient_norms
-from probekit.analyses.lens import LogitLensResult, logit_lens
-from probekit.analyses.maps import (
+from probekit.analyses.depth.contributions import ContributionResult, contributions
+from probekit.analyses.depth.gradients import GradientResult, gradient_norms
+from probekit.analyses.depth.lens import LogitLensResult, logit_lens
+from probekit.analyses.depth.residual import ResidualResult, residual_stats
+from probekit.analyses.depth.skips import SkipEffectResult, skip_effects
+from probekit.analyses.depth.swaps import SwapResult, contiguous_blocks, layer_swaps
+from probekit.analyses.mechanisms.maps import (
     EmbeddingMapResult,
     HiddenMapResult,
     PairCosineResult,
@@ -22,7 +15,7 @@ from probekit.analyses.maps import (
     hidden_state_map,
     pair_cosines,
 )
-from probekit.analyses.masking import (
+from probekit.analyses.mechanisms.masking import (
     FlowResult,
     KnockoutResult,
     MaskingResult,
@@ -32,13 +25,20 @@ from probekit.analyses.masking import (
     knockout_hooks,
     token_masking,
 )
-from probekit.analyses.probes import ProbeResult, linear_probes
-from probekit.analyses.residual import ResidualResult, residual_stats
-from probekit.analyses.result import Result
-from probekit.analyses.skips import SkipEffectResult, skip_effects
-from probekit.analyses.solutions import SolutionResult, solution_types
-from probekit.analyses.swaps import SwapResult, contiguous_blocks, layer_swaps
+from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes
+from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types
 from probekit.analyses.timeline import DepthTimelineResult, depth_timeline
+from probekit.analyses.weights.condensation import (
+    CondensationResult,
+    SpectraResult,
+    TimelineResult,
+    condensation,
+    condensation_timeline,
+    spectra,
+    stable_rank,
+    weight_matrices,
+)
+from probekit.result import Result
 
 __all__ = [
     "CondensationResult",

@@ -24,14 +24,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit import figures
-from probekit.analyses.contributions import contributions
-from probekit.analyses.residual import residual_stats
-from probekit.analyses.result import Result
-from probekit.analyses.skips import skip_effects
-from probekit.analyses.swaps import layer_swaps
+from probekit.analyses.depth.contributions import contributions
+from probekit.analyses.depth.residual import residual_stats
+from probekit.analyses.depth.skips import skip_effects
+from probekit.analyses.depth.swaps import layer_swaps
 from probekit.data import Data
 from probekit.errors import InputError
 from probekit.model import load
+from probekit.result import Result
 
 Checkpoint = tuple[str, int, Any]
 

@@ -43,6 +43,10 @@ SPLITS: tuple[str, ...] = ("train", "test_data", "test_task")
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
 
 
+ROLE_OFFSETS = {"key": 0, "anchor1": 1, "anchor2": 2}
+"""Position of each role relative to the key."""
+
+
 @dataclass
 class AnchorData:
     """One split of the task: token ids and the bookkeeping needed to score predictions.
@@ -50,7 +54,11 @@ class AnchorData:
     ``tokens`` is ``[n, seq_len]`` (long), ``targets`` the label the split is scored against (the
     trained target for seen pairs, the composite for held-out pairs), ``composite`` the composite
     ``g(g(x; a1); a2)``, ``symmetric`` the trained target of the mirrored pair (``-1`` where the
-    mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``.
+    mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``,
+    ``intermediate`` the first step ``g(x; a1)`` and ``is_heldout`` ``[n]`` bool. ``item_range``
+    is the task's ``(item_low, item_high)``.
+
+    It implements :class:`probekit.data.TaskData`, the protocol task-aware analyzers ask.
     """
 
     split: str
@@ -61,6 +69,9 @@ class AnchorData:
     pairs: torch.Tensor
     keys: torch.Tensor
     positions: torch.Tensor
+    intermediate: torch.Tensor
+    is_heldout: torch.Tensor
+    item_range: tuple[int, int] = (20, 100)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -69,6 +80,65 @@ class AnchorData:
         """The anchor pair of sample ``i`` as a tuple."""
         a1, a2 = self.pairs[i].tolist()
         return (int(a1), int(a2))
+
+    # ---- the TaskData protocol ------------------------------------------------------------
+    @property
+    def resample_range(self) -> tuple[int, int]:
+        """Token ids a resampled position draws from: the item range."""
+        return self.item_range
+
+    def groups(self) -> list[str]:
+        """The anchor pair of every sequence, as ``"(a1,a2)"``."""
+        return [f"({a},{b})" for a, b in self.pairs.tolist()]
+
+    def heldout(self) -> torch.Tensor:
+        return self.is_heldout
+
+    def answers(self) -> dict[str, torch.Tensor]:
+        """``inferential`` (the composite) and ``symmetric`` (mirrored pair's trained target)."""
+        return {"inferential": self.composite, "symmetric": self.symmetric}
+
+    def roles(self) -> dict[str, torch.Tensor]:
+        """Bool ``[n, seq_len]`` masks of the key, the two anchors and the noise positions."""
+        n, t = self.tokens.shape
+        at = torch.arange(t)[None]
+        out = {role: at == (self.positions[:, None] + off) for role, off in ROLE_OFFSETS.items()}
+        out["noise"] = ~(out["key"] | out["anchor1"] | out["anchor2"])
+        return out
+
+    def variables(self) -> dict[str, np.ndarray]:
+        """key, a1, a2, g1 = g(key; a1) and the target of every sequence."""
+        as_np = lambda t: t.numpy().astype(np.int64)  # noqa: E731
+        return {
+            "key": as_np(self.keys),
+            "a1": as_np(self.pairs[:, 0]),
+            "a2": as_np(self.pairs[:, 1]),
+            "g1": as_np(self.intermediate),
+            "target": as_np(self.targets),
+        }
+
+    def mirror_groups(self) -> list[tuple[str, str]]:
+        """Each held-out pair with its mirror, where both are present."""
+        present = set(self.groups())
+        out = []
+        for a, b in sorted({tuple(p) for p in self.pairs[self.is_heldout].tolist()}):
+            held, mirror = f"({a},{b})", f"({b},{a})"
+            if mirror in present and mirror != held:
+                out.append((held, mirror))
+        return out
+
+    def concat(self, others: Sequence[AnchorData]) -> AnchorData:
+        """One data set of this split followed by ``others`` (e.g. seen and held-out pairs)."""
+        parts = [self, *others]
+        fields = (
+            "tokens", "targets", "composite", "symmetric", "pairs", "keys", "positions",
+            "intermediate", "is_heldout",
+        )
+        return AnchorData(
+            "+".join(d.split for d in parts),
+            *(torch.cat([getattr(d, f) for d in parts]) for f in fields),
+            item_range=self.item_range,
+        )
 
 
 def _as_pair(value: Any, what: str) -> Pair:
@@ -294,6 +364,8 @@ class AnchorTask:
             dtype=np.int64,
         )
         targets = comp if split == "test_task" else tgt
+        first = keys + np.array([self.anchors[a] for a in pair_arr[:, 0].tolist()], np.int64)
+        held = {tuple(p) for p in self.heldout_pairs}
         t = torch.from_numpy
         return AnchorData(
             split=split,
@@ -304,6 +376,9 @@ class AnchorTask:
             pairs=t(pair_arr),
             keys=t(keys.astype(np.int64)),
             positions=t(positions.astype(np.int64)),
+            intermediate=t(first.astype(np.int64)),
+            is_heldout=torch.tensor([p in held for p in plist], dtype=torch.bool),
+            item_range=(self.item_low, self.item_high),
         )
 
     def dataset(self, split: str) -> AnchorData:

@@ -31,8 +31,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit import figures
-from probekit.analyses.result import Result
 from probekit.errors import ConfigError
+from probekit.result import Result
 from probekit.training.models import ModelConfig
 
 

@@ -37,9 +37,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probekit.analyses.result import Result
 from probekit.errors import ConfigError
 from probekit.io import atomic_write_text
+from probekit.result import Result
 from probekit.training.models import ModelConfig
 from probekit.training.trainer import RunOutput, TrainConfig, train, train_stack
 

@@ -25,9 +25,9 @@ import plotly.graph_objects as go
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite, output_change
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
+from probekit.result import Result
 
 _EPS = 1e-12
 

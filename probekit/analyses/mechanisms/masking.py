@@ -43,10 +43,10 @@ from plotly.subplots import make_subplots
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite
-from probekit.analyses.result import Result
 from probekit.data import Batch, position_mask
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import Model, load
+from probekit.result import Result
 
 ROLES = ("key", "anchor1", "anchor2", "noise", "self")
 """Roles of an anchor input's positions; ``self`` is the query position when it is none of the

@@ -35,11 +35,12 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses.condensation import cosine_matrix
-from probekit.analyses.probes import gather
-from probekit.analyses.result import Result
+from probekit.analyses.mechanisms.probes import gather
+from probekit.analyses.weights.condensation import cosine_matrix
+from probekit.data import task_data
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.result import Result
 
 METHODS = ("pca", "tsne", "umap")
 SITES = ("resid", "attn_out", "mlp_out")
@@ -89,18 +90,8 @@ def _is_anchor(data: Any) -> bool:
 
 
 def _concat(data: Any) -> Any:
-    """One AnchorData from a list of them (e.g. seen-pair and held-out splits)."""
-    if _is_anchor(data):
-        return data
-    if isinstance(data, list | tuple) and data and all(_is_anchor(d) for d in data):
-        from probekit.tasks.anchor import AnchorData
-
-        fields = ("tokens", "targets", "composite", "symmetric", "pairs", "keys", "positions")
-        return AnchorData(
-            "+".join(d.split for d in data),
-            *(torch.cat([getattr(d, f) for d in data]) for f in fields),
-        )
-    return data
+    """One task data set from a list of them (e.g. seen-pair and held-out splits)."""
+    return task_data(data) or data
 
 
 def _pair_labels(pairs: torch.Tensor) -> list[str]:

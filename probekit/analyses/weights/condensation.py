@@ -40,9 +40,9 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses.result import Result
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.result import Result
 
 NEURON_MATRICES = ("W_Q", "W_K", "W_V", "W_in")
 """The matrices whose neurons' input weights :func:`condensation` compares."""

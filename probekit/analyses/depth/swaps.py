@@ -33,11 +33,11 @@ from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
 from probekit.analyses._common import check_finite, loss_mask, token_loss
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import swapped_order
 from probekit.model import Model, load
+from probekit.result import Result
 
 Range = tuple[int, int]
 

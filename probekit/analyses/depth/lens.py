@@ -18,10 +18,10 @@ import torch
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.result import Result
 
 
 def lens_measures(

@@ -36,11 +36,11 @@ from probekit.analyses._common import (
     second_half,
     token_loss,
 )
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import ablate_hooks
 from probekit.model import Model, load
+from probekit.result import Result
 
 COMPONENTS = ("layer", "attn", "mlp")
 SHARE_MEASURES = ("logit_l2", "kl", "prob_l2")

@@ -28,10 +28,10 @@ import torch
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite, loss_mask, token_loss
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.result import Result
 
 GRADIENT_MEASURES = ("mean_param_grad_norm", "grad_norm", "resid_grad_norm")
 

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite
-from probekit.analyses.result import Result
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
+from probekit.result import Result
 
 RESIDUAL_MEASURES = (
     "cos_out_in",

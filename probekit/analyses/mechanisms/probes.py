@@ -40,9 +40,9 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses.result import Result
 from probekit.errors import ConfigError, InputError
 from probekit.model import Model, load
+from probekit.result import Result
 
 SITES = ("resid", "attn_out", "mlp_out")
 """Probe sites: ``resid`` at depths 0..L (input of each layer, then the final residual);

@@ -34,8 +34,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from probekit.analyses.result import Result
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
+from probekit.result import Result
 from probekit.tasks.anchor import AnchorData, AnchorTask
 
 COLORS = {"inferential": "#2a9d8f", "symmetric": "#e76f51", "other": "#8d99ae"}

@@ -1,0 +1,1 @@
+"""Depth use: how much each layer contributes, what skipping or swapping layers does."""

@@ -1,0 +1,1 @@
+"""Mechanisms: which solution a model found and which positions, variables and edges carry it."""

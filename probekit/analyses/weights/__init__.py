@@ -1,0 +1,1 @@
+"""Weights alone: condensation of neurons, spectra, embedding geometry."""
