@@ -340,3 +340,36 @@ def test_cli_train_runs_and_resumes(tmp_path: Path, capsys) -> None:
     args = parser.parse_args(argv[:-2] + ["--lr", "0.5"])
     with pytest.raises(ConfigError, match="other settings"):
         args.func(args)
+
+
+# ----------------------------------------------------------------------------- run folders
+def test_load_run_reads_anchor_and_lm_runs_new_and_old(tmp_path: Path) -> None:
+    from probekit.training.lm import LMConfig
+    from probekit.training.runs import load_run
+
+    out = train(tiny(steps=2), tmp_path / "a", progress=False)
+    stored = json.loads((out.checkpoint / "run_config.json").read_text())
+    assert stored["kind"] == "anchor"
+    for where in (out.out_dir, out.checkpoint):
+        run = load_run(where)
+        assert (run.kind, run.path, run.lm) == ("anchor", out.checkpoint, None)
+        assert run.task == TINY_TASK and TrainConfig.from_dict(run.config) == tiny(steps=2)
+    # the format written before the kind field
+    del stored["kind"]
+    (out.checkpoint / "run_config.json").write_text(json.dumps(stored))
+    assert load_run(out.out_dir).task == TINY_TASK
+    old_lm = tmp_path / "lm"
+    old_lm.mkdir()
+    (old_lm / "run_config.json").write_text(json.dumps({"lm": {"steps": 3, "d_model": 32}}))
+    run = load_run(old_lm)
+    assert (run.kind, run.task, run.lm) == ("lm", None, LMConfig(steps=3, d_model=32))
+    assert load_run(tmp_path / "nothing") is None
+    (old_lm / "run_config.json").write_text("{broken")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_run(old_lm)
+    (old_lm / "run_config.json").write_text(json.dumps({"kind": "vision"}))
+    with pytest.raises(ConfigError, match="unknown run kind"):
+        load_run(old_lm)
+    (old_lm / "run_config.json").write_text(json.dumps({"lm": {"stepz": 3}}))
+    with pytest.raises(ConfigError, match="stepz"):
+        load_run(old_lm)

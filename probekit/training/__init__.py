@@ -12,6 +12,7 @@ from probekit.training.models import (
     stacked_forward,
     to_hf_model,
 )
+from probekit.training.runs import RunInfo, load_run
 from probekit.training.trainer import (
     RunOutput,
     TrainConfig,
@@ -23,10 +24,12 @@ from probekit.training.trainer import (
 
 __all__ = [
     "ModelConfig",
+    "RunInfo",
     "RunOutput",
     "TrainConfig",
     "anchor_cpu_config",
     "init_params",
+    "load_run",
     "load_run_config",
     "stacked_forward",
     "to_hf_model",

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_directory, atomic_write_text
+from probekit.training.checkpoint import RUN_CONFIG, read_run_config
 
 METHODS = ("midas", "lidas", "append")
 _LAYER = re.compile(
@@ -146,11 +147,11 @@ def grow_checkpoint(
         for name in ("trainer_state.json", "generation_config.json"):
             if (src / name).exists():
                 atomic_write_text(tmp / name, (src / name).read_text())
-        if (src / "run_config.json").exists():
-            run = json.loads((src / "run_config.json").read_text())
+        run = read_run_config(src)
+        if run is not None:
             if isinstance(run.get("model"), dict):
                 run["model"]["n_layers"] = len(mapping)
-            atomic_write_text(tmp / "run_config.json", json.dumps(run, indent=1))
+            atomic_write_text(tmp / RUN_CONFIG, json.dumps(run, indent=1))
         atomic_write_text(
             tmp / "growth.json",
             json.dumps(

@@ -38,9 +38,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import ConfigError, NumericalError
+from probekit.errors import CheckpointError, ConfigError, NumericalError
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
+from probekit.training.checkpoint import write_run_config
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
 
 
@@ -181,7 +182,7 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
         if moments:
             save_file(moments, str(tmp / "optimizer.safetensors"))
         atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
-        atomic_write_text(tmp / "run_config.json", json.dumps({"lm": asdict(cfg)}, indent=1))
+        write_run_config(tmp, "lm", {"lm": asdict(cfg)})
     return path
 
 
@@ -247,7 +248,7 @@ def train_lm(
     corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)  # raises before training
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "run_config.json", json.dumps({"lm": asdict(cfg)}, indent=1))
+    write_run_config(out, "lm", {"lm": asdict(cfg)})
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     val = corpus.sequences(
         "validation",
@@ -350,7 +351,14 @@ def _validation_loss(model, tokens: torch.Tensor, device: torch.device) -> float
 
 def load_lm_config(path: str | os.PathLike) -> dict[str, Any]:
     """The LMConfig fields stored with an LM checkpoint or run folder."""
-    return json.loads((Path(path) / "run_config.json").read_text())["lm"]
+    from probekit.training.runs import load_run
+
+    run = load_run(path)
+    if run is None or run.kind != "lm":
+        raise CheckpointError(
+            f"no LM-run run_config.json in {path}", fix="pass a folder written by train_lm"
+        )
+    return run.config
 
 
 __all__ = ["LMConfig", "LMRun", "load_lm_config", "train_lm"]

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from probekit.errors import CheckpointError, ConfigError, NumericalError, check_known_keys
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.anchor import AnchorTask
+from probekit.training.checkpoint import RUN_CONFIG, read_run_config, write_run_config
 from probekit.training.models import (
     ModelConfig,
     decays,
@@ -557,7 +558,7 @@ class _Stack:
                     },
                 }
                 atomic_write_text(d / "trainer_state.json", json.dumps(state))
-                atomic_write_text(d / "run_config.json", json.dumps(cfg.to_dict(), indent=1))
+                write_run_config(d, "anchor", cfg.to_dict())
 
     def try_resume(self) -> bool:
         from safetensors.torch import load_file
@@ -570,7 +571,9 @@ class _Stack:
         for m, cfg in enumerate(self.cfgs):
             d = self.run_dir(root, m)
             try:
-                saved_cfg = json.loads((d / "run_config.json").read_text())
+                saved_cfg = read_run_config(d)
+                if saved_cfg is None:
+                    raise OSError(f"no {RUN_CONFIG}")
                 state = json.loads((d / "trainer_state.json").read_text())
                 weights = load_file(str(d / "model.safetensors"))
                 opt = load_file(str(d / "optimizer.safetensors"))
@@ -580,6 +583,7 @@ class _Stack:
                     fix="delete it to start over, or pass resume=False / --no-resume",
                 ) from err
             saved_cfg.pop("device", None)
+            saved_cfg.pop("kind", None)
             if saved_cfg != cfg.comparable():
                 raise ConfigError(
                     f"the checkpoint in {d} was written by a run with other settings",
@@ -782,15 +786,16 @@ def anchor_cpu_config(gamma: float, seed: int = 0, **overrides: Any) -> TrainCon
 
 
 def load_run_config(checkpoint: str | os.PathLike) -> TrainConfig:
-    """The :class:`TrainConfig` stored in a probekit checkpoint folder."""
-    path = Path(checkpoint) / "run_config.json"
-    try:
-        return TrainConfig.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as err:
+    """The :class:`TrainConfig` stored in a probekit anchor checkpoint (or run) folder."""
+    from probekit.training.runs import load_run
+
+    run = load_run(checkpoint)
+    if run is None or run.kind != "anchor":
         raise CheckpointError(
-            f"no readable run_config.json in {checkpoint} ({err})",
+            f"no anchor-run run_config.json in {checkpoint}",
             fix="pass a checkpoint written by probekit train",
-        ) from err
+        )
+    return TrainConfig.from_dict(run.config)
 
 
 __all__ = [
