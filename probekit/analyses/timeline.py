@@ -1,23 +1,29 @@
-"""Depth use across checkpoints: how contributions, residual similarity and blocks evolve.
+"""Any analyzer across checkpoints: how its numbers evolve over training.
 
-:func:`depth_timeline` runs the depth-use analyzers on a series of checkpoints (the stages of
-a grown run, or a static run at the same steps) and gathers their headline numbers into one
-tidy table, so that e.g. the second-half share can be plotted against the training step with
-static and grown runs side by side.
+:func:`timeline` runs one analyzer on a series of checkpoints (the stages of a grown run, or a
+static run at the same steps) and gathers what it measured into one tidy table with ``run``
+and ``step`` columns, so that e.g. the second-half share can be plotted against the training
+step with static and grown runs side by side. By default the numbers gathered are the
+analyzer's whole-result scalars (its ``summary``); ``rows=`` takes any other part of its result.
 
-Each checkpoint is given as ``(run, step, model)`` where ``model`` is anything
-:func:`probekit.load` accepts; models are loaded one at a time and released, so a long series
-never holds more than one model.
+Each checkpoint is ``(run, step, model)`` where ``model`` is anything :func:`probekit.load`
+accepts; models are loaded one at a time and released, so a long series never holds more than
+one model. :func:`depth_timeline` is the thin variant for the depth-use headline numbers.
 
 Example:
-    >>> series = [("static", 1000, "runs/static/step1000"), ("grown", 1000, "runs/grown/step1000")]
-    >>> tl = depth_timeline(series, tokens)            # doctest: +SKIP
-    >>> tl.figure("second_half_share").show()          # doctest: +SKIP
+    >>> from probekit.toy import toy_hf_model, toy_tokens
+    >>> from probekit.analyses.depth.contributions import contributions
+    >>> series = [("static", step, toy_hf_model(seed=step)) for step in (100, 200)]
+    >>> tl = timeline(series, contributions, toy_tokens(), components=["layer"])
+    >>> tl.table()["second_half_share"].shape
+    (2,)
+    >>> fig = tl.figure("second_half_share")     # one line per run over the step
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from numbers import Real
 from typing import Any
 
 import pandas as pd
@@ -30,20 +36,136 @@ from probekit.analyses.depth.skips import skip_effects
 from probekit.analyses.depth.swaps import layer_swaps
 from probekit.data import Data
 from probekit.errors import InputError
-from probekit.model import load
+from probekit.model import Model, load
 from probekit.result import Result
 
 Checkpoint = tuple[str, int, Any]
+"""``(run, step, model)``: a run label, its training step, and a model source."""
 
 
-def _headlines(model: Any, data: Data, positions: str, n_bootstrap: int) -> dict[str, float]:
+class TimelineResult(Result):
+    """``df`` columns: ``run``, ``step``, ``measure``, ``value`` (one row per checkpoint and
+    number; extra columns when ``rows=`` gives them). ``summary``: ``n_checkpoints``, ``runs``.
+    """
+
+    kind = "timeline"
+
+    def table(self) -> pd.DataFrame:
+        """Wide table: one row per (run, step), one column per measure."""
+        return self.df.pivot_table(index=["run", "step"], columns="measure", values="value")
+
+    def last(self, measure: str) -> pd.Series:
+        """The value of ``measure`` at the last step of each run, indexed by run."""
+        part = self.df[self.df.measure == measure].sort_values("step")
+        return part.groupby("run")["value"].last()
+
+    def figure(self, measure: str) -> go.Figure:
+        part = self.df[self.df.measure == measure].sort_values(["run", "step"])
+        return figures.lines(
+            part,
+            "step",
+            "value",
+            "run",
+            f"{measure} over training",
+            "training step",
+            measure.replace("_", " "),
+        )
+
+
+def scalar_rows(result: Result) -> pd.DataFrame:
+    """The numeric whole-result scalars of ``result.summary`` as ``measure``/``value`` rows."""
+    numbers = {
+        k: float(v)
+        for k, v in result.summary.items()
+        if isinstance(v, Real) and not isinstance(v, bool)
+    }
+    return pd.DataFrame({"measure": list(numbers), "value": list(numbers.values())})
+
+
+def _checked(entries: Iterable[Checkpoint]) -> list[Checkpoint]:
+    checkpoints = list(entries)
+    if not checkpoints:
+        raise InputError("no checkpoints given", fix="pass [(run, step, model_or_path), ...]")
+    for entry in checkpoints:
+        if not (isinstance(entry, Sequence) and len(entry) == 3):
+            raise InputError(
+                f"checkpoint entry {entry!r} is not (run, step, model)",
+                fix="pass tuples like ('static', 1000, 'runs/static/step1000')",
+            )
+        if isinstance(entry[1], bool) or not isinstance(entry[1], Real):
+            raise InputError(
+                f"the step {entry[1]!r} of checkpoint {entry[0]!r} is not a number",
+                fix="give each checkpoint its training step as a number",
+            )
+    return checkpoints
+
+
+def timeline(
+    checkpoints: Iterable[Checkpoint],
+    analyzer: Callable[..., Result],
+    data: Data | Callable[[Model], Data] | None = None,
+    *,
+    rows: Callable[[Result], pd.DataFrame] = scalar_rows,
+    result_class: type[TimelineResult] = TimelineResult,
+    summarize: Callable[[pd.DataFrame], Mapping[str, Any]] | None = None,
+    **options: Any,
+) -> TimelineResult:
+    """Run ``analyzer`` on every ``(run, step, model)`` checkpoint and gather its numbers.
+
+    Args:
+        checkpoints: ``(run, step, model)`` entries; models load one at a time.
+        analyzer: any probekit analyzer, ``analyzer(model, data, **options)`` for analyzers of
+            activations or ``analyzer(model, **options)`` for analyzers of weights
+            (``data=None``).
+        data: the data for all checkpoints, or a function of the loaded model returning it.
+        rows: what to gather from each result as a DataFrame (default :func:`scalar_rows`);
+            ``run`` and ``step`` columns are added.
+        result_class: the :class:`TimelineResult` subclass to return (its own figure).
+        summarize: extra summary entries computed from the gathered table.
+        **options: passed to the analyzer on every checkpoint.
+    """
+    checkpoints = _checked(checkpoints)
+    frames = []
+    for run, step, source in checkpoints:
+        model = load(source)
+        if data is None:
+            result = analyzer(model, **options)
+        else:
+            result = analyzer(model, data(model) if callable(data) else data, **options)
+        frame = rows(result).copy()
+        frame.insert(0, "step", step)
+        frame.insert(0, "run", str(run))
+        frames.append(frame)
+        del model, result
+    df = pd.concat(frames, ignore_index=True)
+    summary: dict[str, Any] = {
+        "n_checkpoints": len(checkpoints),
+        "runs": sorted({str(r) for r, _, _ in checkpoints}),
+    }
+    if summarize is not None:
+        summary.update(summarize(df))
+    meta = {"analyzer": getattr(analyzer, "__name__", repr(analyzer)), "options": options}
+    return result_class(df, summary, meta)
+
+
+# ---------------------------------------------------------------- the depth-use variant
+class DepthHeadlines(Result):
+    """The depth-use headline numbers of one model (``summary`` only; ``df`` is empty)."""
+
+    kind = "depth_headlines"
+
+
+def depth_headlines(
+    model: Any, data: Data, *, positions: str = "all", n_bootstrap: int = 0
+) -> DepthHeadlines:
+    """Contributions, residual similarity, skip effects and adjacent swaps, headlines only."""
     contrib = contributions(model, data, positions=positions, components=("layer",))
     resid = residual_stats(model, data, positions=positions)
     skips = skip_effects(model, data, positions=positions)
     swaps = layer_swaps(
         model, data, pairs="adjacent", blocks=None, n_bootstrap=n_bootstrap, positions=positions
     )
-    return {
+    summary = {
         "n_layers": contrib.summary["n_layers"],
         "loss": contrib.summary["clean_loss"],
         "second_half_share": contrib.summary["second_half_share"],
@@ -53,24 +175,17 @@ def _headlines(model: Any, data: Data, positions: str, n_bootstrap: int) -> dict
         "n_blocks": swaps.summary["n_blocks"],
         "mean_adjacent_swap_delta": swaps.summary["mean_adjacent_swap_delta"],
     }
+    return DepthHeadlines(pd.DataFrame(), summary, {"positions": positions})
 
 
-class DepthTimelineResult(Result):
-    """``df`` columns: ``run``, ``step``, ``measure``, ``value`` (one row per checkpoint and
-    headline measure). ``summary``: per run, the last checkpoint's second-half share
-    (``<run>/second_half_share``) and the number of checkpoints."""
+class DepthTimelineResult(TimelineResult):
+    """:class:`TimelineResult` of :func:`depth_headlines`; ``figure`` defaults to the
+    second-half share."""
 
     kind = "depth_timeline"
 
-    def table(self) -> pd.DataFrame:
-        """Wide table: one row per (run, step), one column per measure."""
-        return self.df.pivot_table(index=["run", "step"], columns="measure", values="value")
-
     def figure(self, measure: str = "second_half_share") -> go.Figure:
-        part = self.df[self.df.measure == measure].sort_values(["run", "step"])
-        return figures.lines(
-            part, "step", "value", "run", f"{measure} over training", "training step", measure
-        )
+        return super().figure(measure)
 
 
 def depth_timeline(
@@ -80,33 +195,26 @@ def depth_timeline(
     positions: str = "all",
     n_bootstrap: int = 0,
 ) -> DepthTimelineResult:
-    """Run the depth-use headline analyses on every ``(run, step, model)`` checkpoint.
+    """:func:`timeline` of the depth-use headline numbers (:func:`depth_headlines`).
 
     ``data`` is the data for all checkpoints, or a function of the loaded model returning it.
     """
-    rows = []
-    checkpoints = list(checkpoints)
-    if not checkpoints:
-        raise InputError("no checkpoints given", fix="pass [(run, step, model_or_path), ...]")
-    for entry in checkpoints:
-        if not (isinstance(entry, Sequence) and len(entry) == 3):
-            raise InputError(
-                f"checkpoint entry {entry!r} is not (run, step, model)",
-                fix="pass tuples like ('static', 1000, 'runs/static/step1000')",
-            )
-        run, step, source = entry
-        model = load(source)
-        batch = data(model) if callable(data) else data
-        for measure, value in _headlines(model, batch, positions, n_bootstrap).items():
-            rows.append(
-                {"run": str(run), "step": int(step), "measure": measure, "value": float(value)}
-            )
-        del model
-    df = pd.DataFrame(rows)
-    summary: dict[str, Any] = {"n_checkpoints": len(checkpoints)}
-    for run, part in df[df.measure == "second_half_share"].groupby("run"):
-        summary[f"{run}/second_half_share"] = float(part.sort_values("step").value.iloc[-1])
-    return DepthTimelineResult(df, summary, {"positions": positions})
+    return timeline(  # type: ignore[return-value]  (result_class makes it one)
+        checkpoints,
+        depth_headlines,
+        data,
+        result_class=DepthTimelineResult,
+        positions=positions,
+        n_bootstrap=n_bootstrap,
+    )
 
 
-__all__ = ["DepthTimelineResult", "depth_timeline"]
+__all__ = [
+    "Checkpoint",
+    "DepthTimelineResult",
+    "TimelineResult",
+    "depth_headlines",
+    "depth_timeline",
+    "scalar_rows",
+    "timeline",
+]

@@ -12,10 +12,11 @@ changes what comes after it, so the ablated forward resumes at l+1 from the cach
 (sublayer ablations resume at l). Numbers equal a full hooked forward per variant.
 
 Example:
-    >>> res = contributions(model, tokens)               # doctest: +SKIP
-    >>> res.summary["second_half_share"]                  # doctest: +SKIP
-    0.12
-    >>> res.figure().show()                               # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = contributions(toy_model(n_layers=4), toy_tokens())
+    >>> round(res.summary["second_half_share"], 6) == round(res.second_half_share("prob_l2"), 6)
+    True
+    >>> fig = res.figure()          # a plotly figure; fig.show() in a notebook
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
 from probekit import figures
 from probekit.analyses._common import (
@@ -62,6 +64,14 @@ class ContributionResult(Result):
         part = self.df[(self.df.measure == measure) & (self.df.component == component)]
         return part.set_index("layer")["value"].sort_index()
 
+    def second_half_share(self, measure: str = "prob_l2") -> float:
+        """Share of the whole-layer ``measure`` from layers ``l >= L/2`` (NaN if not measured)."""
+        part = self.df[(self.df.measure == measure) & (self.df.component == "layer")]
+        if part.empty or part["share"].isna().all():
+            return float("nan")
+        late = part.layer.isin(second_half(int(self.summary["n_layers"])))
+        return float(part.loc[late, "share"].sum())
+
     def figure(self, measure: str = "prob_l2") -> go.Figure:
         part = self.df[self.df.measure == measure]
         n_layers = int(self.summary["n_layers"])
@@ -71,7 +81,7 @@ class ContributionResult(Result):
             "value",
             "component",
             f"Zero-ablation contribution per layer ({measure}); second-half share "
-            f"{self.summary.get('second_half_share_' + measure, float('nan')):.1%}",
+            f"{self.second_half_share(measure):.1%}",
             "layer",
             measure,
         )
@@ -94,24 +104,18 @@ def contributions(
         positions: 'all' real tokens, or only the 'last' real token of each sequence.
         components: any of 'layer' (whole block), 'attn', 'mlp'.
         batch_size: split the data into batches of at most this many sequences.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> res = contributions(toy_model(n_layers=2), toy_tokens(), components=["layer"])
+        >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
+        ([0, 1], True)
     """
     model = load(model)
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    acc = TokenMeans()
-    for batch in model.prepare(data, batch_size):
-        trace = model.trace(batch)
-        check_finite(trace.logits)
-        mask = position_mask(batch, positions)
-        acc.add("clean_loss", token_loss(trace.logits, batch.labels), loss_mask(batch.labels, mask))
-        for layer in range(model.n_layers):
-            for component in components:
-                if component == "layer":
-                    logits = trace.resume(layer + 1, trace.residuals[layer])
-                else:
-                    logits = trace.resume(layer, fwd_hooks=ablate_hooks(model, layer, component))
-                add_output_change(acc, (layer, component), trace.logits, logits, batch.labels, mask)
+    acc = _ablation_means(model, model.prepare(data, batch_size), positions, components)
     rows = [
         {
             "layer": layer,
@@ -127,16 +131,45 @@ def contributions(
     df["share"] = np.nan
     summary: dict = {"n_layers": model.n_layers, "clean_loss": acc.mean("clean_loss")}
     if "layer" in components:
-        late = list(second_half(model.n_layers))
-        for measure in SHARE_MEASURES:
-            sel = (df.component == "layer") & (df.measure == measure)
-            total = df.loc[sel, "value"].sum()
-            df.loc[sel, "share"] = df.loc[sel, "value"] / total if total > 0 else np.nan
-            late_sel = sel & df.layer.isin(late)
-            summary[f"second_half_share_{measure}"] = float(df.loc[late_sel, "share"].sum())
-        summary["second_half_share"] = summary["second_half_share_prob_l2"]
-        profile = df[(df.component == "layer") & (df.measure == "prob_l2")].set_index("layer")
-        summary["most_important_layer"] = int(profile["value"].idxmax())
-        summary["least_important_layer"] = int(profile["value"].idxmin())
+        summary.update(_add_shares(df, model.n_layers))
     meta = {"positions": positions, "components": list(components), "model": repr(model)}
     return ContributionResult(df, summary, meta)
+
+
+@torch.no_grad()
+def _ablation_means(
+    model: Model, batches: list, positions: str, components: Sequence[str]
+) -> TokenMeans:
+    """Token means of every output measure per (layer, component), and the clean loss."""
+    acc = TokenMeans()
+    for batch in batches:
+        trace = model.trace(batch)
+        check_finite(trace.logits)
+        mask = position_mask(batch, positions)
+        acc.add("clean_loss", token_loss(trace.logits, batch.labels), loss_mask(batch.labels, mask))
+        for layer in range(model.n_layers):
+            for component in components:
+                if component == "layer":
+                    logits = trace.resume(layer + 1, trace.residuals[layer])
+                else:
+                    logits = trace.resume(layer, fwd_hooks=ablate_hooks(model, layer, component))
+                add_output_change(acc, (layer, component), trace.logits, logits, batch.labels, mask)
+    return acc
+
+
+def _add_shares(df: pd.DataFrame, n_layers: int) -> dict:
+    """Fill the whole-layer ``share`` column; return the second-half shares and extremes."""
+    summary = {}
+    late = list(second_half(n_layers))
+    for measure in SHARE_MEASURES:
+        sel = (df.component == "layer") & (df.measure == measure)
+        total = df.loc[sel, "value"].sum()
+        df.loc[sel, "share"] = df.loc[sel, "value"] / total if total > 0 else np.nan
+        summary[f"second_half_share_{measure}"] = float(
+            df.loc[sel & df.layer.isin(late), "share"].sum()
+        )
+    summary["second_half_share"] = summary["second_half_share_prob_l2"]
+    profile = df[(df.component == "layer") & (df.measure == "prob_l2")].set_index("layer")
+    summary["most_important_layer"] = int(profile["value"].idxmax())
+    summary["least_important_layer"] = int(profile["value"].idxmin())
+    return summary

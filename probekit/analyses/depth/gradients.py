@@ -13,13 +13,17 @@ inside the selected positions, over all batches together (token-weighted). Per l
 The model's parameters keep their ``.grad`` and ``requires_grad`` as they were before the call.
 
 Example:
-    >>> res = gradient_norms(model, tokens)   # doctest: +SKIP
-    >>> res.df.pivot(index="layer", columns="measure", values="value")   # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = gradient_norms(toy_model(n_layers=2), toy_tokens())
+    >>> sorted(res.df.measure.unique())
+    ['grad_norm', 'mean_param_grad_norm', 'resid_grad_norm']
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
@@ -27,7 +31,13 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite, loss_mask, token_loss
+from probekit.analyses._common import (
+    TokenMeans,
+    check_finite,
+    loss_mask,
+    second_half,
+    token_loss,
+)
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -42,6 +52,11 @@ class GradientResult(Result):
 
     kind = "gradients"
 
+    def profile(self, measure: str = "mean_param_grad_norm") -> pd.Series:
+        """One measure per layer, indexed by layer."""
+        part = self.df[self.df.measure == measure]
+        return part.set_index("layer")["value"].sort_index()
+
     def figure(self) -> go.Figure:
         fig = figures.lines(
             self.df, "layer", "value", "measure", "Gradient norm per layer", "layer", "L2 norm"
@@ -50,12 +65,38 @@ class GradientResult(Result):
         return fig
 
 
-def gradient_norms(
-    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
-) -> GradientResult:
-    """Backpropagate the mean token loss and measure gradient norms per layer."""
-    model = load(model)
-    batches = model.prepare(data, batch_size)
+@contextmanager
+def _own_gradients(model: Model) -> Iterator[None]:
+    """Give every parameter a fresh ``.grad`` that requires grad; restore both in ``finally``."""
+    params = list(model.hf_model.parameters())
+    saved = [(p.grad, p.requires_grad) for p in params]
+    try:
+        for p in params:
+            p.grad = None
+            p.requires_grad_(True)
+        yield
+    finally:
+        for p, (grad, requires_grad) in zip(params, saved, strict=True):
+            p.grad = grad
+            p.requires_grad_(requires_grad)
+
+
+def _layer_rows(model: Model, layer: int, resid_grad_norm: float) -> list[dict]:
+    """The three measures of one layer from the parameters' accumulated ``.grad``."""
+    # one norm per stored weight; views of a fused weight (q, k, v of c_attn) together
+    norms = [
+        math.sqrt(sum(float(p.grad.double().norm()) ** 2 for p in group if p.grad is not None))
+        for group in model.layer_weights(layer)
+    ]
+    values = {
+        "mean_param_grad_norm": sum(norms) / len(norms),
+        "grad_norm": math.sqrt(sum(x * x for x in norms)),
+        "resid_grad_norm": resid_grad_norm,
+    }
+    return [{"layer": layer, "measure": m, "value": v} for m, v in values.items()]
+
+
+def _loss_masks(batches: list, positions: str) -> tuple[list, list, int]:
     selected = [position_mask(b, positions) for b in batches]
     masks = [loss_mask(b.labels, s) for b, s in zip(batches, selected, strict=True)]
     total = sum(int(m.sum()) for m in masks)
@@ -65,14 +106,31 @@ def gradient_norms(
             fix="pass labels, or use positions='all' (the last token of a decoder has no "
             "next-token target)",
         )
-    params = list(model.hf_model.parameters())
-    saved = [(p.grad, p.requires_grad) for p in params]
+    return selected, masks, total
+
+
+def gradient_norms(
+    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
+) -> GradientResult:
+    """Backpropagate the mean token loss and measure gradient norms per layer.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> res = gradient_norms(toy_model(n_layers=2), toy_tokens())
+        >>> res.profile("grad_norm").index.tolist()
+        [0, 1]
+    """
+    if torch.is_inference_mode_enabled():
+        raise InputError(
+            "gradient_norms was called inside torch.inference_mode(), where no gradient exists",
+            fix="call it outside inference_mode (it turns gradients on only for itself)",
+        )
+    model = load(model)
+    batches = model.prepare(data, batch_size)
+    selected, masks, total = _loss_masks(batches, positions)
     acc = TokenMeans()
     loss_value = 0.0
-    try:
-        for p in params:
-            p.grad = None
-            p.requires_grad_(True)
+    with _own_gradients(model):
         for batch, mask, chosen in zip(batches, masks, selected, strict=True):
 
             def grad_hook(layer: int, chosen: torch.Tensor = chosen) -> Any:
@@ -88,39 +146,11 @@ def gradient_norms(
                 loss = token_loss(logits, batch.labels)[mask].sum() / total
                 loss.backward()
             loss_value += float(loss.detach())
-        rows = []
-        for layer in range(model.n_layers):
-            # one norm per stored weight; views of a fused weight (q, k, v of c_attn) together
-            norms = [
-                math.sqrt(
-                    sum(float(p.grad.double().norm()) ** 2 for p in group if p.grad is not None)
-                )
-                for group in model.layer_weights(layer)
-            ]
-            rows += [
-                {
-                    "layer": layer,
-                    "measure": "mean_param_grad_norm",
-                    "value": sum(norms) / len(norms),
-                },
-                {
-                    "layer": layer,
-                    "measure": "grad_norm",
-                    "value": math.sqrt(sum(x * x for x in norms)),
-                },
-                {"layer": layer, "measure": "resid_grad_norm", "value": acc.mean(layer)},
-            ]
-    finally:
-        for p, (grad, requires_grad) in zip(params, saved, strict=True):
-            p.grad = grad
-            p.requires_grad_(requires_grad)
+        rows = [r for i in range(model.n_layers) for r in _layer_rows(model, i, acc.mean(i))]
     df = pd.DataFrame(rows)
     per_layer = df[df.measure == "mean_param_grad_norm"].set_index("layer")["value"]
-    half = (model.n_layers + 1) // 2
-    first, second = (
-        per_layer[per_layer.index < half].mean(),
-        per_layer[per_layer.index >= half].mean(),
-    )
+    late = per_layer.index.isin(second_half(model.n_layers))
+    first, second = per_layer[~late].mean(), per_layer[late].mean()
     summary = {
         "n_layers": model.n_layers,
         "loss": loss_value,

@@ -7,7 +7,10 @@ top-k(p_final)| / k. The summary gives the first depth at which the mean KL fall
 ``kl_threshold`` (the layer where the prediction is essentially formed).
 
 Example:
-    >>> res = logit_lens(model, tokens, k=5)   # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = logit_lens(toy_model(n_layers=2), toy_tokens(), k=5)
+    >>> res.df.depth.max(), res.summary["k"]
+    (2, 5)
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class LogitLensResult(Result):
         return figures.base_layout(fig, "Logit lens")
 
 
+@torch.no_grad()
 def logit_lens(
     model: Model,
     data: Data,
@@ -87,11 +91,10 @@ def logit_lens(
         trace = model.trace(batch)
         check_finite(trace.logits)
         mask = position_mask(batch, positions)
-        with torch.no_grad():
-            for depth, residual in enumerate(trace.residuals):
-                measures = lens_measures(model.head(residual), trace.logits, k)
-                for name, values in measures.items():
-                    acc.add((depth, name), values, mask)
+        for depth, residual in enumerate(trace.residuals):
+            measures = lens_measures(model.head(residual), trace.logits, k)
+            for name, values in measures.items():
+                acc.add((depth, name), values, mask)
     rows = [
         {"depth": d, "measure": m, "value": acc.mean((d, m))}
         for d in range(model.n_layers + 1)

@@ -14,8 +14,11 @@ For post-norm models (BERT) a_l and m_l are the changes each sublayer, with its 
 to the stream (see :meth:`probekit.Model.update_hooks`), so the decomposition holds exactly.
 
 Example:
-    >>> res = residual_stats(model, tokens)    # doctest: +SKIP
-    >>> res.figure().show()                    # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = residual_stats(toy_model("llama", n_layers=2), toy_tokens())
+    >>> res.df.layer.unique().tolist()
+    [0, 1]
+    >>> fig = res.figure()          # fig.show() in a notebook
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses._common import TokenMeans, check_finite, second_half
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.result import Result
@@ -96,6 +99,7 @@ class ResidualResult(Result):
         return figures.base_layout(fig, "Residual stream: similarity and relative update size")
 
 
+@torch.no_grad()
 def residual_stats(
     model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
 ) -> ResidualResult:
@@ -119,18 +123,17 @@ def residual_stats(
         fwd = [
             h for layer in range(model.n_layers) for h in model.update_hooks(layer, reduce(layer))
         ]
-        with torch.no_grad():
-            check_finite(model.forward(batch, fwd))
+        check_finite(model.forward(batch, fwd))
     rows = [
         {"layer": layer, "measure": m, "value": acc.mean((layer, m))}
         for layer in range(model.n_layers)
         for m in RESIDUAL_MEASURES
     ]
     df = pd.DataFrame(rows)
-    half = (model.n_layers + 1) // 2
+    late = df.layer.isin(second_half(model.n_layers))
     summary: dict = {"n_layers": model.n_layers}
     for m in RESIDUAL_MEASURES:
-        part = df[df.measure == m]
-        summary[f"{m}_first_half"] = float(part[part.layer < half].value.mean())
-        summary[f"{m}_second_half"] = float(part[part.layer >= half].value.mean())
+        part = df.measure == m
+        summary[f"{m}_first_half"] = float(df[part & ~late].value.mean())
+        summary[f"{m}_second_half"] = float(df[part & late].value.mean())
     return ResidualResult(df, summary, {"positions": positions, "model": repr(model)})

@@ -13,8 +13,10 @@ divided by L - 1). Per source layer, :meth:`SkipEffectResult.influence_centers` 
 centre of mass over the layers it influences.
 
 Example:
-    >>> res = skip_effects(model, tokens)   # doctest: +SKIP
-    >>> res.matrix()                        # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = skip_effects(toy_model(n_layers=3), toy_tokens())
+    >>> res.matrix().shape, 0 <= res.summary["depth_score_normalized"] <= 1
+    ((3, 3), True)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite, output_change
@@ -77,6 +80,7 @@ class SkipEffectResult(Result):
         )
 
 
+@torch.no_grad()
 def skip_effects(
     model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
 ) -> SkipEffectResult:

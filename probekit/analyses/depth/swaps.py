@@ -16,8 +16,12 @@ place a boundary there, and every swap gets a 95% percentile interval. Finally t
 are swapped whole against each other (``blocks="auto"``), which tests the claim directly.
 
 Example:
-    >>> res = layer_swaps(model, tokens, pairs="all")   # doctest: +SKIP
-    >>> res.summary["blocks"], res.boundary_confidence()   # doctest: +SKIP
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> res = layer_swaps(toy_model(n_layers=4), toy_tokens(), pairs="adjacent", n_bootstrap=20)
+    >>> res.summary["n_blocks"] == len(res.summary["blocks"])
+    True
+    >>> list(res.boundary_confidence().index)
+    [1, 2, 3]
 """
 
 from __future__ import annotations
@@ -207,6 +211,70 @@ class _SequenceLosses:
         return np.concatenate(sums)
 
 
+class _SwapDeltas:
+    """Loss changes of the swap variants, for any weighting of the sequences (bootstrap)."""
+
+    def __init__(self, losses: _SequenceLosses, variants: list, adjacent_only: bool) -> None:
+        self.losses, self.variants, self.adjacent_only = losses, variants, adjacent_only
+        self.n = losses.model.n_layers
+        self.sums = (
+            np.stack([losses.variant(first, second) for _, first, second in variants])
+            if variants
+            else np.zeros((0, len(losses.clean)))
+        )
+        self.clean_loss = float(losses.clean.sum() / losses.counts.sum())
+
+    def deltas(self, weights: np.ndarray) -> np.ndarray:
+        """Mean loss change of every variant with sequence ``weights``."""
+        total = (self.losses.counts * weights).sum()
+        return ((self.sums - self.losses.clean) * weights).sum(-1) / max(total, 1e-300)
+
+    def matrix(self, values: np.ndarray) -> np.ndarray:
+        """``[L, L]`` matrix of variant values (NaN where a pair was not swapped)."""
+        mat = np.full((self.n, self.n), np.nan)
+        for (_, (i, _i1), (j, _j1)), value in zip(self.variants, values, strict=True):
+            mat[i, j] = mat[j, i] = value
+        return mat
+
+    def cluster(self, values: np.ndarray, n_blocks: int | None, tolerance: float) -> list[Range]:
+        dist = swap_distance(self.matrix(values), self.adjacent_only)
+        return contiguous_blocks(dist, n_blocks, None if n_blocks is not None else tolerance)
+
+
+def _bootstrap(
+    swaps: _SwapDeltas, cluster, n_bootstrap: int, unit: str, seed: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Boundary counts per layer and the replicate deltas ``[n_bootstrap, variants]``."""
+    losses = swaps.losses
+    rng = np.random.default_rng(seed)
+    units = np.arange(len(losses.clean)) if unit == "sequence" else losses.batch_ids
+    unit_ids = np.unique(units)
+    boundary_counts = np.zeros(swaps.n)
+    replicates = []
+    for _ in range(n_bootstrap):
+        picked = rng.choice(unit_ids, size=len(unit_ids), replace=True)
+        weights = np.bincount(picked, minlength=unit_ids.max() + 1)[units].astype(float)
+        replicate = swaps.deltas(weights)
+        replicates.append(replicate)
+        for start, _ in cluster(replicate)[1:]:
+            boundary_counts[start] += 1
+    return boundary_counts, (np.array(replicates) if n_bootstrap else None)
+
+
+def _check_swap_options(bootstrap_unit: str, blocks: object, n_bootstrap: int) -> None:
+    if bootstrap_unit not in ("sequence", "batch"):
+        raise InputError(
+            f"unknown bootstrap_unit={bootstrap_unit!r}", fix="use 'sequence' or 'batch'"
+        )
+    if isinstance(blocks, str) and blocks != "auto":
+        raise InputError(f"unknown blocks={blocks!r}", fix="use 'auto', None or a list of ranges")
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 0:
+        raise InputError(
+            f"n_bootstrap={n_bootstrap!r} is not a non-negative integer",
+            fix="pass a count such as 200 (0: no bootstrap)",
+        )
+
+
 def layer_swaps(
     model: Model,
     data: Data,
@@ -237,99 +305,36 @@ def layer_swaps(
         seed: seed of the bootstrap.
         positions: 'all' real tokens, or the 'last' real token of each sequence.
         batch_size: split the data into batches of at most this many sequences.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> res = layer_swaps(toy_model(n_layers=3), toy_tokens(), n_bootstrap=5)
+        >>> res.summary["n_layers"], res.matrix().shape
+        (3, (3, 3))
     """
     model = load(model)
-    n = model.n_layers
-    if bootstrap_unit not in ("sequence", "batch"):
-        raise InputError(
-            f"unknown bootstrap_unit={bootstrap_unit!r}", fix="use 'sequence' or 'batch'"
-        )
-    variants = _variant_orders(n, pairs)
+    _check_swap_options(bootstrap_unit, blocks, n_bootstrap)
+    variants = _variant_orders(model.n_layers, pairs)
     losses = _SequenceLosses(model, model.prepare(data, batch_size), positions)
-    sums = (
-        np.stack([losses.variant(first, second) for _, first, second in variants])
-        if variants
-        else np.zeros((0, len(losses.clean)))
-    )
-    clean_loss = losses.clean.sum() / losses.counts.sum()
-    tolerance = 0.02 * clean_loss if tolerance is None else float(tolerance)
-    adjacent_only = pairs == "adjacent"
-
-    def deltas(weights: np.ndarray) -> np.ndarray:
-        total = (losses.counts * weights).sum()
-        return ((sums - losses.clean) * weights).sum(-1) / max(total, 1e-300)
-
-    def delta_matrix(values: np.ndarray) -> np.ndarray:
-        mat = np.full((n, n), np.nan)
-        for (_, (i, _i1), (j, _j1)), value in zip(variants, values, strict=True):
-            mat[i, j] = mat[j, i] = value
-        return mat
+    swaps = _SwapDeltas(losses, variants, adjacent_only=pairs == "adjacent")
+    tolerance = 0.02 * swaps.clean_loss if tolerance is None else float(tolerance)
 
     def cluster(values: np.ndarray) -> list[Range]:
-        dist = swap_distance(delta_matrix(values), adjacent_only)
-        return contiguous_blocks(dist, n_blocks, None if n_blocks is not None else tolerance)
+        return swaps.cluster(values, n_blocks, tolerance)
 
-    point = deltas(np.ones_like(losses.clean))
+    point = swaps.deltas(np.ones_like(losses.clean))
     found = cluster(point)
-    # bootstrap: resample sequences or batches, recluster, count boundaries
-    rng = np.random.default_rng(seed)
-    units = np.arange(len(losses.clean)) if bootstrap_unit == "sequence" else losses.batch_ids
-    unit_ids = np.unique(units)
-    boundary_counts = np.zeros(n)
-    replicate_deltas = []
-    for _ in range(n_bootstrap):
-        picked = rng.choice(unit_ids, size=len(unit_ids), replace=True)
-        weights = np.bincount(picked, minlength=unit_ids.max() + 1)[units].astype(float)
-        del_r = deltas(weights)
-        replicate_deltas.append(del_r)
-        for start, _ in cluster(del_r)[1:]:
-            boundary_counts[start] += 1
-    rows = []
-    replicate_deltas = np.array(replicate_deltas) if n_bootstrap else None
-    for index, (kind, first, second) in enumerate(variants):
-        low = high = np.nan
-        if replicate_deltas is not None:
-            low, high = np.percentile(replicate_deltas[:, index], [2.5, 97.5])
-        rows.append(_row(kind, first, second, point[index], low, high))
-    # whole-block swaps
+    boundary_counts, replicates = _bootstrap(swaps, cluster, n_bootstrap, bootstrap_unit, seed)
     block_ranges = found if blocks == "auto" else ([] if blocks is None else list(blocks))
-    if isinstance(blocks, str) and blocks != "auto":
-        raise InputError(f"unknown blocks={blocks!r}", fix="use 'auto', None or a list of ranges")
-    for first, second in combinations(block_ranges, 2):
-        block_sums = losses.variant(tuple(first), tuple(second))
-        value = (block_sums - losses.clean).sum() / losses.counts.sum()
-        rows.append(_row("block_swap", tuple(first), tuple(second), value, np.nan, np.nan))
-    mat = delta_matrix(point)
-    for start, stop in found:
-        inside = [mat[i, j] for i in range(start, stop) for j in range(i + 1, stop)]
-        inside = [v for v in inside if np.isfinite(v)]
-        rows.append(
-            _row(
-                "block", (start, stop), (-1, -1), np.mean(inside) if inside else 0.0, np.nan, np.nan
-            )
-        )
-    starts = {start for start, _ in found[1:]}
-    for k in range(1, n):
-        conf = boundary_counts[k] / n_bootstrap if n_bootstrap else np.nan
-        row = _row("boundary", (k, k), (-1, -1), conf, np.nan, np.nan)
-        row["in_estimate"] = k in starts
-        rows.append(row)
+    rows = [
+        *_swap_rows(variants, point, replicates),
+        *_block_swap_rows(losses, block_ranges),
+        *_block_rows(swaps.matrix(point), found),
+        *_boundary_rows(model.n_layers, found, boundary_counts, n_bootstrap),
+    ]
     df = pd.DataFrame(rows)
     df["in_estimate"] = df["in_estimate"].fillna(False).astype(bool)
-    adjacent = [point[i] for i, (_, f, s) in enumerate(variants) if abs(f[0] - s[0]) == 1]
-    summary = {
-        "n_layers": n,
-        "clean_loss": float(clean_loss),
-        "tolerance": tolerance,
-        "pairs": pairs if isinstance(pairs, str) else "custom",
-        "blocks": [list(b) for b in found],
-        "n_blocks": len(found),
-        "max_adjacent_swap_delta": float(max(adjacent)) if adjacent else float("nan"),
-        "mean_adjacent_swap_delta": float(np.mean(adjacent)) if adjacent else float("nan"),
-        "min_boundary_confidence": float(min(boundary_counts[list(starts)] / n_bootstrap))
-        if starts and n_bootstrap
-        else float("nan"),
-    }
+    summary = _swap_summary(swaps, point, found, boundary_counts, n_bootstrap, pairs, tolerance)
     meta = {
         "positions": positions,
         "n_bootstrap": n_bootstrap,
@@ -338,6 +343,74 @@ def layer_swaps(
         "model": repr(model),
     }
     return SwapResult(df, summary, meta)
+
+
+def _swap_rows(variants: list, point: np.ndarray, replicates: np.ndarray | None) -> list[dict]:
+    rows = []
+    for index, (kind, first, second) in enumerate(variants):
+        low = high = np.nan
+        if replicates is not None:
+            low, high = np.percentile(replicates[:, index], [2.5, 97.5])
+        rows.append(_row(kind, first, second, point[index], low, high))
+    return rows
+
+
+def _block_swap_rows(losses: _SequenceLosses, block_ranges: list) -> list[dict]:
+    rows = []
+    for first, second in combinations(block_ranges, 2):
+        block_sums = losses.variant(tuple(first), tuple(second))
+        value = (block_sums - losses.clean).sum() / losses.counts.sum()
+        rows.append(_row("block_swap", tuple(first), tuple(second), value, np.nan, np.nan))
+    return rows
+
+
+def _block_rows(mat: np.ndarray, found: list[Range]) -> list[dict]:
+    rows = []
+    for start, stop in found:
+        inside = [mat[i, j] for i in range(start, stop) for j in range(i + 1, stop)]
+        inside = [v for v in inside if np.isfinite(v)]
+        value = np.mean(inside) if inside else 0.0
+        rows.append(_row("block", (start, stop), (-1, -1), value, np.nan, np.nan))
+    return rows
+
+
+def _boundary_rows(
+    n: int, found: list[Range], boundary_counts: np.ndarray, n_bootstrap: int
+) -> list[dict]:
+    starts = {start for start, _ in found[1:]}
+    rows = []
+    for k in range(1, n):
+        conf = boundary_counts[k] / n_bootstrap if n_bootstrap else np.nan
+        row = _row("boundary", (k, k), (-1, -1), conf, np.nan, np.nan)
+        row["in_estimate"] = k in starts
+        rows.append(row)
+    return rows
+
+
+def _swap_summary(
+    swaps: _SwapDeltas,
+    point: np.ndarray,
+    found: list[Range],
+    boundary_counts: np.ndarray,
+    n_bootstrap: int,
+    pairs: object,
+    tolerance: float,
+) -> dict:
+    starts = [start for start, _ in found[1:]]
+    adjacent = [point[i] for i, (_, f, s) in enumerate(swaps.variants) if abs(f[0] - s[0]) == 1]
+    return {
+        "n_layers": swaps.n,
+        "clean_loss": swaps.clean_loss,
+        "tolerance": tolerance,
+        "pairs": pairs if isinstance(pairs, str) else "custom",
+        "blocks": [list(b) for b in found],
+        "n_blocks": len(found),
+        "max_adjacent_swap_delta": float(max(adjacent)) if adjacent else float("nan"),
+        "mean_adjacent_swap_delta": float(np.mean(adjacent)) if adjacent else float("nan"),
+        "min_boundary_confidence": float(min(boundary_counts[starts] / n_bootstrap))
+        if starts and n_bootstrap
+        else float("nan"),
+    }
 
 
 def _row(kind: str, first: Range, second: Range, value: float, low: float, high: float) -> dict:

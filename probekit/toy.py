@@ -1,0 +1,75 @@
+"""Tiny random models and token batches for examples, quick tries and tests (no downloads).
+
+Every docstring example in probekit builds what it needs from here, so the examples run as
+written (the test suite runs them with ``--doctest-modules``).
+
+Example:
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model = toy_model("gpt2", n_layers=2)
+    >>> model.n_layers, toy_tokens(batch=3, length=5).shape
+    (2, torch.Size([3, 5]))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probekit.errors import InputError
+from probekit.model import Model, load
+
+TOY_VOCAB = 50
+"""Vocabulary size of the toy models."""
+
+_ARCHS = ("gpt2", "llama", "bert")
+
+
+def toy_hf_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed: int = 0):
+    """A tiny randomly initialised Hugging Face model (``gpt2``, ``llama`` or ``bert``), eval mode."""
+    import transformers
+
+    if arch not in _ARCHS:
+        raise InputError(f"unknown toy architecture {arch!r}", fix=f"use one of {_ARCHS}")
+    common = dict(vocab_size=TOY_VOCAB, bos_token_id=0, eos_token_id=0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(
+            n_positions=16, n_embd=d_model, n_layer=n_layers, n_head=4, **common
+        )
+        klass = transformers.GPT2LMHeadModel
+    elif arch == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=d_model,
+            intermediate_size=2 * d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=16,
+            **common,
+        )
+        klass = transformers.LlamaForCausalLM
+    else:
+        config = transformers.BertConfig(
+            hidden_size=d_model,
+            intermediate_size=2 * d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+            vocab_size=TOY_VOCAB,
+        )
+        klass = transformers.BertForMaskedLM
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    return klass(config).eval()
+
+
+def toy_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed: int = 0) -> Model:
+    """:func:`toy_hf_model` attached as a probekit :class:`~probekit.model.Model`."""
+    return load(toy_hf_model(arch, n_layers, d_model, seed))
+
+
+def toy_tokens(batch: int = 4, length: int = 8, seed: int = 0) -> torch.Tensor:
+    """Random token ids ``[batch, length]`` in ``1..TOY_VOCAB-1``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, TOY_VOCAB, (batch, length), generator=g)
+
+
+__all__ = ["TOY_VOCAB", "toy_hf_model", "toy_model", "toy_tokens"]
