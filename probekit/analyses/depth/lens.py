@@ -9,7 +9,7 @@ top-k(p_final)| / k. The summary gives the first depth at which the mean KL fall
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
     >>> res = logit_lens(toy_model(n_layers=2), toy_tokens(), k=5)
-    >>> res.df.depth.max(), res.summary["k"]
+    >>> int(res.df.depth.max()), res.summary["k"]
     (2, 5)
 """
 
