@@ -65,7 +65,7 @@ def analyse(
     """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``."""
     import probekit
     from probekit.analyses.mechanisms.maps import embedding_map
-    from probekit.analyses.mechanisms.masking import attention_knockout
+    from probekit.analyses.mechanisms.knockout import attention_knockout
     from probekit.analyses.mechanisms.probes import linear_probes
     from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.analyses.weights.condensation import condensation

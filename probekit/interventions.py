@@ -6,10 +6,14 @@ TransformerLens hook lists the context managers install, so the fast paths in th
 apply exactly the same edit inside a resumed forward (:meth:`probekit.model.Trace.resume`).
 
 Example:
-    >>> with skip_layer(model, 3):            # doctest: +SKIP
-    ...     logits = model.logits(tokens)     # layer 3's output := its input
-    >>> with swap_layers(model, 4, 5):        # doctest: +SKIP
-    ...     logits = model.logits(tokens)
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model, tokens = toy_model("gpt2", n_layers=2), toy_tokens(2, 5)
+    >>> with skip_layer(model, 1):            # layer 1's output := its input
+    ...     skipped = model.logits(tokens)
+    >>> with swap_layers(model, 0, 1):
+    ...     swapped = model.logits(tokens)
+    >>> with knock_out(model, 1, [(-1, 0)]):  # the last token does not attend to the first
+    ...     blocked = model.logits(tokens)
 """
 
 from __future__ import annotations
@@ -21,19 +25,13 @@ from typing import Any
 import torch
 
 from probekit.data import Data
-from probekit.errors import InputError
+from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
 
 SUBLAYERS = ("attn", "mlp")
-
-
-def _check_layer(model: Model, layer: int) -> int:
-    if not isinstance(layer, int) or not 0 <= layer < model.n_layers:
-        raise InputError(
-            f"layer {layer!r} is outside the model's {model.n_layers} layers",
-            fix=f"use a layer index in 0..{model.n_layers - 1}",
-        )
-    return layer
+KNOCKOUT_MODES = ("pattern", "scores")
+"""How :func:`knock_out` blocks an edge: 'pattern' zeroes its attention weight after the
+softmax (no renormalisation); 'scores' sets its score to -inf (the softmax renormalises)."""
 
 
 def _site(sublayer: str) -> str:
@@ -44,7 +42,7 @@ def _site(sublayer: str) -> str:
 
 def skip_layer_hooks(model: Model, layer: int) -> list[tuple[str, Any]]:
     """Hooks that make block ``layer`` return its input unchanged (its whole update removed)."""
-    _check_layer(model, layer)
+    model.check_layer(layer)
     stash: dict[str, torch.Tensor] = {}
 
     def keep_input(tensor: torch.Tensor, hook: Any) -> None:
@@ -69,7 +67,7 @@ def ablate_hooks(
     added to the residual stream; in post-norm models (BERT) it is the change the sublayer and
     its add-norm make to the stream, so zero-ablating it leaves the stream as it entered.
     """
-    _check_layer(model, layer)
+    model.check_layer(layer)
     _site(sublayer)
     return model.replace_update_hooks(layer, sublayer, value)
 
@@ -148,7 +146,7 @@ def resume_from(model: Model, layer: int, residual: torch.Tensor) -> Iterator[Mo
     ``start_at_layer``); :meth:`probekit.model.Trace.resume` is the fast path that skips them.
     ``residual`` must match the batch that is run: ``[batch, pos, d_model]``.
     """
-    _check_layer(model, layer)
+    model.check_layer(layer)
 
     def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
         if tensor.shape != residual.shape:
@@ -212,8 +210,8 @@ def swapped_order(n_layers: int, first: Sequence[int], second: Sequence[int]) ->
 @contextmanager
 def swap_layers(model: Model, i: int, j: int) -> Iterator[Model]:
     """Exchange the positions of layers ``i`` and ``j``; restored on exit."""
-    _check_layer(model, i)
-    _check_layer(model, j)
+    model.check_layer(i)
+    model.check_layer(j)
     if i == j:
         raise InputError(f"cannot swap layer {i} with itself", fix="pass two different layers")
     with reorder_layers(model, swapped_order(model.n_layers, (i, i + 1), (j, j + 1))):
@@ -227,12 +225,121 @@ def swap_blocks(model: Model, first: tuple[int, int], second: tuple[int, int]) -
         yield model
 
 
+# ---------------------------------------------------------------- attention-edge knockout
+def edge_mask(edges: Any, n_pos: int) -> torch.Tensor:
+    """Bool ``[..., query, source]`` mask of blocked edges from ``(query, source)`` pairs
+    (negative indices count from the end) or a bool tensor broadcastable to ``[B, T, T]``.
+
+    Example:
+        >>> edge_mask([(-1, 0)], 3).int().tolist()
+        [[0, 0, 0], [0, 0, 0], [1, 0, 0]]
+    """
+    if isinstance(edges, torch.Tensor):
+        if edges.dtype != torch.bool or edges.shape[-1] != n_pos or edges.shape[-2] != n_pos:
+            raise InputError(
+                f"an edge mask of shape {tuple(edges.shape)} and dtype {edges.dtype} does not "
+                f"fit {n_pos} positions",
+                fix=f"pass a bool tensor [..., {n_pos}, {n_pos}] (query, source)",
+            )
+        return edges
+    mask = torch.zeros(n_pos, n_pos, dtype=torch.bool)
+    for pair in edges:
+        q, s = (int(v) for v in pair)
+        if not (-n_pos <= q < n_pos and -n_pos <= s < n_pos):
+            raise InputError(
+                f"edge {(q, s)} is outside the {n_pos} positions",
+                fix=f"use (query, source) positions in -{n_pos}..{n_pos - 1}",
+            )
+        mask[q, s] = True
+    return mask
+
+
+def check_knockout(model: Model, mode: str) -> None:
+    """Raise unless ``mode`` is a knockout mode and ``model`` applies attention-pattern edits
+    (:attr:`~probekit.model.Model.supports_pattern_edits`, tested once per model)."""
+    if mode not in KNOCKOUT_MODES:
+        raise InputError(f"unknown knockout mode {mode!r}", fix=f"use one of {KNOCKOUT_MODES}")
+    if not model.supports_pattern_edits:
+        raise UnsupportedModelError(
+            f"the {model.architecture} bridge ignores edits of the attention pattern, so edges "
+            "cannot be knocked out",
+            fix="use a decoder whose attention the bridge computes itself (GPT-2, Llama, ...)",
+        )
+
+
+def _block_edges(tensor: torch.Tensor, blocked: torch.Tensor, mode: str) -> torch.Tensor:
+    """``tensor`` (pattern or scores ``[B, heads, T, T]``) with the ``blocked`` entries removed."""
+    if mode == "pattern":
+        return tensor.masked_fill(blocked, 0.0)
+    out = tensor.masked_fill(blocked, float("-inf"))
+    # masked entries hold -inf or the dtype's minimum (HF's causal / padding mask)
+    if (out <= torch.finfo(out.dtype).min).all(-1).any():
+        raise InputError(
+            "mode='scores' blocks every source of a query, which leaves no attention "
+            "to renormalise",
+            fix="use mode='pattern' to remove a query's whole attention update",
+        )
+    return out
+
+
+def knockout_hooks(
+    model: Model, layer: int, edges: Any, head: int | None = None, mode: str = "pattern"
+) -> HookList:
+    """Hooks that block the attention edges ``edges`` (see :func:`edge_mask`) at ``layer``.
+
+    ``head=None`` blocks them in every head; ``mode`` is one of :data:`KNOCKOUT_MODES`.
+    """
+    layer = model.check_layer(layer)
+    head = model.check_head(head)
+    check_knockout(model, mode)
+
+    def edit(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        blocked = edge_mask(edges, tensor.shape[-1]).to(tensor.device)
+        while blocked.ndim < 3:
+            blocked = blocked[None]
+        blocked = blocked[:, None]  # [B or 1, 1, T, T]
+        if head is not None:
+            heads = torch.zeros(tensor.shape[1], dtype=torch.bool, device=tensor.device)
+            heads[head] = True
+            blocked = blocked & heads[None, :, None, None]
+        return _block_edges(tensor, blocked, mode)
+
+    site = "attn_pattern" if mode == "pattern" else "attn_scores"
+    return [(model.hook_name(layer, site), edit)]
+
+
+@contextmanager
+def knock_out(
+    model: Model, layer: int, edges: Any, *, head: int | None = None, mode: str = "pattern"
+) -> Iterator[Model]:
+    """Block attention edges ``(query, source)`` at one layer inside the block (see
+    :func:`knockout_hooks`); the hooks are removed on exit, even after an exception.
+
+    With ``mode="pattern"`` blocking every source of a query leaves that position's attention
+    update equal to the output bias (zero without one).
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> model, tokens = toy_model("gpt2", n_layers=2), toy_tokens(2, 5)
+        >>> with knock_out(model, 0, [(-1, s) for s in range(5)]):
+        ...     blocked = model.logits(tokens)
+        >>> bool((blocked[:, :-1] == model.logits(tokens)[:, :-1]).all())
+        True
+    """
+    with model.hooks(knockout_hooks(model, layer, edges, head, mode)):
+        yield model
+
+
 __all__ = [
+    "KNOCKOUT_MODES",
     "SUBLAYERS",
     "ablate",
     "ablate_hooks",
     "check_order",
+    "edge_mask",
     "hooks",
+    "knock_out",
+    "knockout_hooks",
     "reorder_layers",
     "resume_from",
     "skip_layer",

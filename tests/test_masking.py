@@ -8,14 +8,11 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses.mechanisms.masking import (
-    attention_knockout,
-    information_flow,
-    knock_out,
-    mask_tokens,
-    token_masking,
-)
+from probekit.analyses.mechanisms.flow import information_flow
+from probekit.analyses.mechanisms.knockout import attention_knockout
+from probekit.analyses.mechanisms.masking import mask_tokens, token_masking
 from probekit.errors import InputError, UnsupportedModelError
+from probekit.interventions import knock_out
 from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import hf_blocks, make_hf, sample_tokens, twin
@@ -230,7 +227,11 @@ def test_roles_groups_and_role_knockout_on_anchor_data():
 def test_information_flow_rows_and_mean():
     task = AnchorTask(n_train=32, n_test=64)
     model = probekit.load(_anchor_model())
-    res = information_flow(model, task)
+    held = task.dataset("test_task")
+    one = held.tokens[:1].clone()
+    one[0, held.positions[0]] = 99  # the first held-out input with key 99
+    same = (held.positions == held.positions[0]) & (held.pairs == held.pairs[0]).all(-1)
+    res = information_flow(model, held.tokens[same], single=one, label="key 99, pair (4, 3)")
     single = res.df[res.df.scope == "single"]
     sums = single.groupby(["layer", "query"]).weight.sum()
     np.testing.assert_allclose(sums, 1.0, atol=1e-6)  # causal attention rows sum to one

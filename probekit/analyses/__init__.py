@@ -15,16 +15,9 @@ from probekit.analyses.mechanisms.maps import (
     hidden_state_map,
     pair_cosines,
 )
-from probekit.analyses.mechanisms.masking import (
-    FlowResult,
-    KnockoutResult,
-    MaskingResult,
-    attention_knockout,
-    information_flow,
-    knock_out,
-    knockout_hooks,
-    token_masking,
-)
+from probekit.analyses.mechanisms.flow import FlowResult, information_flow
+from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout
+from probekit.analyses.mechanisms.masking import MaskingResult, token_masking
 from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes
 from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types
 from probekit.analyses.timeline import DepthTimelineResult, depth_timeline
@@ -70,8 +63,6 @@ __all__ = [
     "gradient_norms",
     "hidden_state_map",
     "information_flow",
-    "knock_out",
-    "knockout_hooks",
     "layer_swaps",
     "linear_probes",
     "logit_lens",
