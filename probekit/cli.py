@@ -4,19 +4,23 @@
 load; ``probekit train`` and ``probekit sweep`` run the anchor-function trainer. Every problem
 with the input prints one line (``probekit: error: ...``) and exits with status 2.
 
+From a shell: ``probekit diagnose runs/anchor --out report/`` (a run folder stands for its
+checkpoint), ``probekit demo``, ``probekit train --out runs/a``, ``probekit sweep ...``.
+
 Example:
-    $ probekit diagnose runs/anchor/final --out report/
+    >>> args = build_parser().parse_args(["diagnose", "runs/anchor", "--out", "report/"])
+    >>> args.func is cmd_diagnose, args.positions, args.n_sequences
+    (True, 'auto', 32)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from collections.abc import Sequence
 
-from probekit.errors import InputError, ProbekitError
+from probekit.errors import ProbekitError
+from probekit.runs import N_SEQUENCES, SEQ_LEN
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,98 +30,36 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"probekit: error: {message} (see {self.prog} --help)\n")
 
 
-def _kaleido_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("kaleido") is not None
-
-
-def _chromium_available() -> bool:
-    return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
-
-
-def _run_checkpoint(path: str) -> str:
-    """A probekit run folder stands for its checkpoint folder."""
-    inner = os.path.join(path, "checkpoint")
-    return inner if os.path.isfile(os.path.join(inner, "run_config.json")) else path
-
-
-def _diagnose_data(model, args):
-    """The task's test data for probekit runs, a tokenized --text file, or drawn tokens."""
-    from probekit.report import random_tokens
-
-    run_config = os.path.join(args.model, "run_config.json")
-    if os.path.isfile(run_config) and not args.text:
-        import json
-
-        import torch
-
-        with open(run_config) as handle:
-            stored = json.load(handle)
-        if "lm" in stored:  # a byte-level LM run: validation text of its corpus
-            from probekit.tasks.corpus import ByteCorpus
-
-            if args.positions == "auto":
-                args.positions = "all"
-            lm = stored["lm"]
-            corpus = ByteCorpus(lm.get("corpus_root"), max_files=lm.get("corpus_max_files"))
-            length = min(args.seq_len, model.n_ctx)
-            return corpus.sequences("validation", length, n=args.n_sequences)
-        from probekit.training.trainer import load_run_config
-
-        data = load_run_config(args.model).task.dataset("test_data")
-        labels = torch.full_like(data.tokens, -100)
-        labels[:, -1] = data.targets
-        if args.positions == "auto":
-            args.positions = "last"
-        return {"input_ids": data.tokens, "labels": labels}
-    if args.positions == "auto":
-        args.positions = "all"
-    if args.text:
-        tokenizer = getattr(model.bridge, "tokenizer", None)
-        if tokenizer is None:
-            raise InputError(
-                f"{args.model} has no tokenizer, so --text cannot be tokenized",
-                fix="save a tokenizer beside the weights, or leave out --text to use tokens "
-                "drawn from the vocabulary",
-            )
-        with open(args.text, encoding="utf-8", errors="replace") as handle:
-            ids = tokenizer(handle.read())["input_ids"]
-        import torch
-
-        length = min(args.seq_len, model.n_ctx)
-        n = min(args.n_sequences, len(ids) // length)
-        if n == 0:
-            raise InputError(
-                f"{args.text} has only {len(ids)} tokens, fewer than one sequence of {length}",
-                fix="pass a longer text or a smaller --seq-len",
-            )
-        return torch.tensor(ids[: n * length]).view(n, length)
-    return random_tokens(model, args.n_sequences, args.seq_len, seed=args.seed)
-
-
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    """``probekit diagnose``: load the checkpoint, pick its data, write the report."""
     import probekit
-    from probekit.report import diagnose, export_images, write_report
+    from probekit import report, runs
 
-    args.model = _run_checkpoint(args.model)
-    if args.text and not os.path.isfile(args.text):
-        raise InputError(f"text file {args.text} does not exist", fix="pass a readable file")
-    model = probekit.load(args.model, device=args.device)
-    data = _diagnose_data(model, args)
-    diagnosis = diagnose(
+    path = runs.checkpoint_of(args.model)
+    if args.text:
+        runs.check_text_file(args.text)  # before the (slow) load
+    model = probekit.load(path, device=args.device)
+    data, positions = runs.default_data(
+        path,
+        text=args.text or None,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        model=model,
+    )
+    diagnosis = report.diagnose(
         model,
         data,
         pairs=args.pairs,
         n_bootstrap=args.bootstrap,
-        positions=args.positions,
+        positions=positions if args.positions == "auto" else args.positions,
         batch_size=args.batch_size,
         progress=not args.quiet,
     )
-    report = write_report(diagnosis, args.out, title=f"probekit depth diagnosis: {args.model}")
+    page = report.write_report(diagnosis, args.out, title=f"probekit depth diagnosis: {path}")
     if not args.no_images:
-        if _chromium_available() and _kaleido_available():
-            export_images(diagnosis, args.out)
+        if report.can_export_images():
+            report.export_images(diagnosis, args.out)
         else:
             print(
                 "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
@@ -126,11 +68,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
-        print(f"report: {report}")
+        print(f"report: {page}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``probekit demo``: train, classify and dissect the two reference models."""
     from probekit.demo import run_demo
 
     index = run_demo(args.out, quick=args.quick, progress=not args.quiet, images=not args.no_images)
@@ -139,13 +82,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="probekit",
-        description="probekit: how does a Transformer use its depth, and did it learn a rule "
-        "or memorize?",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
+    # one add_argument per flag: a flat table, longer than 60 lines only by its help texts
     diag = sub.add_parser(
         "diagnose",
         help="depth-use diagnosis of a checkpoint, written as an HTML report",
@@ -163,12 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the task's test data for probekit runs, else tokens drawn uniformly from "
         "the vocabulary)",
     )
-    diag.add_argument("--n-sequences", type=int, default=32, help="sequences of data (default 32)")
+    diag.add_argument(
+        "--n-sequences",
+        type=int,
+        default=N_SEQUENCES,
+        help=f"sequences of data (default {N_SEQUENCES})",
+    )
     diag.add_argument(
         "--seq-len",
         type=int,
-        default=64,
-        help="tokens per sequence, capped at the model's context (default 64)",
+        default=SEQ_LEN,
+        help=f"tokens per sequence, capped at the model's context (default {SEQ_LEN})",
     )
     diag.add_argument(
         "--pairs",
@@ -202,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
     diag.set_defaults(func=cmd_diagnose)
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo",
         help="train the two reference anchor models and write the full report",
@@ -222,6 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``probekit`` parser: diagnose, demo, and train/sweep when the trainer imports."""
+    parser = _Parser(
+        prog="probekit",
+        description="probekit: how does a Transformer use its depth, and did it learn a rule "
+        "or memorize?",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_diagnose_parser(sub)
+    _add_demo_parser(sub)
     try:
         from probekit.training import cli as training_cli
     except ImportError:  # the trainer is optional for the analyzers

@@ -7,15 +7,17 @@ pair, runs the mechanism analyses (attention-edge knockout by role, condensation
 the token-embedding map) and the depth-use diagnosis, and writes one report per model plus an
 index page to ``out`` (default ``./probekit-demo/``).
 
+From a shell: ``probekit demo`` (about 10-15 minutes on 2 CPU cores), or ``probekit demo
+--quick`` for a tiny smoke run whose numbers mean nothing.
+
 Example:
-    $ probekit demo                 # about 10-15 minutes on 2 CPU cores
-    $ probekit demo --quick         # a tiny smoke run (the numbers mean nothing)
+    >>> [(config.name, config.model.gamma) for config in reference_configs(quick=True)]
+    [('symmetric', 0.5), ('inferential', 0.8)]
 """
 
 from __future__ import annotations
 
 import html
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -50,37 +52,39 @@ def reference_configs(quick: bool = False) -> list[Any]:
     return configs
 
 
-def _depth_data(task: Any) -> dict[str, Any]:
-    import torch
-
-    data = task.dataset("test_data")
-    labels = torch.full_like(data.tokens, -100)
-    labels[:, -1] = data.targets
-    return {"input_ids": data.tokens, "labels": labels}
-
-
 def analyse(
     checkpoint: str | os.PathLike, out: str | os.PathLike, title: str, n_bootstrap: int = 100
 ) -> dict[str, Any]:
-    """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``."""
+    """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``.
+
+    Returns the verdict lines, the headline numbers and the :class:`~probekit.report.Diagnosis`.
+    """
     import probekit
+    from probekit.analyses.mechanisms.solutions import solution_types
+    from probekit.report import diagnose, write_report
+    from probekit.runs import default_data
+    from probekit.training.runs import load_run
+
+    model = probekit.load(checkpoint, device="cpu")
+    task = load_run(checkpoint).task
+    solutions = solution_types(model, task)
+    data, positions = default_data(checkpoint)
+    diagnosis = diagnose(model, data, positions=positions, pairs="all", n_bootstrap=n_bootstrap)
+    diagnosis.results = {"solutions": solutions, **_mechanisms(model, task), **diagnosis.results}
+    _add_solution(diagnosis, solutions.summary)
+    write_report(diagnosis, out, title=title)
+    return {"verdict": diagnosis.verdict, "headline": diagnosis.headline, "diagnosis": diagnosis}
+
+
+def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
+    """The mechanism analyses of an anchor model: knockout, probes, condensation, token map."""
     from probekit.analyses.mechanisms.maps import embedding_map
     from probekit.analyses.mechanisms.knockout import attention_knockout
     from probekit.analyses.mechanisms.probes import linear_probes
-    from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.analyses.weights.condensation import condensation
-    from probekit.report import diagnose, write_report
-    from probekit.training.trainer import load_run_config
 
-    model = probekit.load(checkpoint, device="cpu")
-    task = load_run_config(checkpoint).task
     held = task.dataset("test_task")
-    solutions = solution_types(model, task)
-    diagnosis = diagnose(
-        model, _depth_data(task), positions="last", pairs="all", n_bootstrap=n_bootstrap
-    )
-    mechanisms = {
-        "solutions": solutions,
+    return {
         "attention_knockout": attention_knockout(model, held, by="role"),
         # probes on up to 800 sequences at the role positions: 80-class logistic probes are slow
         "probes": linear_probes(
@@ -93,8 +97,10 @@ def analyse(
         "condensation": condensation(model),
         "embedding_map": embedding_map(model, tokens=range(task.item_low, task.item_high)),
     }
-    diagnosis.results = {**mechanisms, **diagnosis.results}
-    s = solutions.summary
+
+
+def _add_solution(diagnosis: Any, s: dict[str, Any]) -> None:
+    """Put the solution type (``s``: the solution_types summary) first in the verdict."""
     diagnosis.verdict.insert(
         0,
         f"Solution: {s['solution']} — on the held-out pair {s['heldout_inferential']:.1%} of "
@@ -108,8 +114,6 @@ def analyse(
             for k in ("solution", "heldout_inferential", "heldout_symmetric", "seen_test_accuracy")
         }
     )
-    write_report(diagnosis, out, title=title)
-    return {"verdict": diagnosis.verdict, "headline": diagnosis.headline, "diagnosis": diagnosis}
 
 
 def run_demo(
@@ -119,6 +123,7 @@ def run_demo(
     images: bool = True,
 ) -> Path:
     """Train, classify and dissect the two reference models; returns the index page."""
+    from probekit.report import can_export_images, export_images, write_json
     from probekit.training.trainer import train_stack
 
     out = Path(out)
@@ -131,29 +136,27 @@ def run_demo(
             f"probekit demo: {run.name} model",
             n_bootstrap=10 if quick else 100,
         )
-        if images:
-            from probekit.cli import _chromium_available, _kaleido_available
-            from probekit.report import export_images
-
-            if _chromium_available() and _kaleido_available():
-                export_images(result["diagnosis"], out / run.name)
+        if images and can_export_images():
+            export_images(result["diagnosis"], out / run.name)
         summary[run.name] = result["headline"]
         items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
         pages.append(
             f'<h2><a href="{run.name}/report.html">{html.escape(run.name)} model</a>'
             f"</h2><ul>{items}</ul>"
         )
-    from probekit.result import _plain
+    write_json(out / "summary.json", summary)
+    return atomic_write_text(out / "index.html", _index_page(pages))
 
-    atomic_write_text(out / "summary.json", json.dumps(_plain(summary), indent=1))
-    page = (
+
+def _index_page(pages: list[str]) -> str:
+    """The demo's index.html around one section per model."""
+    return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>probekit demo</title>"
         "<style>body{font-family:sans-serif;max-width:900px;margin:2rem auto;"
         "line-height:1.5}</style></head><body><h1>probekit demo</h1>"
         "<p>Two 2-layer models trained on the anchor-function task, differing only in "
         "their initialization rate.</p>" + "".join(pages) + "</body></html>"
     )
-    return atomic_write_text(out / "index.html", page)
 
 
 __all__ = ["REFERENCE", "analyse", "reference_configs", "run_demo"]

@@ -6,8 +6,13 @@
 atomically.
 
 Example:
-    >>> diagnosis = diagnose(model, tokens)                 # doctest: +SKIP
-    >>> write_report(diagnosis, "report/", title="my model")  # doctest: +SKIP
+    >>> import tempfile
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> diagnosis = diagnose(toy_model("gpt2", n_layers=2), toy_tokens(4, 8), n_bootstrap=2)
+    >>> sorted(diagnosis.results) == sorted(ANALYSES)
+    True
+    >>> write_report(diagnosis, tempfile.mkdtemp(), title="my model").name
+    'report.html'
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from __future__ import annotations
 import html
 import json
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +40,9 @@ from probekit.data import Data
 from probekit.io import atomic_write_text
 from probekit.model import Model, load
 from probekit.result import _plain
+
+ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
+"""The analyses of a diagnosis, in the order they run and appear in the report."""
 
 SKIPPABLE_FRACTION = 0.01
 """A layer is called skippable when removing it raises the loss by less than this fraction of
@@ -58,29 +69,43 @@ def diagnose(
     batch_size: int | None = None,
     progress: bool = False,
 ) -> Diagnosis:
-    """Run every depth-use analyzer and derive the verdict a reader wants first."""
+    """Run every depth-use analyzer and derive the verdict a reader wants first.
+
+    ``pairs`` and ``n_bootstrap`` go to :func:`~probekit.analyses.layer_swaps`; ``positions``
+    and ``batch_size`` to every analyzer; ``progress`` shows a bar over the analyses.
+    """
     model = load(model)
-    steps = {
-        "contributions": lambda: contributions(
-            model, data, positions=positions, batch_size=batch_size
-        ),
-        "skip_effects": lambda: skip_effects(
-            model, data, positions=positions, batch_size=batch_size
-        ),
-        "layer_swaps": lambda: layer_swaps(
-            model,
-            data,
-            pairs=pairs,
-            n_bootstrap=n_bootstrap,
-            positions=positions,
-            batch_size=batch_size,
-        ),
-        "residual": lambda: residual_stats(model, data, positions=positions, batch_size=batch_size),
-        "logit_lens": lambda: logit_lens(model, data, positions=positions, batch_size=batch_size),
-        "gradients": lambda: gradient_norms(
-            model, data, positions=positions, batch_size=batch_size
-        ),
+    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size)
+    results = _run(steps, progress)
+    headline, verdict = _verdict(model, results)
+    return Diagnosis(repr(model), results, verdict, headline)
+
+
+def _steps(
+    model: Model,
+    data: Data,
+    pairs: str,
+    n_bootstrap: int,
+    positions: str,
+    batch_size: int | None,
+) -> dict[str, Callable[[], Result]]:
+    """Each analysis of :data:`ANALYSES` as a call still to make."""
+    analyzers: dict[str, Callable[..., Result]] = {
+        "contributions": contributions,
+        "skip_effects": skip_effects,
+        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap),
+        "residual": residual_stats,
+        "logit_lens": logit_lens,
+        "gradients": gradient_norms,
     }
+    return {
+        name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
+        for name, analyzer in analyzers.items()
+    }
+
+
+def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Result]:
+    """Make every call of ``steps``, with a progress bar when asked."""
     results: dict[str, Result] = {}
     bar = None
     if progress:
@@ -97,11 +122,11 @@ def diagnose(
     finally:
         if bar is not None:
             bar.close()
-    headline, verdict = _verdict(model, results)
-    return Diagnosis(repr(model), results, verdict, headline)
+    return results
 
 
 def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]:
+    """The headline numbers and the verdict lines of a diagnosis."""
     contrib, swaps, lens = results["contributions"], results["layer_swaps"], results["logit_lens"]
     n = model.n_layers
     share = contrib.summary["second_half_share"]
@@ -127,33 +152,37 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         f"The second half of the network ({late}) accounts for "
         f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share; "
         "static pre-LN models typically stay below 15%, a depth-using model nears 50%).",
+        _skip_line(n, {layer: loss_delta[layer] for layer in skippable}, clean_loss),
+        _blocks_line(blocks, confidence),
+        f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
+        f"after {lens.summary['formed_at_depth']} of {n} blocks.",
     ]
-    if skippable:
-        listed = ", ".join(f"{layer} (Δloss {loss_delta[layer]:+.4f})" for layer in skippable)
-        verdict.append(
-            f"{len(skippable)} of {n} layers could be skipped at little cost "
-            f"(Δloss < {SKIPPABLE_FRACTION:.0%} of the clean loss {clean_loss:.4f}): {listed}."
-        )
-    else:
-        verdict.append(
+    return headline, verdict
+
+
+def _skip_line(n: int, skippable: dict[int, float], clean_loss: float) -> str:
+    """The verdict on skippable layers (``skippable``: layer -> loss change)."""
+    if not skippable:
+        return (
             f"No layer can be skipped at little cost: removing any one raises the loss by at "
             f"least {SKIPPABLE_FRACTION:.0%} of the clean loss {clean_loss:.4f}."
         )
-    parts = []
-    for start, stop in blocks:
-        parts.append(f"{start}–{stop - 1}" if stop - start > 1 else f"{start}")
+    listed = ", ".join(f"{layer} (Δloss {delta:+.4f})" for layer, delta in skippable.items())
+    return (
+        f"{len(skippable)} of {n} layers could be skipped at little cost "
+        f"(Δloss < {SKIPPABLE_FRACTION:.0%} of the clean loss {clean_loss:.4f}): {listed}."
+    )
+
+
+def _blocks_line(blocks: list, confidence: Any) -> str:
+    """The verdict on permutable blocks ``[(start, stop), ...]`` and their boundaries."""
+    parts = [f"{start}–{stop - 1}" if stop - start > 1 else f"{start}" for start, stop in blocks]
     conf_text = ", ".join(
         f"before layer {k}: {confidence[k]:.0%}" for k in [b[0] for b in blocks[1:]]
     )
-    verdict.append(
-        f"Layers form {len(blocks)} permutable block(s): {'; '.join(parts)}"
-        + (f" (bootstrap boundary confidence {conf_text})." if conf_text else ".")
+    return f"Layers form {len(blocks)} permutable block(s): {'; '.join(parts)}" + (
+        f" (bootstrap boundary confidence {conf_text})." if conf_text else "."
     )
-    verdict.append(
-        f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
-        f"after {lens.summary['formed_at_depth']} of {n} blocks."
-    )
-    return headline, verdict
 
 
 _PAGE = """<!DOCTYPE html>
@@ -212,18 +241,36 @@ def write_report(
         verdict="".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict),
         sections="\n".join(sections),
     )
-    atomic_write_text(
-        out / "summary.json",
-        json.dumps(
-            {
-                "model": diagnosis.model,
-                "verdict": diagnosis.verdict,
-                "headline": _plain(diagnosis.headline),
-            },
-            indent=1,
-        ),
-    )
+    summary = {
+        "model": diagnosis.model,
+        "verdict": diagnosis.verdict,
+        "headline": diagnosis.headline,
+    }
+    write_json(out / "summary.json", summary)
     return atomic_write_text(out / "report.html", page)
+
+
+def write_json(path: str | os.PathLike, value: Any) -> Path:
+    """Write ``value`` (numpy / torch scalars allowed) as indented JSON, atomically.
+
+    Example:
+        >>> import tempfile, torch
+        >>> path = write_json(Path(tempfile.mkdtemp()) / "a.json", {"share": torch.tensor(0.5)})
+        >>> json.loads(path.read_text())
+        {'share': 0.5}
+    """
+    return atomic_write_text(path, json.dumps(_plain(value), indent=1))
+
+
+def _chromium_available() -> bool:
+    return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
+
+
+def can_export_images() -> bool:
+    """Whether :func:`export_images` can run here: kaleido and a Chrome/Chromium are present."""
+    import importlib.util
+
+    return _chromium_available() and importlib.util.find_spec("kaleido") is not None
 
 
 def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
@@ -251,14 +298,12 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
     return written
 
 
-def random_tokens(model: Model, n_sequences: int, length: int, seed: int = 0) -> Any:
-    """Tokens drawn uniformly from the vocabulary (ids 1.., leaving 0 for padding)."""
-    import torch
-
-    length = min(length, model.n_ctx)
-    g = torch.Generator().manual_seed(seed)
-    low = 1 if model.d_vocab > 1 else 0
-    return torch.randint(low, model.d_vocab, (n_sequences, length), generator=g)
-
-
-__all__ = ["Diagnosis", "diagnose", "write_report", "export_images", "random_tokens"]
+__all__ = [
+    "ANALYSES",
+    "Diagnosis",
+    "can_export_images",
+    "diagnose",
+    "export_images",
+    "write_json",
+    "write_report",
+]

@@ -85,7 +85,7 @@ def test_help_explains_every_flag():
 
 
 def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
-    import probekit.cli as cli
+    import probekit.report as report
 
     argv = [
         "diagnose",
@@ -100,14 +100,14 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         "0",
         "--quiet",
     ]
-    monkeypatch.setattr(cli, "_chromium_available", lambda: False)
+    monkeypatch.setattr(report, "_chromium_available", lambda: False)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
     assert not list((tmp_path / "a").glob("*.png"))
     monkeypatch.undo()
     argv[3] = str(tmp_path / "b")
-    assert cli._chromium_available(), "chromium is installed by .ci/run"
+    assert report._chromium_available(), "chromium is installed by .ci/run"
     assert main(argv) == 0
     for name in ANALYSES:
         png = (tmp_path / "b" / f"{name}.png").read_bytes()
