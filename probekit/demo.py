@@ -78,8 +78,8 @@ def analyse(
 
 def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
     """The mechanism analyses of an anchor model: knockout, probes, condensation, token map."""
-    from probekit.analyses.mechanisms.maps import embedding_map
     from probekit.analyses.mechanisms.knockout import attention_knockout
+    from probekit.analyses.mechanisms.maps import embedding_map
     from probekit.analyses.mechanisms.probes import linear_probes
     from probekit.analyses.weights.condensation import condensation
 
