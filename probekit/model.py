@@ -528,8 +528,13 @@ class Trace:
         active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run.
 
         Example:
-            >>> trace = model.trace(batch)                      # doctest: +SKIP
-            >>> skipped = trace.resume(4, trace.residuals[3])   # doctest: +SKIP  (skip layer 3)
+            >>> from probekit.toy import toy_model, toy_tokens
+            >>> model = toy_model(n_layers=4)
+            >>> [batch] = model.prepare(toy_tokens())
+            >>> trace = model.trace(batch)
+            >>> skipped = trace.resume(4, trace.residuals[3])   # skip layer 3
+            >>> bool(torch.allclose(trace.resume(0), trace.logits, atol=1e-5))
+            True
         """
         n = self.model.n_layers
         if not 0 <= start <= n:
@@ -700,7 +705,12 @@ def load(
     Directories load onto CUDA when present, else the CPU, in float32 unless ``dtype`` is set.
 
     Example:
-        >>> model = probekit.load("runs/anchor-gamma0.8")  # doctest: +SKIP
+        >>> import tempfile
+        >>> from probekit.toy import toy_hf_model
+        >>> folder = tempfile.mkdtemp()
+        >>> toy_hf_model("llama", n_layers=2).save_pretrained(folder)
+        >>> load(folder, device="cpu").architecture
+        'LlamaForCausalLM'
     """
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import PreTrainedModel
