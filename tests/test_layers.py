@@ -1,0 +1,131 @@
+"""The package's shape: import layers without cycles, architecture facts only in model.py, no
+helpers in the public API, and a command line that imports the heavy modules only when it runs
+a command."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "probekit"
+
+CONTRACTS = ("layers", "acyclic")
+"""The import-linter contracts of setup.cfg ([importlinter:contract:<id>])."""
+
+ARCHITECTURE = re.compile(
+    r"\.bridge\b|bridge\.cfg|hook_pattern|hook_attn_scores|blocks\.\{|[\"']blocks\."
+)
+"""Architecture access that belongs in probekit/model.py: the bridge itself, its config, and
+hook-name strings."""
+
+HELPERS = (
+    "knockout_hooks",
+    "weight_matrices",
+    "contiguous_blocks",
+    "stable_rank",
+    "check_knockout_supported",
+    "edge_mask",
+    "gather",
+    "fit_probe",
+)
+"""Helper functions that must not be offered as probekit's public API."""
+
+
+def _lint_imports() -> Path:
+    script = Path(sys.executable).parent / "lint-imports"
+    if not script.exists():
+        pytest.fail("lint-imports is missing: pip install -e '.[dev]' installs import-linter")
+    return script
+
+
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_import_contract_holds(contract):
+    """The layers (cli > demo > report > runs > training > tasks > analyses > interventions >
+    toy > model > data | result | figures > io | errors) and no cycles between siblings."""
+    done = subprocess.run(
+        [str(_lint_imports()), "--no-cache", "--no-logo", "--contract", contract],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    broken = done.stdout.split("Broken contracts", 1)[-1].strip()
+    assert done.returncode == 0, f"import contract {contract!r} is broken:\n{broken}{done.stderr}"
+
+
+def test_every_contract_is_tested():
+    config = (ROOT / "setup.cfg").read_text()
+    assert set(re.findall(r"^\[importlinter:contract:(\w+)\]", config, re.M)) == set(CONTRACTS)
+
+
+def test_architecture_access_only_in_model_py():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "model.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ARCHITECTURE.search(line)
+    ]
+    assert not offenders, "architecture access outside probekit/model.py:\n" + "\n".join(offenders)
+
+
+def test_the_architecture_pattern_catches_what_it_should():
+    caught = ["model.bridge.W_E", "bridge.cfg.n_heads", 'f"blocks.{layer}.attn.hook_pattern"']
+    caught += ["'blocks.0.hook_resid_pre'", "hook_attn_scores"]
+    passed = ["from transformer_lens.model_bridge import TransformerBridge", "model.blocks[0]"]
+    assert all(ARCHITECTURE.search(text) for text in caught)
+    assert not any(ARCHITECTURE.search(text) for text in passed)
+
+
+def test_public_api_lists_no_helpers():
+    import probekit
+
+    assert not set(HELPERS) & set(probekit.__all__), sorted(set(HELPERS) & set(probekit.__all__))
+    missing = [name for name in probekit.__all__ if not hasattr(probekit, name)]
+    assert not missing, missing
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules a file imports when it is imported (not inside functions)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("module", ["cli", "runs"])
+def test_the_command_line_imports_only_light_modules_up_front(module):
+    """torch, transformer_lens and the report load inside the command that needs them."""
+    light = set(sys.stdlib_module_names) | {"probekit.errors", "probekit.runs"}
+    heavy = {
+        name
+        for name in _top_level_imports(PACKAGE / f"{module}.py")
+        if name.split(".")[0] not in light and name not in light
+    }
+    assert not heavy, f"probekit/{module}.py imports {sorted(heavy)} at module level"
+
+
+def test_help_and_usage_errors_load_no_command():
+    code = (
+        "import sys\n"
+        "from probekit.cli import main\n"
+        "try:\n"
+        "    main(['diagnose', 'x', '--bogus'])\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 2\n"
+        "loaded = [m for m in ('probekit.report', 'probekit.demo') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
