@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses.mechanisms.probes import anchor_variables, fit_probe, gather, linear_probes
-from probekit.errors import ConfigError, InputError
+from probekit.analyses._activations import gather
+from probekit.analyses.mechanisms.probes import fit_probe, linear_probes
+from probekit.errors import InputError
 from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
 from tests.conftest import VOCAB, make_hf, twin
@@ -30,7 +31,7 @@ def test_planted_variable_is_decodable_and_shuffled_labels_are_not(gpt2):
     planted = (tokens[:, 3] < VOCAB // 2).long()  # the token identity at position 3
     noise = torch.from_numpy(np.random.default_rng(0).integers(0, 2, len(tokens)))
     res = linear_probes(
-        gpt2, tokens, {"planted": planted, "noise": noise}, sites=["resid"], positions=[2, 3]
+        gpt2, tokens, labels={"planted": planted, "noise": noise}, sites=["resid"], positions=[2, 3]
     )
     acc = res.map("planted")
     assert acc.loc[0, 3] >= 0.95  # depth 0 = embeddings: the token itself
@@ -38,8 +39,8 @@ def test_planted_variable_is_decodable_and_shuffled_labels_are_not(gpt2):
     assert res.map("planted", "selectivity").loc[0, 3] > 0.25
     assert acc[2].max() < 0.75  # a decoder cannot see a later token
     assert res.map("noise").to_numpy().max() < 0.75  # nothing to decode in random labels
-    assert res.summary["first_layer_planted"] == 0
-    assert res.summary["first_layer_noise"] is None
+    assert res.first_layer("planted") == 0
+    assert res.first_layer("noise") is None
     assert res.first_layers().loc["planted", 3] == 0
     assert set(res.df.layer) == {0, 1, 2}
 
@@ -51,7 +52,7 @@ def test_value_probe_recovers_a_linear_readout_and_matches_plain_activations(gpt
         hidden = ref(input_ids=tokens, output_hidden_states=True).hidden_states
     u = torch.randn(32, generator=torch.Generator().manual_seed(1))
     value = (hidden[1][:, 4] @ u).double()  # linear in the input of layer 1 at position 4
-    res = linear_probes(gpt2, tokens, {"v": value.numpy()}, sites=["resid"], positions=[4])
+    res = linear_probes(gpt2, tokens, labels={"v": value.numpy()}, sites=["resid"], positions=[4])
     assert res.meta["kinds"] == {"v": "value"}
     assert res.map("v").loc[1, 4] > 0.95
     assert res.map("v", "control").loc[1, 4] < 0.2
@@ -67,7 +68,7 @@ def test_sublayer_sites_and_padding(gpt2):
     mask = torch.ones_like(tokens)
     mask[:20, 4:] = 0
     res = linear_probes(
-        gpt2, (tokens * mask, mask), {"t": tokens[:, 0] % 2}, probe="ridge", positions=[0, 5]
+        gpt2, (tokens * mask, mask), labels={"t": tokens[:, 0] % 2}, probe="ridge", positions=[0, 5]
     )
     assert set(res.df.site) == {"resid", "attn_out", "mlp_out"}
     assert set(res.df[res.df.site == "attn_out"].layer) == {0, 1}
@@ -88,16 +89,13 @@ def test_fit_probe_basics():
     assert fit_probe(x[:200], v[:200], x[200:], v[200:], kind="value") > 0.99
 
 
-def test_anchor_variables_and_task_check():
+def test_anchor_variables_from_the_task_data():
     task = AnchorTask(n_train=16, n_test=30)
     data = task.dataset("test_data")
-    v = anchor_variables(data, task)
+    v = data.variables()
     assert list(v) == ["key", "a1", "a2", "g1", "target"]
     shifts = np.array([task.anchors[int(a)] for a in v["a1"]])
     np.testing.assert_array_equal(v["g1"], v["key"] + shifts)
-    other = AnchorTask(anchors={1: 4, 2: 1, 3: -2, 4: -8})
-    with pytest.raises(ConfigError, match="do not reproduce the data's composites"):
-        anchor_variables(data, other)
 
 
 def test_anchor_defaults_on_an_anchor_sized_model(tmp_path):
@@ -116,7 +114,7 @@ def test_anchor_defaults_on_an_anchor_sized_model(tmp_path):
     model = probekit.load(transformers.GPT2LMHeadModel(cfg).eval())
     task = AnchorTask(n_train=16, n_test=120)
     data = task.dataset("test_data")
-    res = linear_probes(model, data, task=task, sites=["resid"], positions="roles", probe="ridge")
+    res = linear_probes(model, data, sites=["resid"], positions="roles", probe="ridge")
     assert set(res.df.variable) == {"key", "a1", "a2", "g1", "target"}
     assert list(res.first_layers().columns) == ["key", "anchor1", "anchor2", "last"]
     assert list(res.map("a1").columns) == ["key", "anchor1", "anchor2", "last"]
@@ -133,17 +131,17 @@ def test_anchor_defaults_on_an_anchor_sized_model(tmp_path):
 def test_bad_input_names_problem_and_fix(gpt2):
     tokens = _tokens(n=40)
     with pytest.raises(InputError, match="have shape"):
-        linear_probes(gpt2, tokens, {"x": np.zeros(39)})
+        linear_probes(gpt2, tokens, labels={"x": np.zeros(39)})
     with pytest.raises(InputError, match="too few"):
-        linear_probes(gpt2, tokens[:10], {"x": np.zeros(10)})
+        linear_probes(gpt2, tokens[:10], labels={"x": np.zeros(10)})
     with pytest.raises(InputError, match="no labels"):
         linear_probes(gpt2, tokens)
     with pytest.raises(InputError, match="unknown probe sites"):
-        linear_probes(gpt2, tokens, {"x": np.zeros(40)}, sites=["resid_mid"])
+        linear_probes(gpt2, tokens, labels={"x": np.zeros(40)}, sites=["resid_mid"])
     with pytest.raises(InputError, match="unknown kind"):
-        linear_probes(gpt2, tokens, {"x": np.zeros(40)}, kinds={"x": "ordinal"})
+        linear_probes(gpt2, tokens, labels={"x": np.zeros(40)}, kinds={"x": "ordinal"})
     with pytest.raises(InputError, match="outside the 6 positions"):
-        linear_probes(gpt2, tokens, {"x": np.zeros(40)}, positions=[6])
+        linear_probes(gpt2, tokens, labels={"x": np.zeros(40)}, positions=[6])
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -151,5 +149,5 @@ def test_probes_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens = _tokens(n=40)
     before = _snapshot(model, tokens, None)
-    linear_probes(model, tokens, {"x": tokens[:, 0] % 2}, positions="last", probe="ridge")
+    linear_probes(model, tokens, labels={"x": tokens[:, 0] % 2}, positions="last", probe="ridge")
     _assert_same(before, _snapshot(model, tokens, None))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -97,3 +99,18 @@ def add_output_change(
 def second_half(n_layers: int) -> range:
     """Indices of the layers in the second half: ``l >= n_layers / 2``."""
     return range((n_layers + 1) // 2, n_layers)
+
+
+def cosine_matrix(vectors: Any) -> np.ndarray:
+    """Cosine similarity between the rows of ``vectors`` ``[n, d]`` (zero rows give 0).
+
+    Example:
+        >>> cosine_matrix(np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 3.0]])).round(3).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    v = np.asarray(vectors.numpy() if isinstance(vectors, torch.Tensor) else vectors, dtype=float)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    unit = np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
+    cos = np.clip(unit @ unit.T, -1.0, 1.0)
+    np.fill_diagonal(cos, np.where(norms[:, 0] > 0, 1.0, 0.0))
+    return cos

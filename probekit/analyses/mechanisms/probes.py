@@ -13,24 +13,30 @@ is the smallest residual depth (0 = embeddings, l = the input of layer l, L = th
 residual) at which some position decodes it: where in depth a composite is computed step by
 step (inferential: g(x; a1) appears before the target) or looked up at once (symmetric).
 
-On anchor-task data (:class:`~probekit.tasks.anchor.AnchorData`) the variables default to the
-``key``, ``a1``, ``a2``, the intermediate ``g1`` = g(x; a1) and the ``target``, all as classes;
-any model takes user labels (one per sequence).
+On task data (:class:`~probekit.data.TaskData`) the variables default to the data's
+``variables()`` (the anchor task: the ``key``, ``a1``, ``a2``, the intermediate ``g1`` =
+g(x; a1) and the ``target``, all as classes); any model takes user labels (one per sequence).
 
 Activations are gathered one site and layer at a time over all batches (``[n, pos, d_model]``
 for that site only), probed, and dropped before the next site.
 
 Example:
-    >>> res = linear_probes(model, task.dataset("test_data"), task=task)   # doctest: +SKIP
-    >>> res.summary["first_layer_g1"], res.summary["first_layer_target"]     # doctest: +SKIP
-    (1, 2)
-    >>> res.figure().show()                                                  # doctest: +SKIP
+    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.toy import toy_model
+    >>> task = AnchorTask(n_train=64, n_test=32, vocab_size=50, item_high=40)
+    >>> res = linear_probes(toy_model("gpt2", n_layers=1), task.dataset("test_data"),
+    ...                     sites=["resid"], positions="roles", probe="ridge")
+    >>> list(res.first_layers().columns)
+    ['key', 'anchor1', 'anchor2', 'last']
+    >>> res.first_layer("a1")
+    0
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,13 +46,22 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.errors import ConfigError, InputError
+from probekit.analyses._activations import (
+    batches_of,
+    gather,
+    position_list,
+    row_positions,
+    single_roles,
+)
+from probekit.data import TaskData
+from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
 
 SITES = ("resid", "attn_out", "mlp_out")
-"""Probe sites: ``resid`` at depths 0..L (input of each layer, then the final residual);
-``attn_out`` / ``mlp_out`` (each layer's sublayer output) at layers 0..L-1."""
+"""Probe sites. ``resid`` is the residual stream at depth d = 0..L: the input of block d (d = 0:
+the embeddings), and for d = L the output of the last block (the stream the head reads);
+``attn_out`` / ``mlp_out`` are each block's sublayer outputs at layers 0..L-1."""
 
 KINDS = ("class", "value")
 MIN_SAMPLES = 20
@@ -58,12 +73,37 @@ class ProbeResult(Result):
     ``df`` columns: ``variable``, ``kind`` (class / value), ``site``, ``layer``, ``position``,
     ``score`` (accuracy or R^2), ``control`` (same probe, shuffled labels), ``selectivity``,
     ``chance`` (majority-class share, 0 for values), ``decodable``, ``n_train``, ``n_test``.
-    ``summary``: per variable ``first_layer_<v>`` (smallest residual depth where some position
-    decodes it, None if none), ``first_layer_<v>_last`` (same at the last position),
-    ``best_score_<v>``, ``best_selectivity_<v>``; ``threshold``, ``min_selectivity``.
+    ``summary``: ``threshold``, ``min_selectivity``. Per variable: :meth:`first_layer`,
+    :meth:`best_score`, :meth:`best_selectivity`.
     """
 
     kind = "probes"
+
+    def first_layer(self, variable: str, last: bool = False) -> int | None:
+        """Smallest residual depth at which some position decodes ``variable`` (None if none);
+        ``last=True``: at the last position only."""
+        part = self._rows(variable)
+        hits = part[(part.site == "resid") & part.decodable]
+        if last:
+            hits = hits[hits.position.isin([self.meta.get("n_positions", 0) - 1, "last"])]
+        return int(hits.layer.min()) if len(hits) else None
+
+    def best_score(self, variable: str) -> float:
+        """The highest probe score of ``variable`` over every site, layer and position."""
+        return float(self._rows(variable).score.max())
+
+    def best_selectivity(self, variable: str) -> float:
+        """The highest selectivity of ``variable`` over every site, layer and position."""
+        return float(self._rows(variable).selectivity.max())
+
+    def _rows(self, variable: str) -> pd.DataFrame:
+        part = self.df[self.df.variable == variable]
+        if part.empty:
+            raise InputError(
+                f"no probes of variable {variable!r}",
+                fix=f"use one of {sorted(set(self.df.variable))}",
+            )
+        return part
 
     def map(self, variable: str, value: str = "score", site: str = "resid") -> pd.DataFrame:
         """Layers x positions table of ``value`` for one variable and site."""
@@ -90,8 +130,7 @@ class ProbeResult(Result):
         """One heatmap (layers x positions) per variable, plus the first-decodable-layer map."""
         variables = list(dict.fromkeys(self.df.variable))
         titles = [
-            f"{v}: {value} (first decodable depth {self.summary.get('first_layer_' + v)})"
-            for v in variables
+            f"{v}: {value} (first decodable depth {self.first_layer(v)})" for v in variables
         ] + ["first decodable depth"]
         cols = min(3, len(variables) + 1)
         rows = -(-(len(variables) + 1) // cols)
@@ -143,55 +182,16 @@ class ProbeResult(Result):
 
 
 # ---------------------------------------------------------------- labels
-def _is_anchor(data: Any) -> bool:
-    return all(hasattr(data, a) for a in ("tokens", "targets", "composite", "positions", "pairs"))
-
-
-def anchor_variables(data: Any, task: Any = None) -> dict[str, np.ndarray]:
-    """The anchor task's variables per sequence: key, a1, a2, g1 = g(key; a1), target.
-
-    ``task`` supplies the anchors' shifts (default: the papers' ``AnchorTask()``); it must
-    agree with the data's composites.
-    """
-    from probekit.tasks.anchor import AnchorTask
-
-    task = AnchorTask() if task is None else task
-    keys = data.keys.numpy().astype(np.int64)
-    a1 = data.pairs[:, 0].numpy().astype(np.int64)
-    a2 = data.pairs[:, 1].numpy().astype(np.int64)
-    try:
-        shift = np.vectorize(lambda a: task.anchors[int(a)])
-        g1 = keys + shift(a1)
-        composite = g1 + shift(a2)
-    except KeyError as err:
-        raise ConfigError(
-            f"anchor {err} of the data is not an anchor of the task",
-            fix="pass task= the AnchorTask that generated the data",
-        ) from err
-    if not np.array_equal(composite, data.composite.numpy()):
-        raise ConfigError(
-            "the task's anchor shifts do not reproduce the data's composites",
-            fix="pass task= the AnchorTask that generated the data",
-        )
-    return {
-        "key": keys,
-        "a1": a1,
-        "a2": a2,
-        "g1": g1,
-        "target": data.targets.numpy().astype(np.int64),
-    }
-
-
 def _labels(
-    data: Any, labels: Any, kinds: Mapping[str, str] | None, task: Any, n: int
+    task: TaskData | None, labels: Any, kinds: Mapping[str, str] | None, n: int
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if labels is None:
-        if not _is_anchor(data):
+        if task is None:
             raise InputError(
                 "no labels to probe for",
-                fix="pass labels={'name': one value per sequence}, or anchor-task data",
+                fix="pass labels={'name': one value per sequence}, or task data (TaskData)",
             )
-        out = anchor_variables(data, task)
+        out = {str(k): np.asarray(v) for k, v in task.variables().items()}
     elif isinstance(labels, Mapping):
         out = {str(k): np.asarray(v) for k, v in labels.items()}
     else:
@@ -199,19 +199,7 @@ def _labels(
     if not out:
         raise InputError("labels is empty", fix="pass at least one variable")
     kinds = dict(kinds or {})
-    result_kinds: dict[str, str] = {}
-    for name, values in out.items():
-        if values.ndim != 1 or len(values) != n:
-            raise InputError(
-                f"labels {name!r} have shape {values.shape} for {n} sequences",
-                fix="give one label per sequence (a 1-D array of length n)",
-            )
-        kind = kinds.get(name, "value" if values.dtype.kind == "f" else "class")
-        if kind not in KINDS:
-            raise InputError(f"unknown kind {kind!r} of {name!r}", fix=f"use one of {KINDS}")
-        result_kinds[name] = kind
-        if kind == "value" and not np.isfinite(values.astype(float)).all():
-            raise InputError(f"labels {name!r} hold NaN or inf", fix="pass finite values")
+    result_kinds = {name: _kind(name, values, kinds, n) for name, values in out.items()}
     unknown = set(kinds) - set(out)
     if unknown:
         raise InputError(
@@ -221,26 +209,23 @@ def _labels(
     return out, result_kinds
 
 
-# ---------------------------------------------------------------- activations
-@torch.no_grad()
-def gather(model: Model, batches: list, hook: str) -> tuple[np.ndarray, np.ndarray]:
-    """Activations ``[n, pos, d]`` at one hook over all batches, and the valid mask ``[n, pos]``.
-
-    Only this hook's activations are kept (one site at a time, never every hook at once).
-    """
-    chunks: list[np.ndarray] = []
-    valid: list[np.ndarray] = []
-
-    def keep(tensor: torch.Tensor, hook: Any) -> None:
-        chunks.append(tensor.detach().float().cpu().numpy())
-
-    for batch in batches:
-        model.forward(batch, [(hook, keep)])
-        valid.append(batch.valid.cpu().numpy())
-    return np.concatenate(chunks), np.concatenate(valid)
+def _kind(name: str, values: np.ndarray, kinds: Mapping[str, str], n: int) -> str:
+    if values.ndim != 1 or len(values) != n:
+        raise InputError(
+            f"labels {name!r} have shape {values.shape} for {n} sequences",
+            fix="give one label per sequence (a 1-D array of length n)",
+        )
+    kind = kinds.get(name, "value" if values.dtype.kind == "f" else "class")
+    if kind not in KINDS:
+        raise InputError(f"unknown kind {kind!r} of {name!r}", fix=f"use one of {KINDS}")
+    if kind == "value" and not np.isfinite(values.astype(float)).all():
+        raise InputError(f"labels {name!r} hold NaN or inf", fix="pass finite values")
+    return kind
 
 
+# ---------------------------------------------------------------- sites
 def _site_hooks(model: Model, sites: Sequence[str]) -> list[tuple[str, int, str]]:
+    """(site, layer, hook) of every probe site: ``resid`` at depths 0..L (see :data:`SITES`)."""
     out = []
     for site in sites:
         if site == "resid":
@@ -306,15 +291,15 @@ def _chance(kind: str, y_train: np.ndarray, y_test: np.ndarray) -> float:
     return float(np.mean(y_test == values[counts.argmax()]))
 
 
+@torch.no_grad()
 def linear_probes(
     model: Any,
     data: Any,
-    labels: Any = None,
     *,
+    labels: Any = None,
     kinds: Mapping[str, str] | None = None,
-    task: Any = None,
     sites: Sequence[str] = SITES,
-    positions: str | Sequence[int] = "all",
+    positions: str | Sequence[int | str] = "all",
     probe: str = "logistic",
     test_size: float = 0.25,
     threshold: float = 0.8,
@@ -328,14 +313,14 @@ def linear_probes(
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: :class:`~probekit.tasks.anchor.AnchorData` or any token data.
+        data: task data (:class:`~probekit.data.TaskData`, or a list of them) or any token data.
         labels: ``{name: one label per sequence}`` (or one array, named 'label'); default for
-            anchor data: key, a1, a2, g1, target.
+            task data: its ``variables()`` (the anchor task: key, a1, a2, g1, target).
         kinds: ``{name: 'class' | 'value'}``; default 'value' for float labels, else 'class'.
-        task: the :class:`~probekit.tasks.anchor.AnchorTask` of anchor data (for g1).
-        sites: any of 'resid', 'attn_out', 'mlp_out'.
-        positions: 'all', 'last', a list of position indices (negative from the end), or
-            'roles' (anchor data: each row's key, anchor1 and anchor2 positions, and the last).
+        sites: any of 'resid', 'attn_out', 'mlp_out' (see :data:`SITES`).
+        positions: 'all' (every index), 'last' (the last real token), a role name of the task
+            data that marks one position per sequence, 'roles' (every such role, then 'last'),
+            or a list of position indices (negative from the end) and such names.
         probe: 'logistic' (default) or 'ridge' (RidgeClassifier, much faster for many classes)
             for class variables; value variables always use ridge regression.
         test_size: held-out share of the sequences.
@@ -344,20 +329,18 @@ def linear_probes(
         progress: called with a short text before each site and layer.
 
     Example:
-        >>> res = linear_probes(model, tokens, {"parity": tokens[:, 0] % 2})  # doctest: +SKIP
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> tokens = toy_tokens(batch=40, length=4)
+        >>> res = linear_probes(toy_model("gpt2", n_layers=1), tokens,
+        ...                     labels={"parity": tokens[:, 0] % 2}, positions=[0], probe="ridge")
+        >>> sorted(set(res.df.layer)), res.first_layer("parity") in (None, 0, 1)
+        ([0, 1], True)
     """
     model = load(model)
-    tokens = data.tokens if _is_anchor(data) else data
-    batches = model.prepare(tokens, batch_size)
+    task, batches = batches_of(model, data, batch_size)
     n = sum(len(b.tokens) for b in batches)
-    variables, var_kinds = _labels(data, labels, kinds, task, n)
-    unknown = set(sites) - set(SITES)
-    if unknown or not sites:
-        raise InputError(f"unknown probe sites {sorted(unknown)}", fix=f"use any of {SITES}")
-    if probe not in ("logistic", "ridge"):
-        raise InputError(f"unknown probe {probe!r}", fix="use probe='logistic' or 'ridge'")
-    if not 0.0 < test_size < 1.0:
-        raise InputError(f"test_size {test_size} is not in (0, 1)", fix="use e.g. 0.25")
+    variables, var_kinds = _labels(task, labels, kinds, n)
+    _check_settings(sites, probe, test_size)
     n_test = int(round(n * test_size))
     if n < MIN_SAMPLES or n_test < 2 or n - n_test < 2:
         raise InputError(
@@ -365,66 +348,27 @@ def linear_probes(
             fix=f"pass at least {MIN_SAMPLES} sequences (hundreds for many classes)",
         )
     n_pos = batches[0].tokens.shape[1]
-    pos_list = _positions(positions, n_pos, _is_anchor(data))
+    pos_list = _positions(positions, n_pos, task)
     all_valid = np.concatenate([b.valid.cpu().numpy() for b in batches])
-    index = {pos: _row_positions(pos, data, all_valid) for pos in pos_list}
-    rows_n = np.arange(n)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    test_idx, train_idx = order[:n_test], order[n_test:]
-    shuffled = {name: rng.permutation(v[train_idx]) for name, v in variables.items()}
+    index = {pos: row_positions(pos, task, all_valid) for pos in pos_list}
+    split = _Split.draw(n, n_test, variables, seed)
+    fit = _Fit(var_kinds, probe, max_iter)
     rows = []
     for site, layer, hook in _site_hooks(model, sites):
         if progress is not None:
             progress(f"{site} layer {layer}")
         acts, valid = gather(model, batches, hook)
         for pos in pos_list:
-            idx = index[pos]
-            ok = valid[rows_n, idx]
-            tr, te = train_idx[ok[train_idx]], test_idx[ok[test_idx]]
-            if len(tr) < 2 or len(te) < 1:
-                continue
-            x_tr, x_te = acts[tr, idx[tr]], acts[te, idx[te]]
-            keep_tr = ok[train_idx]
-            for name, values in variables.items():
-                kind = var_kinds[name]
-                y_tr, y_te = values[tr], values[te]
-                score = fit_probe(x_tr, y_tr, x_te, y_te, kind, probe, max_iter)
-                control = fit_probe(
-                    x_tr, shuffled[name][keep_tr], x_te, y_te, kind, probe, max_iter
-                )
-                rows.append(
-                    {
-                        "variable": name,
-                        "kind": kind,
-                        "site": site,
-                        "layer": layer,
-                        "position": pos,
-                        "score": score,
-                        "control": control,
-                        "selectivity": score - control,
-                        "chance": _chance(kind, y_tr, y_te),
-                        "n_train": len(tr),
-                        "n_test": len(te),
-                    }
-                )
+            where = (site, layer, pos)
+            rows += _probe_position(acts, valid, index[pos], split, variables, fit, where)
         del acts
     df = pd.DataFrame(rows)
     df["decodable"] = (df.score >= threshold) & (df.selectivity >= min_selectivity)
-    summary: dict[str, Any] = {"threshold": threshold, "min_selectivity": min_selectivity}
-    resid = df[df.site == "resid"]
-    for name in variables:
-        part = resid[resid.variable == name]
-        hits = part[part.decodable]
-        summary[f"first_layer_{name}"] = int(hits.layer.min()) if len(hits) else None
-        last = hits[hits.position.isin([n_pos - 1, "last"])]
-        summary[f"first_layer_{name}_last"] = int(last.layer.min()) if len(last) else None
-        every = df[df.variable == name]
-        summary[f"best_score_{name}"] = float(every.score.max())
-        summary[f"best_selectivity_{name}"] = float(every.selectivity.max())
+    summary = {"threshold": threshold, "min_selectivity": min_selectivity}
     meta = {
         "sites": list(sites),
         "positions": pos_list,
+        "n_positions": n_pos,
         "probe": probe,
         "kinds": var_kinds,
         "test_size": test_size,
@@ -434,51 +378,96 @@ def linear_probes(
     return ProbeResult(df, summary, meta)
 
 
-ROLE_OFFSETS = {"key": 0, "anchor1": 1, "anchor2": 2}
+def _check_settings(sites: Sequence[str], probe: str, test_size: float) -> None:
+    unknown = set(sites) - set(SITES)
+    if unknown or not sites:
+        raise InputError(f"unknown probe sites {sorted(unknown)}", fix=f"use any of {SITES}")
+    if probe not in ("logistic", "ridge"):
+        raise InputError(f"unknown probe {probe!r}", fix="use probe='logistic' or 'ridge'")
+    if not 0.0 < test_size < 1.0:
+        raise InputError(f"test_size {test_size} is not in (0, 1)", fix="use e.g. 0.25")
 
 
-def _positions(positions: str | Sequence[int], n_pos: int, anchor: bool) -> list:
+@dataclass
+class _Split:
+    """The seeded train/test split of the sequences and the control task's shuffled labels."""
+
+    train: np.ndarray
+    test: np.ndarray
+    shuffled: dict[str, np.ndarray]
+
+    @classmethod
+    def draw(cls, n: int, n_test: int, variables: Mapping[str, np.ndarray], seed: int) -> _Split:
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(n)
+        test_idx, train_idx = order[:n_test], order[n_test:]
+        shuffled = {name: rng.permutation(v[train_idx]) for name, v in variables.items()}
+        return cls(train_idx, test_idx, shuffled)
+
+
+@dataclass
+class _Fit:
+    kinds: dict[str, str]
+    probe: str
+    max_iter: int
+
+    def __call__(self, name: str, *arrays: np.ndarray) -> float:
+        return fit_probe(*arrays, self.kinds[name], self.probe, self.max_iter)
+
+
+def _probe_position(
+    acts: np.ndarray,
+    valid: np.ndarray,
+    idx: np.ndarray,
+    split: _Split,
+    variables: Mapping[str, np.ndarray],
+    fit: _Fit,
+    where: tuple[str, int, int | str],
+) -> list[dict[str, Any]]:
+    """One row per variable: probe and control at one (site, layer, position)."""
+    site, layer, pos = where
+    ok = valid[np.arange(len(valid)), idx]
+    keep_tr = ok[split.train]
+    tr, te = split.train[keep_tr], split.test[ok[split.test]]
+    if len(tr) < 2 or len(te) < 1:
+        return []
+    x_tr, x_te = acts[tr, idx[tr]], acts[te, idx[te]]
+    rows = []
+    for name, values in variables.items():
+        kind = fit.kinds[name]
+        y_tr, y_te = values[tr], values[te]
+        score = fit(name, x_tr, y_tr, x_te, y_te)
+        control = fit(name, x_tr, split.shuffled[name][keep_tr], x_te, y_te)
+        rows.append(
+            {
+                "variable": name,
+                "kind": kind,
+                "site": site,
+                "layer": layer,
+                "position": pos,
+                "score": score,
+                "control": control,
+                "selectivity": score - control,
+                "chance": _chance(kind, y_tr, y_te),
+                "n_train": len(tr),
+                "n_test": len(te),
+            }
+        )
+    return rows
+
+
+def _positions(positions: str | Sequence[int | str], n_pos: int, task: TaskData | None) -> list:
     if positions == "all":
         return list(range(n_pos))
-    if positions == "last":
-        return [n_pos - 1]
     if positions == "roles":
-        if not anchor:
+        if task is None:
             raise InputError(
-                "positions='roles' needs anchor-task data",
-                fix="pass task.dataset(split), or positions='all' / 'last' / a list",
+                "positions='roles' needs task data",
+                fix="pass task data (e.g. task.dataset(split)), or positions='all' / 'last' / "
+                "a list",
             )
-        return [*ROLE_OFFSETS, "last"]
-    if isinstance(positions, str):
-        raise InputError(
-            f"unknown positions {positions!r}", fix="use 'all', 'last', 'roles' or a list"
-        )
-    out = []
-    for p in positions:
-        if not -n_pos <= int(p) < n_pos:
-            raise InputError(
-                f"position {p} is outside the {n_pos} positions",
-                fix=f"use positions in -{n_pos}..{n_pos - 1}",
-            )
-        out.append(int(p) % n_pos)
-    return sorted(set(out))
+        return [*single_roles(task), "last"]
+    return position_list(positions, n_pos)
 
 
-def _row_positions(pos: int | str, data: Any, valid: np.ndarray) -> np.ndarray:
-    """Position index per sequence: fixed, the last real token, or an anchor role's position."""
-    if pos == "last":
-        return valid.cumsum(-1).argmax(-1)
-    if isinstance(pos, str):
-        return data.positions.numpy().astype(np.int64) + ROLE_OFFSETS[pos]
-    return np.full(len(valid), pos, dtype=np.int64)
-
-
-__all__ = [
-    "KINDS",
-    "SITES",
-    "ProbeResult",
-    "anchor_variables",
-    "fit_probe",
-    "gather",
-    "linear_probes",
-]
+__all__ = ["KINDS", "SITES", "ProbeResult", "fit_probe", "linear_probes"]
