@@ -144,12 +144,27 @@ def test_same_seed_same_run_other_seed_other_run(tmp_path: Path) -> None:
     assert not torch.equal(a["transformer.wte.weight"], c["transformer.wte.weight"])
 
 
+class Killed(Exception):
+    """Stands for a kill of the training process."""
+
+
+def kill_at(monkeypatch, module, step: int) -> None:
+    """Make ``module``'s per-step seam raise :class:`Killed` once ``step`` updates are done."""
+
+    def after_step(state) -> None:
+        if state.step == step:
+            raise Killed(step)
+
+    monkeypatch.setattr(module, "_after_step", after_step)
+
+
 @pytest.mark.parametrize("interrupt_at", [3, 4, 7])
-def test_resume_is_bit_identical(tmp_path: Path, interrupt_at: int) -> None:
+def test_resume_is_bit_identical(tmp_path: Path, interrupt_at: int, monkeypatch) -> None:
     cfg = tiny(steps=8, checkpoint_every=2, eval_every=3)
     ref = train(cfg, tmp_path / "ref", progress=False)
-    with pytest.raises(trainer_mod._Interrupted):
-        train(cfg, tmp_path / "cut", progress=False, _interrupt_at=interrupt_at)
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        kill_at(patch, trainer_mod, interrupt_at)
+        train(cfg, tmp_path / "cut", progress=False)
     state = json.loads((tmp_path / "cut" / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == ((interrupt_at - 1) // 2) * 2  # the last checkpoint before the kill
     resumed = train(cfg, tmp_path / "cut", progress=False)
@@ -272,14 +287,15 @@ def test_resume_after_a_real_kill_is_bit_identical(tmp_path: Path) -> None:
     assert not [p for p in (tmp_path / "killed").iterdir() if p.name.startswith(".")]
 
 
-def test_resume_recovers_a_checkpoint_swap_cut_short(tmp_path: Path) -> None:
+def test_resume_recovers_a_checkpoint_swap_cut_short(tmp_path: Path, monkeypatch) -> None:
     """A kill between the two renames of the atomic swap leaves only the moved-aside copy."""
     import os
 
     cfg = tiny(steps=8, checkpoint_every=2, eval_every=4)
     ref = train(cfg, tmp_path / "ref", progress=False)
-    with pytest.raises(trainer_mod._Interrupted):
-        train(cfg, tmp_path / "cut", progress=False, _interrupt_at=5)
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        kill_at(patch, trainer_mod, 5)
+        train(cfg, tmp_path / "cut", progress=False)
     run = tmp_path / "cut"
     (run / ".checkpoint.abc.old").mkdir()
     os.replace(run / "checkpoint", run / ".checkpoint.abc.old" / "old")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,8 +42,19 @@ import torch.nn.functional as F
 from probekit.errors import CheckpointError, ConfigError, NumericalError
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
-from probekit.training.checkpoint import write_run_config
+from probekit.training.checkpoint import (
+    check_same_settings,
+    load_moments,
+    read_run_config,
+    recover_checkpoint,
+    save_moments,
+    unreadable,
+    write_run_config,
+)
+from probekit.training.evaluation import read_metrics, write_metrics
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
+from probekit.training.models import gpt2_config
+from probekit.training.schedule import resolve_device, warmup_cosine
 
 
 @dataclass
@@ -117,18 +129,14 @@ class LMConfig:
         )
 
     def hf_config(self, n_layers: int):
-        import transformers
-
-        return transformers.GPT2Config(
+        """The ``transformers.GPT2Config`` of this run at depth ``n_layers``."""
+        return gpt2_config(
             vocab_size=VOCAB_SIZE,
             n_positions=self.seq_len,
-            n_embd=self.d_model,
-            n_layer=n_layers,
-            n_head=self.n_heads,
-            n_inner=self.d_mlp,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
+            d_model=self.d_model,
+            n_layers=n_layers,
+            n_heads=self.n_heads,
+            d_mlp=self.d_mlp,
             bos_token_id=BOS,
             eos_token_id=EOS,
             architectures=["GPT2LMHeadModel"],
@@ -158,29 +166,17 @@ def _optimizer(model: torch.nn.Module, cfg: LMConfig) -> torch.optim.AdamW:
     )
 
 
-def _lr_factor(cfg: LMConfig, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
     """An HF checkpoint plus AdamW moments (safetensors) and trainer state (JSON)."""
-    from safetensors.torch import save_file
-
-    names = {id(p): n for n, p in model.named_parameters()}
-    moments = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            st = optimizer.state.get(p)
-            if st:
-                moments["exp_avg." + names[id(p)]] = st["exp_avg"].detach().cpu().contiguous()
-                moments["exp_avg_sq." + names[id(p)]] = st["exp_avg_sq"].detach().cpu().contiguous()
+    exp_avg, exp_avg_sq = {}, {}
+    for name, p in model.named_parameters():
+        st = optimizer.state.get(p)
+        if st:
+            exp_avg[name], exp_avg_sq[name] = st["exp_avg"], st["exp_avg_sq"]
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        if moments:
-            save_file(moments, str(tmp / "optimizer.safetensors"))
+        if exp_avg:
+            save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
         atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
         write_run_config(tmp, "lm", {"lm": asdict(cfg)})
     return path
@@ -189,24 +185,224 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
 def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
     """Model and optimizer from a checkpoint, the AdamW moments restored."""
     import transformers
-    from safetensors.torch import load_file
 
     from probekit.model import from_pretrained_complete
 
     model = from_pretrained_complete(transformers.GPT2LMHeadModel, path).to(device)
     model.train()
     optimizer = _optimizer(model, cfg)
-    moments_path = path / "optimizer.safetensors"
-    if moments_path.exists():
-        moments = load_file(str(moments_path))
+    if (path / "optimizer.safetensors").exists():
+        exp_avg, exp_avg_sq, _ = load_moments(path / "optimizer.safetensors")
         for name, p in model.named_parameters():
-            if "exp_avg." + name in moments:
+            if name in exp_avg:
                 optimizer.state[p] = {
                     "step": torch.tensor(float(step)),
-                    "exp_avg": moments["exp_avg." + name].to(device),
-                    "exp_avg_sq": moments["exp_avg_sq." + name].to(device),
+                    "exp_avg": exp_avg[name].to(device),
+                    "exp_avg_sq": exp_avg_sq[name].to(device),
                 }
     return model, optimizer
+
+
+#: checkpoint folders a killed run resumes from, and their order at one step
+_RESUMABLE = {"step": 0, "before": 1, "after": 2, "final": 3}
+_FOLDER = re.compile(r"^(?:step(?P<n>\d+)|stage(?P<k>\d+)-(?P<when>before|after)|final)$")
+
+
+def _checkpoints(out: Path) -> list[tuple[int, int, Path]]:
+    """The intact checkpoints under ``out`` as (step, order, folder), oldest first."""
+    found = []
+    for folder in out.iterdir() if out.is_dir() else ():
+        match = _FOLDER.match(folder.name)
+        if match is None or not (folder / "trainer_state.json").is_file():
+            continue
+        try:
+            step = json.loads((folder / "trainer_state.json").read_text())["step"]
+        except (OSError, ValueError, KeyError) as err:
+            raise unreadable(folder, err) from err
+        kind = "step" if match["n"] else match["when"] or "final"
+        found.append((int(step), _RESUMABLE[kind], folder))
+    return sorted(found)
+
+
+def _after_step(trainer: _LMTrainer) -> None:
+    """Called after every update: a seam where tests simulate a kill (by replacing it)."""
+
+
+class _LMTrainer:
+    """The state of one LM run and its steps: growth, update, evaluation, checkpoints."""
+
+    def __init__(self, cfg: LMConfig, out: Path, device: str | None) -> None:
+        import transformers
+
+        self.cfg, self.out = cfg, out
+        self.plan = cfg.plan()
+        self.corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)
+        self.dev = resolve_device(device)
+        n_val = min(cfg.eval_sequences, len(self.corpus.stream("validation")) // cfg.seq_len)
+        self.val = self.corpus.sequences("validation", cfg.seq_len, n=n_val)
+        torch.manual_seed(cfg.seed)
+        config = cfg.hf_config(self.plan.depths[0])
+        self.model = transformers.GPT2LMHeadModel(config).to(self.dev).train()
+        self.optimizer = _optimizer(self.model, cfg)
+        self.stages = dict(zip(self.plan.boundaries, range(1, len(self.plan.depths)), strict=True))
+        self.scaler: _ResidualScale | None = None
+        self.scale_start_step = 0
+        self.step, self.flops, self.seconds = 0, 0.0, 0.0
+        self.rows: list[dict[str, Any]] = []
+        self.checkpoints: list[Path] = []
+
+    def save(self, path: Path) -> Path:
+        state = {"step": self.step, "flops": self.flops}
+        return _save(self.model, self.optimizer, path, self.cfg, state)
+
+    def resume(self) -> None:
+        """Go on from the last checkpoint under ``out`` (none: start from step 0)."""
+        for name in {p.name.split(".")[1] for p in self.out.glob(".*.*.*")}:
+            if _FOLDER.match(name):  # a kill during an atomic checkpoint swap
+                recover_checkpoint(self.out / name)
+        found = _checkpoints(self.out)
+        if not found:
+            return
+        step, _, last = found[-1]
+        saved = read_run_config(last) or {}
+        check_same_settings(last, saved.get("lm"), asdict(self.cfg))
+        state = json.loads((last / "trainer_state.json").read_text())
+        self.model, self.optimizer = _load(last, self.cfg, step, self.dev)
+        self.step, self.flops = step, float(state["flops"])
+        self.rows = read_metrics(self.out / "metrics.jsonl", step)
+        self.seconds = self.rows[-1]["seconds"] if self.rows else 0.0
+        self.checkpoints = [p for _, _, p in found if p.name != "final"]
+        self._rescale_after_resume()
+
+    def _rescale_after_resume(self) -> None:
+        """Re-attach the MIDAS-plus scale of the last growth before the resumed step."""
+        grown = [
+            (b, k)
+            for b, k in self.stages.items()
+            if b <= self.step and self.model.config.n_layer >= self.plan.depths[k]
+        ]
+        if grown and self.cfg.residual_scale_start is not None:
+            b, k = max(grown)
+            self._attach_scale(self.out / f"stage{k}-after", b)
+
+    def _attach_scale(self, after: Path, step: int) -> None:
+        inserted = json.loads((after / "growth.json").read_text())["inserted"]
+        self.scaler = _ResidualScale(self.model.transformer.h, inserted)
+        self.scale_start_step = step
+
+    def close_scale(self) -> None:
+        if self.scaler is not None:
+            self.scaler.close()
+            self.scaler = None
+
+    def grow(self, k: int) -> None:
+        """Stage ``k``: checkpoint, grow the checkpoint, and train on from the grown one."""
+        cfg = self.cfg
+        self.close_scale()
+        before = self.save(self.out / f"stage{k}-before")
+        after = grow_checkpoint(before, self.out / f"stage{k}-after", cfg.growth, cfg.block_size)
+        self.checkpoints += [before, after]
+        self.model, self.optimizer = _load(after, cfg, self.step, self.dev)
+        if cfg.residual_scale_start is not None:
+            self._attach_scale(after, self.step)
+
+    def update(self) -> torch.Tensor:
+        """One AdamW step at ``self.step``; returns the training loss."""
+        cfg, step = self.cfg, self.step
+        if self.scaler is not None:
+            ramp = min(1.0, (step - self.scale_start_step) / max(1, cfg.residual_scale_steps))
+            self.scaler.scale = cfg.residual_scale_start + (1 - cfg.residual_scale_start) * ramp
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * warmup_cosine(
+                step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
+            )
+        batch = self.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step)
+        batch = batch.to(self.dev)
+        logits = self.model(batch, use_cache=False).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
+        if not torch.isfinite(loss):
+            raise NumericalError(
+                f"the training loss became {float(loss)} at step {step}",
+                fix="lower the learning rate or raise the warmup; earlier checkpoints are kept",
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.flops += 6.0 * self.model.num_parameters() * cfg.batch_size * cfg.seq_len
+        self.step += 1
+        return loss
+
+    def evaluate(self, loss: torch.Tensor, start: float) -> float:
+        """Append a metrics row, rewrite ``metrics.jsonl``; returns the validation loss."""
+        val_loss = _validation_loss(self.model, self.val, self.dev)
+        self.rows.append(
+            {
+                "step": self.step,
+                "depth": self.model.config.n_layer,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "train_loss": float(loss.detach()),
+                "val_loss": val_loss,
+                "val_perplexity": math.exp(val_loss),
+                "flops": self.flops,
+                "seconds": self.seconds + time.perf_counter() - start,
+            }
+        )
+        write_metrics(self.out / "metrics.jsonl", self.rows)
+        return val_loss
+
+    def run(self, progress: bool) -> None:
+        """Train from ``self.step`` to ``cfg.steps``, growing, saving and evaluating on the way."""
+        from tqdm.auto import tqdm
+
+        cfg, start = self.cfg, time.perf_counter()
+        bar = tqdm(
+            total=cfg.steps, initial=self.step, desc=f"train {cfg.growth}", disable=not progress
+        )
+        try:
+            while self.step < cfg.steps:
+                k = self.stages.get(self.step)
+                if k is not None and self.model.config.n_layer < self.plan.depths[k]:
+                    self.grow(k)
+                loss = self.update()
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                    self.checkpoints.append(self.save(self.out / f"step{self.step}"))
+                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                    val_loss = self.evaluate(loss, start)
+                    bar.set_postfix(val_loss=f"{val_loss:.3f}", depth=self.model.config.n_layer)
+                _after_step(self)
+                bar.update()
+        finally:
+            bar.close()
+            self.close_scale()
+
+
+def train_lm(
+    cfg: LMConfig,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    device: str | None = None,
+    resume: bool = True,
+) -> LMRun:
+    """Train a byte-level LM (static or grown) and return its metrics and final checkpoint.
+
+    A run killed part way resumes from its last checkpoint (``step{n}``, a growth stage or
+    ``final``) when started again with the same settings and ``resume``, and ends with weights
+    bit-identical (on CPU) to an uninterrupted run; set ``save_every`` to checkpoint between
+    growth stages. ``device``: None or "auto" for CUDA when present, else e.g. "cpu".
+    """
+    cfg.validate()
+    out = Path(out_dir)
+    trainer = _LMTrainer(cfg, out, device)  # reads the corpus: raises before anything is written
+    if resume:
+        trainer.resume()
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, "lm", {"lm": asdict(cfg)})
+    if trainer.step < cfg.steps or not (out / "final").is_dir():
+        trainer.run(progress)
+        trainer.save(out / "final")
+    return LMRun(pd.DataFrame(trainer.rows), out / "final", trainer.flops, trainer.checkpoints)
 
 
 class _ResidualScale:
@@ -234,100 +430,6 @@ class _ResidualScale:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-
-
-def train_lm(
-    cfg: LMConfig, out_dir: str | os.PathLike, progress: bool = True, device: str | None = None
-) -> LMRun:
-    """Train a byte-level LM (static or grown) and return its metrics and final checkpoint."""
-    import transformers
-    from tqdm.auto import tqdm
-
-    cfg.validate()
-    plan = cfg.plan()
-    corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)  # raises before training
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, "lm", {"lm": asdict(cfg)})
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    val = corpus.sequences(
-        "validation",
-        cfg.seq_len,
-        n=min(cfg.eval_sequences, len(corpus.stream("validation")) // cfg.seq_len),
-    )
-    torch.manual_seed(cfg.seed)
-    model = transformers.GPT2LMHeadModel(cfg.hf_config(plan.depths[0])).to(dev).train()
-    optimizer = _optimizer(model, cfg)
-    boundaries = dict(zip(plan.boundaries, range(1, len(plan.depths)), strict=True))
-    scaler: _ResidualScale | None = None
-    scale_start_step = 0
-    flops, rows, checkpoints = 0.0, [], []
-    tokens_per_step = cfg.batch_size * cfg.seq_len
-    start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, desc=f"train {cfg.growth}", disable=not progress)
-    try:
-        for step in range(cfg.steps):
-            if step in boundaries:
-                k = boundaries[step]
-                if scaler is not None:
-                    scaler.close()
-                    scaler = None
-                state = {"step": step, "flops": flops}
-                before = _save(model, optimizer, out / f"stage{k}-before", cfg, state)
-                after = grow_checkpoint(before, out / f"stage{k}-after", cfg.growth, cfg.block_size)
-                checkpoints += [before, after]
-                model, optimizer = _load(after, cfg, step, dev)
-                if cfg.residual_scale_start is not None:
-                    inserted = json.loads((after / "growth.json").read_text())["inserted"]
-                    scaler = _ResidualScale(model.transformer.h, inserted)
-                    scale_start_step = step
-            if scaler is not None:
-                ramp = min(1.0, (step - scale_start_step) / max(1, cfg.residual_scale_steps))
-                scaler.scale = cfg.residual_scale_start + (1 - cfg.residual_scale_start) * ramp
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * _lr_factor(cfg, step)
-            batch = corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step).to(dev)
-            logits = model(batch, use_cache=False).logits
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
-            if not torch.isfinite(loss):
-                raise NumericalError(
-                    f"the training loss became {float(loss)} at step {step}",
-                    fix="lower the learning rate or raise the warmup; earlier checkpoints are kept",
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            flops += 6.0 * model.num_parameters() * tokens_per_step
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                state = {"step": step + 1, "flops": flops}
-                checkpoints.append(_save(model, optimizer, out / f"step{step + 1}", cfg, state))
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-                val_loss = _validation_loss(model, val, dev)
-                rows.append(
-                    {
-                        "step": step + 1,
-                        "depth": model.config.n_layer,
-                        "lr": optimizer.param_groups[0]["lr"],
-                        "train_loss": float(loss.detach()),
-                        "val_loss": val_loss,
-                        "val_perplexity": math.exp(val_loss),
-                        "flops": flops,
-                        "seconds": time.perf_counter() - start,
-                    }
-                )
-                atomic_write_text(
-                    out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows)
-                )
-                bar.set_postfix(val_loss=f"{val_loss:.3f}", depth=model.config.n_layer)
-            bar.update()
-    finally:
-        bar.close()
-        if scaler is not None:
-            scaler.close()
-    final = _save(model, optimizer, out / "final", cfg, {"step": cfg.steps, "flops": flops})
-    return LMRun(pd.DataFrame(rows), final, flops, checkpoints)
 
 
 @torch.no_grad()

@@ -129,19 +129,14 @@ class ModelConfig:
 
     def to_hf_config(self):
         """The matching ``transformers.GPT2Config`` (dropout off)."""
-        from transformers import GPT2Config
-
-        return GPT2Config(
+        return gpt2_config(
             vocab_size=self.vocab_size,
             n_positions=self.n_positions,
-            n_embd=self.d_model,
-            n_layer=self.n_layers,
-            n_head=self.n_heads,
-            n_inner=self.d_mlp,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_mlp=self.d_mlp,
             activation_function=self.activation,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
             layer_norm_epsilon=self.layer_norm_eps,
             tie_word_embeddings=self.tie_embeddings,
             bos_token_id=None,
@@ -312,6 +307,40 @@ def stacked_forward(
     unembed = params["transformer.wte.weight" if cfg.tie_embeddings else "lm_head.weight"]
     logits = torch.bmm(h, unembed.transpose(1, 2))
     return logits if last_only else logits.view(M, B, T, V)
+
+
+def gpt2_config(
+    *,
+    vocab_size: int,
+    n_positions: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    d_mlp: int | None,
+    **settings: Any,
+):
+    """The ``transformers.GPT2Config`` both trainers build: the shape, dropout off, plus
+    ``settings`` (any other GPT2Config field).
+
+    Example:
+        >>> gpt2_config(vocab_size=10, n_positions=8, d_model=16, n_layers=1, n_heads=2,
+        ...             d_mlp=None).resid_pdrop
+        0.0
+    """
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=d_model,
+        n_layer=n_layers,
+        n_head=n_heads,
+        n_inner=d_mlp,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **settings,
+    )
 
 
 def to_hf_model(cfg: ModelConfig, params: dict[str, torch.Tensor], index: int = 0, model=None):

@@ -1,0 +1,142 @@
+"""Evaluation of a stack of anchor runs on every split, and the ``metrics.jsonl`` file.
+
+:class:`Evaluator` scores each run of a stack on the training split (its first
+``eval_train_samples`` sequences), ``test_data`` and ``test_task``: loss and accuracy on the last
+token, and on the held-out ``test_task`` pairs how often the answer is the inferential
+(composite) one, the symmetric one, or neither.
+
+Example:
+    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.training.models import ModelConfig, init_stacked_params
+    >>> cfg = ModelConfig(d_model=16, n_heads=2)
+    >>> params = init_stacked_params([cfg], [0])
+    >>> ev = Evaluator(AnchorTask(n_train=64, n_test=16), 32, torch.device("cpu"))
+    >>> scores = ev(params, cfg)
+    >>> sorted(scores[0])[:3]
+    ['test_data_acc', 'test_data_loss', 'test_task_acc']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from probekit.io import atomic_write_text
+from probekit.tasks.anchor import AnchorData, AnchorTask
+from probekit.training.models import ModelConfig, stacked_forward
+
+FIELDS = ("tokens", "targets", "composite", "symmetric")
+
+
+def autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on CUDA; a no-op context on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+class Evaluator:
+    """Scores every run of a stack on the task's splits (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: AnchorTask,
+        train_samples: int,
+        device: torch.device,
+        train: AnchorData | None = None,
+    ) -> None:
+        train = task.dataset("train") if train is None else train
+        head = AnchorData(
+            **{
+                k: (v[:train_samples] if torch.is_tensor(v) else v)
+                for k, v in train.__dict__.items()
+            }
+        )
+        sets = {
+            "train": head,
+            "test_data": task.dataset("test_data"),
+            "test_task": task.dataset("test_task"),
+        }
+        self.device = device
+        self.sets = {k: {f: getattr(v, f).to(device) for f in FIELDS} for k, v in sets.items()}
+
+    def _logits(
+        self, params: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor, M: int
+    ) -> torch.Tensor:
+        """Last-token logits ``[M, n, vocab]`` of every run on the same ``tokens``."""
+        with autocast(self.device):
+            return stacked_forward(params, tokens[None].expand(M, -1, -1), cfg).float()
+
+    def _split(self, params, cfg, d: dict[str, torch.Tensor], M: int) -> dict[str, torch.Tensor]:
+        chunk = max(1, 8192 // M)
+        preds, losses = [], []
+        for i in range(0, d["tokens"].shape[0], chunk):
+            logits = self._logits(params, cfg, d["tokens"][i : i + chunk], M)
+            tgt = d["targets"][i : i + chunk]
+            losses.append(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), tgt.repeat(M), reduction="none"
+                ).view(M, -1)
+            )
+            preds.append(logits.argmax(-1))
+        pred = torch.cat(preds, 1)
+        return {
+            "pred": pred,
+            "loss": torch.cat(losses, 1).mean(1).cpu(),
+            "acc": (pred == d["targets"]).float().mean(1).cpu(),
+        }
+
+    @torch.no_grad()
+    def __call__(self, params: dict[str, torch.Tensor], cfg: ModelConfig) -> list[dict[str, float]]:
+        """One dict of scores per run of the stack ``params``."""
+        M = next(iter(params.values())).shape[0]
+        rows: list[dict[str, float]] = [{} for _ in range(M)]
+        for split, d in self.sets.items():
+            r = self._split(params, cfg, d, M)
+            for m in range(M):
+                rows[m][f"{split}_loss"] = float(r["loss"][m])
+                rows[m][f"{split}_acc"] = float(r["acc"][m])
+                if split == "test_task":
+                    rows[m].update(_answer_kinds(r["pred"][m], d))
+        return rows
+
+
+def _answer_kinds(pred: torch.Tensor, d: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How often the held-out answers are inferential, symmetric or neither."""
+    inf = pred == d["composite"]
+    sym = pred == d["symmetric"]
+    return {
+        "test_task_inferential": float(inf.float().mean().cpu()),
+        "test_task_symmetric": float(sym.float().mean().cpu()),
+        "test_task_other": float(1 - ((inf | sym).float().mean())),
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All of a run's metrics rows as JSON lines (non-finite numbers as null), atomically."""
+    text = "".join(json.dumps({k: _jsonable(v) for k, v in r.items()}) + "\n" for r in rows)
+    atomic_write_text(path, text)
+
+
+def read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
+    """The rows of ``path`` up to ``up_to_step`` (a resumed run drops the rows after its
+    checkpoint); none when there is no file."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= up_to_step]
+
+
+__all__ = ["Evaluator", "autocast", "read_metrics", "write_metrics"]
