@@ -8,13 +8,9 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses.mechanisms.maps import (
-    embedding_map,
-    hidden_state_map,
-    neighbour_ratio,
-    pair_cosines,
-    reduce,
-)
+from probekit.analyses._projection import reduce
+from probekit.analyses.mechanisms.maps import hidden_state_map, pair_cosines
+from probekit.analyses.weights.embeddings import embedding_map, neighbour_ratio
 from probekit.errors import InputError
 from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
@@ -75,15 +71,15 @@ def test_hidden_state_map_states_marks_and_mirror_ratio(tmp_path):
     seen, held = task.dataset("test_data"), task.dataset("test_task")
     hf = _anchor_hf()
     ref = twin(hf)
-    res = hidden_state_map(hf, [seen, held], task=task, sites=("resid", "mlp_out"))
-    assert set(res.df.site) == {"resid", "mlp_out"} and set(res.df.layer) == {0, 1}
+    res = hidden_state_map(hf, [seen, held], sites=("resid_out", "mlp_out"))
+    assert set(res.df.site) == {"resid_out", "mlp_out"} and set(res.df.layer) == {0, 1}
     marked = set(res.df[res.df.marked].group)
     assert "(4,3)" in marked and marked <= {"(4,3)", "(3,4)"}
     # PCA of the plain HF last-token state after layer 0 has the same spread
     tokens = torch.cat([seen.tokens, held.tokens])
     with torch.no_grad():
         plain = ref(input_ids=tokens, output_hidden_states=True).hidden_states[1][:, -1].numpy()
-    part = res.df[(res.df.site == "resid") & (res.df.layer == 0)].sort_values("sample")
+    part = res.df[(res.df.site == "resid_out") & (res.df.layer == 0)].sort_values("sample")
     xy, _ = reduce(plain.astype(np.float64))
     np.testing.assert_allclose(np.abs(part[["x", "y"]].to_numpy()), np.abs(xy), atol=1e-4)
     assert len(res.figure().data) == len(set(res.df.group)) * 2
@@ -93,8 +89,10 @@ def test_hidden_state_map_states_marks_and_mirror_ratio(tmp_path):
     tokens = sample_tokens(pad=False)[0]
     tokens = torch.cat([tokens, tokens, tokens[:2] % 40 + 1])
     groups = ["(4,3)"] * 6 + ["(3,4)"] * 6 + ["(1,1)", "(2,2)"]
-    same = hidden_state_map(make_hf("gpt2", n_layers=2), tokens, groups=groups, layers=[1])
-    assert same.summary["mirror_ratio_resid_1"] == pytest.approx(0.0, abs=1e-9)
+    same = hidden_state_map(
+        make_hf("gpt2", n_layers=2), tokens, groups=groups, mirrors=[("(4,3)", "(3,4)")], layers=[1]
+    )
+    assert same.mirror_ratio("resid_out", 1) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_pair_cosines_symmetric_with_unit_diagonal_and_plain_reference(tmp_path):
@@ -152,6 +150,6 @@ def test_maps_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens, mask = sample_tokens()
     before = _snapshot(model, tokens, mask)
-    hidden_state_map(model, (tokens, mask), sites=("resid", "attn_out"))
+    hidden_state_map(model, (tokens, mask), sites=("resid_out", "attn_out"))
     embedding_map(model)
     _assert_same(before, _snapshot(model, tokens, mask))

@@ -1,26 +1,32 @@
-"""Embedding and hidden-state maps, and cosine heatmaps of last-token states between pairs.
+"""Hidden-state maps and cosine heatmaps of single-position states between groups (pairs).
 
-* :func:`embedding_map` lays the token embeddings out in 2-D (PCA, t-SNE or UMAP), coloured by
-  token value. An inferential anchor model places the item tokens along arithmetic sequences;
-  ``summary["neighbour_ratio"]`` (mean distance between consecutive tokens t, t+1 over the mean
-  distance between all token pairs, in the full embedding space) is well below 1 then, about 1
-  for a random embedding; ``order_corr`` is the largest |Spearman correlation| of token value
-  with a map axis.
-* :func:`hidden_state_map` does the same for the last-token state at every layer (and sublayer
-  output), one point per input, coloured by anchor pair (or any group labels), with the
-  held-out pairs and their mirrors marked. ``summary["mirror_ratio_<site>_<l>"]``: distance
-  between the centroids of a held-out pair and its mirror over the mean distance between pair
-  centroids (small = the model treats the two alike, as the symmetric solution does).
-* :func:`pair_cosines` compares, per layer, the last-token states of two anchor pairs on inputs
-  with *equal inferential targets* (e.g. (3,3) with key x and (2,2) with key x - 6: both want
-  x - 4): for each target value the states are averaged over inputs, and the cosine between two
-  pairs is averaged over the target values they share. Symmetric with ones on the diagonal.
+* :func:`hidden_state_map` lays the state at one position per input (default: the last token)
+  after every layer (and sublayer output) out in 2-D, one point per input, coloured by group
+  (the task data's ``groups()``, e.g. the anchor pair, or any labels), with the held-out groups
+  and their mirrors (``TaskData.mirror_groups()``) marked. :meth:`HiddenMapResult.mirror_ratio`:
+  distance between the centroids of a held-out group and its mirror over the mean distance
+  between group centroids (small = the model treats the two alike, as the symmetric solution
+  does).
+* :func:`pair_cosines` compares, per layer, the states of two groups on inputs with *equal
+  inferential answers* (``TaskData.answers()["inferential"]``; e.g. anchor pairs (3,3) with key
+  x and (2,2) with key x - 6: both want x - 4): for each answer value the states are averaged
+  over inputs, and the cosine between two groups is averaged over the answer values they share.
+  Symmetric with ones on the diagonal.
+
+Sites are the model's per-block outputs: ``resid_out`` (the residual stream after the block),
+``attn_out`` and ``mlp_out`` (see :data:`SITES`); ``layer`` l is block l. The token-embedding
+map (weights only) is :func:`probekit.analyses.weights.embeddings.embedding_map`.
 
 Example:
-    >>> embedding_map(model, tokens=range(20, 100)).figure().show()               # doctest: +SKIP
-    >>> data = [task.dataset("test_data"), task.dataset("test_task")]              # doctest: +SKIP
-    >>> hidden_state_map(model, data, task=task, method="umap").figure().show()  # doctest: +SKIP
-    >>> pair_cosines(model, data).figure().show()                                 # doctest: +SKIP
+    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.toy import toy_model
+    >>> task = AnchorTask(n_train=64, n_test=32, vocab_size=50, item_high=40)
+    >>> model, data = toy_model("gpt2", n_layers=2), task.solution_data()
+    >>> res = hidden_state_map(model, data, layers=[1])
+    >>> sorted(set(res.df[res.df.marked].group)), res.mirror_ratio("resid_out", 1) > 0
+    (['(3,4)', '(4,3)'], True)
+    >>> pair_cosines(model, data).matrix(0).shape
+    (16, 16)
 """
 
 from __future__ import annotations
@@ -35,396 +41,263 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses.mechanisms.probes import gather
-from probekit.analyses.weights.condensation import cosine_matrix
-from probekit.data import task_data
+from probekit.analyses._activations import Position, batches_of, states_at
+from probekit.analyses._common import cosine_matrix
+from probekit.analyses._projection import check_method, reduce
+from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
 
-METHODS = ("pca", "tsne", "umap")
-SITES = ("resid", "attn_out", "mlp_out")
+SITES = ("resid_out", "attn_out", "mlp_out")
+"""Map sites, each read at block ``layer``: the residual stream after the block
+(``resid_out``) and the block's attention and MLP outputs."""
 
 
 # ---------------------------------------------------------------- helpers
-def reduce(x: np.ndarray, method: str = "pca", seed: int = 0) -> tuple[np.ndarray, dict]:
-    """2-D coordinates of the rows of ``x`` by PCA, t-SNE or UMAP, and method details.
-
-    Example:
-        >>> xy, info = reduce(np.random.default_rng(0).normal(size=(30, 5)))
-        >>> xy.shape, round(sum(info["explained_variance"]), 2) <= 1.0
-        ((30, 2), True)
-    """
-    if method not in METHODS:
-        raise InputError(f"unknown map method {method!r}", fix=f"use one of {METHODS}")
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[0]
-    if n < 4:
-        raise InputError(f"{n} points are too few for a map", fix="pass at least 4 points")
-    if method == "pca":
-        from sklearn.decomposition import PCA
-
-        pca = PCA(n_components=2, random_state=seed).fit(x)
-        return pca.transform(x), {"explained_variance": pca.explained_variance_ratio_.tolist()}
-    if method == "tsne":
-        from sklearn.manifold import TSNE
-
-        perplexity = float(min(30, max(2, (n - 1) // 3)))
-        xy = TSNE(
-            n_components=2, perplexity=perplexity, random_state=seed, init="pca"
-        ).fit_transform(x)
-        return xy, {"perplexity": perplexity}
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import umap
-
-        n_neighbors = int(min(15, n - 1))
-        xy = umap.UMAP(n_components=2, n_neighbors=n_neighbors, random_state=seed).fit_transform(x)
-    return np.asarray(xy), {"n_neighbors": n_neighbors}
-
-
-def _is_anchor(data: Any) -> bool:
-    return all(hasattr(data, a) for a in ("tokens", "targets", "composite", "positions", "pairs"))
-
-
-def _concat(data: Any) -> Any:
-    """One task data set from a list of them (e.g. seen-pair and held-out splits)."""
-    return task_data(data) or data
-
-
-def _pair_labels(pairs: torch.Tensor) -> list[str]:
-    return [f"({a},{b})" for a, b in pairs.tolist()]
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra = pd.Series(a).rank().to_numpy()
-    rb = pd.Series(b).rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def _site_hook(model: Model, site: str, layer: int) -> str:
-    """Hook of the state after ``layer`` (resid) or of its sublayer output."""
-    if site == "resid":
-        return model.hook_name(layer, "resid_out")
-    return model.hook_name(layer, site)
-
-
 def _check(model: Model, sites: Sequence[str], layers: Sequence[int] | None) -> list[int]:
     bad_sites = set(sites) - set(SITES)
     if bad_sites or not sites:
-        raise InputError(f"unknown sites {sorted(bad_sites)}", fix=f"use any of {SITES}")
-    layers = list(range(model.n_layers)) if layers is None else [int(x) for x in layers]
-    bad = [x for x in layers if not 0 <= x < model.n_layers]
-    if bad:
         raise InputError(
-            f"layers {bad} are outside the model's {model.n_layers} layers",
-            fix=f"use layer indices in 0..{model.n_layers - 1}",
+            f"unknown sites {sorted(bad_sites)}",
+            fix=f"use any of {SITES} (resid_out: the residual stream after the layer)",
         )
-    return layers
+    if layers is None:
+        return list(range(model.n_layers))
+    return [model.check_layer(x) for x in layers]
 
 
-def _last_states(model: Model, batches: list, hook: str) -> np.ndarray:
-    acts, valid = gather(model, batches, hook)
-    last = valid.cumsum(-1).argmax(-1)
-    return acts[np.arange(len(acts)), last]
-
-
-# ---------------------------------------------------------------- embedding map
-class EmbeddingMapResult(Result):
-    """Token embeddings in 2-D. ``df``: ``token``, ``x``, ``y``. ``summary``: ``method``,
-    ``neighbour_ratio``, ``order_corr``, and for PCA ``explained_variance_1/2``."""
-
-    kind = "embedding_map"
-
-    def figure(self) -> go.Figure:
-        fig = go.Figure(
-            go.Scatter(
-                x=self.df.x,
-                y=self.df.y,
-                mode="markers+text",
-                text=self.df.token.astype(str),
-                textposition="top center",
-                textfont={"size": 8},
-                marker={
-                    "color": self.df.token,
-                    "colorscale": figures.SEQUENTIAL,
-                    "size": 8,
-                    "colorbar": {"title": {"text": "token"}},
-                },
-                hovertemplate="token %{text}<extra></extra>",
-            )
-        )
-        s = self.summary
-        return figures.base_layout(
-            fig,
-            f"Token embeddings ({s.get('method')}): neighbour ratio "
-            f"{s.get('neighbour_ratio', float('nan')):.2f}, |rank corr| with an axis "
-            f"{s.get('order_corr', float('nan')):.2f}",
-            "map 1",
-            "map 2",
-        )
-
-
-def embedding_map(
-    model: Any,
-    data: Any = None,
-    *,
-    tokens: Sequence[int] | None = None,
-    method: str = "pca",
-    seed: int = 0,
-) -> EmbeddingMapResult:
-    """Map token embeddings (W_E rows) to 2-D, coloured by token value.
-
-    Args:
-        model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: unused (weights only).
-        tokens: token ids to map (default: all but 0; e.g. ``range(20, 100)`` for anchor items).
-        method: 'pca', 'tsne' or 'umap'.
-
-    Example:
-        >>> embedding_map(model, tokens=range(20, 100), method="tsne")  # doctest: +SKIP
-    """
-    model = load(model)
-    ids = np.arange(1, model.d_vocab) if tokens is None else np.asarray([int(t) for t in tokens])
-    bad = ids[(ids < 0) | (ids >= model.d_vocab)]
-    if bad.size:
-        raise InputError(
-            f"token ids {bad[:5].tolist()} are outside the vocabulary [0, {model.d_vocab})",
-            fix="pass token ids of this model's vocabulary",
-        )
-    emb = model.bridge.W_E.detach().to("cpu", torch.float64).numpy()[ids]
-    xy, info = reduce(emb, method, seed)
-    df = pd.DataFrame({"token": ids, "x": xy[:, 0], "y": xy[:, 1]})
-    summary: dict[str, Any] = {"method": method, "n_tokens": len(ids)}
-    summary["neighbour_ratio"] = neighbour_ratio(emb, ids)
-    summary["order_corr"] = max(abs(_spearman(ids, xy[:, k])) for k in (0, 1))
-    for k, v in enumerate(info.get("explained_variance", []), start=1):
-        summary[f"explained_variance_{k}"] = float(v)
-    return EmbeddingMapResult(df, summary, {"method": method, "seed": seed, **info})
-
-
-def neighbour_ratio(emb: np.ndarray, ids: np.ndarray) -> float:
-    """Mean distance of consecutive tokens (t, t+1 both in ``ids``) over the mean distance of
-    all pairs: about 1 for unordered embeddings, small for a token line.
-
-    Example:
-        >>> line = np.arange(10.0)[:, None] * np.ones((1, 3))
-        >>> round(neighbour_ratio(line, np.arange(10)), 3)
-        0.273
-    """
-    pos = {int(t): i for i, t in enumerate(ids)}
-    steps = [(pos[t], pos[t + 1]) for t in pos if t + 1 in pos]
-    if not steps or len(ids) < 3:
-        return float("nan")
-    a, b = np.array(steps).T
-    near = np.linalg.norm(emb[a] - emb[b], axis=1).mean()
-    diff = emb[:, None] - emb[None]
-    dist = np.sqrt((diff**2).sum(-1))
-    mean_all = dist[np.triu_indices(len(ids), 1)].mean()
-    return float(near / mean_all) if mean_all > 0 else float("nan")
+def _states(
+    model: Model, batches: list, task: TaskData | None, site: str, layer: int, pos: Position
+) -> np.ndarray:
+    return states_at(model, batches, model.hook_name(layer, site), task, pos)
 
 
 # ---------------------------------------------------------------- hidden-state map
 class HiddenMapResult(Result):
-    """Last-token states in 2-D per site and layer.
+    """Single-position states in 2-D per site and layer.
 
-    ``df``: ``site``, ``layer``, ``sample``, ``x``, ``y``, ``group`` (anchor pair or label),
-    ``marked`` (held-out pair or its mirror). ``summary``: ``mirror_ratio_<site>_<layer>`` per
-    map (anchor data with marked pairs), ``method``.
+    ``df``: ``site``, ``layer``, ``sample``, ``x``, ``y``, ``group`` (e.g. the anchor pair),
+    ``marked`` (a held-out group or its mirror), ``mirror_ratio`` (of the row's map, NaN where
+    there is none). ``summary``: ``method``, ``n_points``. Per map: :meth:`mirror_ratio`.
     """
 
     kind = "hidden_state_map"
 
-    def figure(self, site: str = "resid") -> go.Figure:
+    def mirror_ratio(self, site: str, layer: int) -> float | None:
+        """Held-out-vs-mirror centroid distance over the mean distance between group centroids
+        of the map at ``site`` and ``layer`` (None without held-out groups and mirrors)."""
+        part = self.df[(self.df.site == site) & (self.df.layer == layer)]
+        if part.empty:
+            raise InputError(
+                f"no map at site {site!r}, layer {layer}",
+                fix=f"use sites {sorted(set(self.df.site))} and layers "
+                f"{sorted(set(self.df.layer))}",
+            )
+        value = part.mirror_ratio.iloc[0]
+        return None if pd.isna(value) else float(value)
+
+    def figure(self, site: str = "resid_out") -> go.Figure:
         part = self.df[self.df.site == site]
         layers = sorted(set(part.layer))
         cols = min(3, len(layers))
         rows = -(-len(layers) // cols)
-        fig = make_subplots(
-            rows=rows,
-            cols=cols,
-            subplot_titles=[
-                f"{site} after layer {ly}"
-                + (
-                    f" (mirror ratio {self.summary[f'mirror_ratio_{site}_{ly}']:.2f})"
-                    if self.summary.get(f"mirror_ratio_{site}_{ly}") is not None
-                    else ""
-                )
-                for ly in layers
-            ],
-        )
+        titles = []
+        for ly in layers:
+            ratio = self.mirror_ratio(site, ly)
+            titles.append(
+                f"{site} of layer {ly}" + ("" if ratio is None else f" (mirror ratio {ratio:.2f})")
+            )
+        fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
         groups = list(dict.fromkeys(sorted(part.group.astype(str))))
         for i, ly in enumerate(layers):
             sub = part[part.layer == ly]
             for k, g in enumerate(groups):
                 pts = sub[sub.group.astype(str) == g]
-                marked = bool(pts.marked.any())
-                fig.add_trace(
-                    go.Scatter(
-                        x=pts.x,
-                        y=pts.y,
-                        mode="markers",
-                        name=g,
-                        legendgroup=g,
-                        showlegend=i == 0,
-                        marker={
-                            "color": figures.PALETTE[k % len(figures.PALETTE)]
-                            if len(groups) <= len(figures.PALETTE)
-                            else f"hsl({int(360 * k / len(groups))},65%,50%)",
-                            "symbol": "diamond" if marked else "circle",
-                            "size": 9 if marked else 5,
-                            "line": {"width": 1 if marked else 0, "color": "black"},
-                        },
-                    ),
-                    row=i // cols + 1,
-                    col=i % cols + 1,
-                )
+                trace = _group_trace(pts, g, k, len(groups), i == 0)
+                fig.add_trace(trace, row=i // cols + 1, col=i % cols + 1)
         figures.base_layout(
             fig,
-            f"Last-token states ({self.summary.get('method')}), coloured by group; "
-            "diamonds: held-out pairs and their mirrors",
+            f"States at {self.meta.get('position', 'last')!r} ({self.summary.get('method')}), "
+            "coloured by group; diamonds: held-out groups and their mirrors",
         )
         fig.update_layout(height=360 * rows + 80, width=420 * cols + 150)
         return fig
 
 
+def _group_trace(pts: pd.DataFrame, group: str, k: int, n_groups: int, legend: bool) -> go.Scatter:
+    marked = bool(pts.marked.any())
+    color = (
+        figures.PALETTE[k % len(figures.PALETTE)]
+        if n_groups <= len(figures.PALETTE)
+        else f"hsl({int(360 * k / n_groups)},65%,50%)"
+    )
+    return go.Scatter(
+        x=pts.x,
+        y=pts.y,
+        mode="markers",
+        name=group,
+        legendgroup=group,
+        showlegend=legend,
+        marker={
+            "color": color,
+            "symbol": "diamond" if marked else "circle",
+            "size": 9 if marked else 5,
+            "line": {"width": 1 if marked else 0, "color": "black"},
+        },
+    )
+
+
+@torch.no_grad()
 def hidden_state_map(
     model: Any,
     data: Any,
     *,
+    positions: Position = "last",
     groups: Sequence[Any] | None = None,
-    task: Any = None,
-    sites: Sequence[str] = ("resid",),
+    mirrors: Sequence[tuple[str, str]] | None = None,
+    sites: Sequence[str] = ("resid_out",),
     layers: Sequence[int] | None = None,
     method: str = "pca",
     max_points: int | None = 2000,
     seed: int = 0,
     batch_size: int | None = 512,
 ) -> HiddenMapResult:
-    """Map the last-token state after each layer (or sublayer output) to 2-D.
+    """Map the state at one position per input, after each layer (or sublayer output), to 2-D.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: AnchorData, a list of them (concatenated), or token data with ``groups``.
-        groups: one colour label per sequence (default for anchor data: the pair).
-        task: the AnchorTask; its held-out pairs and their mirrors are marked (default: pairs
-            (4,3) and (3,4) when present).
-        sites: any of 'resid' (the stream after the layer), 'attn_out', 'mlp_out'.
+        data: task data (:class:`~probekit.data.TaskData`, or a list of them, concatenated),
+            or token data with ``groups``.
+        positions: where each input's state is read: 'last' (the last real token), an index,
+            or a role of the task data marking one position per sequence.
+        groups: one colour label per sequence (default: the task data's ``groups()``).
+        mirrors: ``(held-out group, mirror)`` pairs to mark and measure (default: the task
+            data's ``mirror_groups()``; none for token data).
+        sites: any of 'resid_out' (the stream after the layer), 'attn_out', 'mlp_out'.
         layers: layers to map (default all).
         method: 'pca', 'tsne' or 'umap'.
         max_points: map at most this many inputs (a seeded random subset).
-
-    Example:
-        >>> hidden_state_map(model, task.dataset("test_data"), method="tsne")  # doctest: +SKIP
     """
     model = load(model)
     layers = _check(model, sites, layers)
-    if method not in METHODS:
-        raise InputError(f"unknown map method {method!r}", fix=f"use one of {METHODS}")
-    data = _concat(data)
-    anchor = _is_anchor(data)
-    tokens = data.tokens if anchor else data
-    batches = model.prepare(tokens, batch_size)
+    check_method(method)
+    task, batches = batches_of(model, data, batch_size)
     n = sum(len(b.tokens) for b in batches)
-    if groups is None:
-        if not anchor:
-            groups = ["all"] * n
-        else:
-            groups = _pair_labels(data.pairs)
-    groups = [str(g) for g in groups]
-    if len(groups) != n:
-        raise InputError(
-            f"{len(groups)} group labels for {n} sequences", fix="give one label per sequence"
-        )
-    marked_pairs = _marked_pairs(task, groups)
-    marked = np.array([g in marked_pairs for g in groups])
+    labels, mirrors, marked = _groups(task, groups, mirrors, n)
     keep = np.arange(n)
     if max_points is not None and n > max_points:
         keep = np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
     frames = []
-    summary: dict[str, Any] = {"method": method, "n_points": len(keep)}
-    g_arr = np.array(groups)[keep]
     for site in sites:
         for layer in layers:
-            states = _last_states(model, batches, _site_hook(model, site, layer))[keep]
+            states = _states(model, batches, task, site, layer, positions)[keep]
             xy, _ = reduce(states, method, seed)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "site": site,
-                        "layer": layer,
-                        "sample": keep,
-                        "x": xy[:, 0],
-                        "y": xy[:, 1],
-                        "group": g_arr,
-                        "marked": marked[keep],
-                    }
-                )
-            )
-            summary[f"mirror_ratio_{site}_{layer}"] = _mirror_ratio(states, g_arr, marked_pairs)
+            ratio = _mirror_ratio(states, labels[keep], mirrors)
+            frame = {"site": site, "layer": layer, "sample": keep, "x": xy[:, 0], "y": xy[:, 1]}
+            frame.update(group=labels[keep], marked=marked[keep])
+            frame["mirror_ratio"] = np.nan if ratio is None else ratio
+            frames.append(pd.DataFrame(frame))
+    summary: dict[str, Any] = {"method": method, "n_points": len(keep)}
     meta = {
         "sites": list(sites),
         "layers": layers,
         "method": method,
-        "marked": sorted(marked_pairs),
+        "position": positions,
+        "marked": sorted({g for pair in mirrors for g in pair} | set(labels[marked])),
     }
     return HiddenMapResult(pd.concat(frames, ignore_index=True), summary, meta)
 
 
-def _marked_pairs(task: Any, groups: Sequence[str]) -> set[str]:
-    held = [tuple(p) for p in task.heldout_pairs] if task is not None else [(4, 3)]
-    out = set()
-    for a, b in held:
-        for p in (f"({a},{b})", f"({b},{a})"):
-            if p in set(groups):
-                out.add(p)
-    return out
+def _groups(
+    task: TaskData | None,
+    groups: Sequence[Any] | None,
+    mirrors: Sequence[tuple[str, str]] | None,
+    n: int,
+) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
+    """Group label per sequence, the mirror pairs present, and which sequences are marked."""
+    own = groups is None and task is not None
+    if groups is None:
+        groups = task.groups() if task is not None else ["all"] * n
+    labels = np.array([str(g) for g in groups])
+    if len(labels) != n:
+        raise InputError(
+            f"{len(labels)} group labels for {n} sequences", fix="give one label per sequence"
+        )
+    if mirrors is None:
+        mirrors = task.mirror_groups() if own else []
+    present = set(labels)
+    mirrors = [(str(a), str(b)) for a, b in mirrors if str(a) in present and str(b) in present]
+    marked = np.isin(labels, [g for pair in mirrors for g in pair])
+    if own:
+        marked |= task.heldout().cpu().numpy().astype(bool)
+    return labels, mirrors, marked
 
 
-def _mirror_ratio(states: np.ndarray, groups: np.ndarray, marked: set[str]) -> float | None:
+def _mirror_ratio(
+    states: np.ndarray, groups: np.ndarray, mirrors: Sequence[tuple[str, str]]
+) -> float | None:
     """Held-out-vs-mirror centroid distance over the mean distance between group centroids."""
     names = sorted(set(groups))
-    if len(marked) < 2 or len(names) < 3:
+    pairs = list(dict.fromkeys(tuple(sorted(p)) for p in mirrors if p[0] != p[1]))
+    if not pairs or len(names) < 3:
         return None
     cent = {g: states[groups == g].mean(0) for g in names}
     stack = np.stack([cent[g] for g in names])
     dist = np.sqrt(((stack[:, None] - stack[None]) ** 2).sum(-1))
     mean_all = dist[np.triu_indices(len(names), 1)].mean()
-    pairs = sorted(marked)
-    ratios = []
-    for p in pairs:
-        a, b = p.strip("()").split(",")
-        mirror = f"({b},{a})"
-        if mirror in cent and mirror != p and p < mirror:
-            ratios.append(np.linalg.norm(cent[p] - cent[mirror]) / mean_all)
-    return float(np.mean(ratios)) if ratios and mean_all > 0 else None
+    ratios = [np.linalg.norm(cent[a] - cent[b]) / mean_all for a, b in pairs]
+    return float(np.mean(ratios)) if mean_all > 0 else None
 
 
 # ---------------------------------------------------------------- pair cosines
 class PairCosineResult(Result):
-    """Cosine between anchor pairs' last-token states at equal inferential targets, per layer.
+    """Cosine between groups' (anchor pairs') states at equal inferential answers, per layer.
 
     ``df``: ``site``, ``layer``, ``pair_i``, ``pair_j``, ``cosine``, ``n_targets`` (shared
-    target values), ``same_shift`` (the two pairs have the same composite shift).
-    ``summary``: per layer ``mean_cos_<site>_<l>`` over distinct pairs and the pairs'
-    ``most_similar_<site>_<l>``.
+    answer values). ``summary``: ``n_pairs``. Per layer: :meth:`matrix`, :meth:`mean_cosine`
+    (over distinct pairs) and :meth:`most_similar`.
     """
 
     kind = "pair_cosines"
 
-    def matrix(self, layer: int, site: str = "resid") -> pd.DataFrame:
-        part = self.df[(self.df.layer == layer) & (self.df.site == site)]
+    def matrix(self, layer: int, site: str = "resid_out") -> pd.DataFrame:
+        """Groups x groups table of cosines at one layer and site."""
+        part = self._part(layer, site)
         order = list(dict.fromkeys(part.pair_i))
         return part.pivot(index="pair_i", columns="pair_j", values="cosine").loc[order, order]
 
-    def figure(self, site: str = "resid") -> go.Figure:
+    def mean_cosine(self, layer: int, site: str = "resid_out") -> float | None:
+        """Mean cosine over distinct pairs (i < j) with shared answers (None if none)."""
+        distinct = self._distinct(layer, site)
+        return float(np.mean(distinct.cosine.to_list())) if len(distinct) else None
+
+    def most_similar(self, layer: int, site: str = "resid_out") -> tuple[str, str, float] | None:
+        """The most similar distinct pair ``(pair_i, pair_j, cosine)`` (None if none)."""
+        distinct = self._distinct(layer, site)
+        if distinct.empty:
+            return None
+        best = max(zip(distinct.cosine, distinct.pair_i, distinct.pair_j, strict=True))
+        return best[1], best[2], float(best[0])
+
+    def _part(self, layer: int, site: str) -> pd.DataFrame:
+        part = self.df[(self.df.layer == layer) & (self.df.site == site)]
+        if part.empty:
+            raise InputError(
+                f"no cosines at site {site!r}, layer {layer}",
+                fix=f"use sites {sorted(set(self.df.site))} and layers "
+                f"{sorted(set(self.df.layer))}",
+            )
+        return part
+
+    def _distinct(self, layer: int, site: str) -> pd.DataFrame:
+        part = self._part(layer, site)
+        return part[(part.pair_i < part.pair_j) & np.isfinite(part.cosine)]
+
+    def figure(self, site: str = "resid_out") -> go.Figure:
         layers = sorted(set(self.df[self.df.site == site].layer))
         fig = make_subplots(
-            rows=1, cols=len(layers), subplot_titles=[f"after layer {ly}" for ly in layers]
+            rows=1, cols=len(layers), subplot_titles=[f"{site} of layer {ly}" for ly in layers]
         )
         for i, ly in enumerate(layers):
             m = self.matrix(ly, site)
@@ -445,72 +318,52 @@ class PairCosineResult(Result):
             )
             fig.update_yaxes(autorange="reversed", row=1, col=i + 1)
         figures.base_layout(
-            fig, f"Cosine of last-token states ({site}) between pairs at equal inferential targets"
+            fig, f"Cosine of states ({site}) between pairs at equal inferential answers"
         )
         fig.update_layout(height=480, width=430 * len(layers) + 100)
         return fig
 
 
+@torch.no_grad()
 def pair_cosines(
     model: Any,
     data: Any,
     *,
-    sites: Sequence[str] = ("resid",),
+    positions: Position = "last",
+    sites: Sequence[str] = ("resid_out",),
     layers: Sequence[int] | None = None,
     batch_size: int | None = 512,
 ) -> PairCosineResult:
-    """Cosine of last-token states between anchor pairs on inputs with equal composite targets.
+    """Cosine of states between groups (anchor pairs) on inputs with equal inferential answers.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: AnchorData or a list of them (e.g. seen and held-out pairs together).
-        sites: any of 'resid', 'attn_out', 'mlp_out'.
+        data: task data with groups and an ``inferential`` answer, or a list of them (e.g.
+            seen and held-out pairs together).
+        positions: where each input's state is read ('last', an index or a one-position role).
+        sites: any of 'resid_out', 'attn_out', 'mlp_out'.
         layers: layers to compare at (default all).
-
-    Example:
-        >>> both = [task.dataset("test_data"), task.dataset("test_task")]  # doctest: +SKIP
-        >>> pair_cosines(model, both).matrix(1).loc["(4,3)", "(3,4)"]     # doctest: +SKIP
     """
     model = load(model)
     layers = _check(model, sites, layers)
-    data = _concat(data)
-    if not _is_anchor(data):
-        raise InputError("pair cosines need anchor-task data", fix="pass task.dataset(split)")
-    batches = model.prepare(data.tokens, batch_size)
-    labels = np.array(_pair_labels(data.pairs))
-    targets = data.composite.numpy()
-    keys = data.keys.numpy()
-    pairs = sorted(set(labels), key=lambda p: tuple(int(v) for v in p.strip("()").split(",")))
-    shift = {p: int(targets[labels == p][0] - keys[labels == p][0]) for p in pairs}
+    task, batches = batches_of(model, data, batch_size)
+    if task is None or "inferential" not in task.answers():
+        raise InputError(
+            "pair cosines need anchor-task data (task data with groups and an 'inferential' "
+            "answer)",
+            fix="pass task.dataset(split) or task.solution_data()",
+        )
+    labels = np.array(task.groups())
+    answers = task.answers()["inferential"].cpu().numpy()
+    pairs = sorted(set(labels))
     rows = []
-    summary: dict[str, Any] = {}
     for site in sites:
         for layer in layers:
-            states = _last_states(model, batches, _site_hook(model, site, layer))
-            means: dict[str, dict[int, np.ndarray]] = {}
-            for p in pairs:
-                sel = labels == p
-                frame = pd.DataFrame(states[sel]).groupby(targets[sel]).mean()
-                means[p] = {int(t): frame.loc[t].to_numpy() for t in frame.index}
-            distinct = []
+            states = _states(model, batches, task, site, layer, positions)
+            means = {p: _means_by_answer(states[labels == p], answers[labels == p]) for p in pairs}
             for pi in pairs:
                 for pj in pairs:
-                    shared = sorted(set(means[pi]) & set(means[pj]))
-                    if shared:
-                        a = np.stack([means[pi][t] for t in shared])
-                        b = np.stack([means[pj][t] for t in shared])
-                        cos = float(
-                            np.mean(
-                                [
-                                    cosine_matrix(np.stack([x, y]))[0, 1]
-                                    for x, y in zip(a, b, strict=True)
-                                ]
-                            )
-                        )
-                    else:
-                        cos = float("nan")
-                    if pi == pj:
-                        cos = 1.0 if shared else float("nan")
+                    cos, shared = _pair_cosine(means[pi], means[pj], pi == pj)
                     rows.append(
                         {
                             "site": site,
@@ -518,28 +371,29 @@ def pair_cosines(
                             "pair_i": pi,
                             "pair_j": pj,
                             "cosine": cos,
-                            "n_targets": len(shared),
-                            "same_shift": shift[pi] == shift[pj],
-                        }
+                            "n_targets": shared,
+                        }  # fmt: skip
                     )
-                    if pi < pj and np.isfinite(cos):
-                        distinct.append((cos, pi, pj))
-            if distinct:
-                summary[f"mean_cos_{site}_{layer}"] = float(np.mean([c for c, _, _ in distinct]))
-                best = max(distinct)
-                summary[f"most_similar_{site}_{layer}"] = f"{best[1]}~{best[2]} ({best[0]:.3f})"
-    meta = {"sites": list(sites), "layers": layers}
-    return PairCosineResult(pd.DataFrame(rows), summary, meta)
+    meta = {"sites": list(sites), "layers": layers, "position": positions}
+    return PairCosineResult(pd.DataFrame(rows), {"n_pairs": len(pairs)}, meta)
 
 
-__all__ = [
-    "METHODS",
-    "EmbeddingMapResult",
-    "HiddenMapResult",
-    "PairCosineResult",
-    "embedding_map",
-    "hidden_state_map",
-    "neighbour_ratio",
-    "pair_cosines",
-    "reduce",
-]
+def _means_by_answer(states: np.ndarray, answers: np.ndarray) -> dict[int, np.ndarray]:
+    frame = pd.DataFrame(states).groupby(answers).mean()
+    return {int(t): frame.loc[t].to_numpy() for t in frame.index}
+
+
+def _pair_cosine(
+    a: dict[int, np.ndarray], b: dict[int, np.ndarray], same: bool
+) -> tuple[float, int]:
+    """Mean cosine of two groups' mean states over their shared answers, and how many."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return float("nan"), 0
+    if same:
+        return 1.0, len(shared)
+    cos = [cosine_matrix(np.stack([a[t], b[t]]))[0, 1] for t in shared]
+    return float(np.mean(cos)), len(shared)
+
+
+__all__ = ["SITES", "HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"]
