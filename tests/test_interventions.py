@@ -7,7 +7,7 @@ import torch
 
 import probekit
 from probekit import interventions as iv
-from probekit.errors import InputError
+from probekit.errors import InputError, UnsupportedModelError
 from tests import reference as ref
 from tests.conftest import make_hf, sample_tokens, twin
 
@@ -101,6 +101,7 @@ def test_interventions_restore_even_after_an_exception(arch):
         lambda: iv.ablate(model, 1, "attn"),
         lambda: iv.swap_layers(model, 0, 3),
         lambda: iv.swap_blocks(model, (0, 2), (2, 4)),
+        *([lambda: iv.knock_out(model, 1, [(-1, 0)])] if model.supports_pattern_edits else []),
     ):
         with pytest.raises(RuntimeError, match="boom"):
             with make():
@@ -119,12 +120,22 @@ def test_interventions_restore_even_after_an_exception(arch):
         (lambda m: iv.swap_layers(m, 1, 1), "with itself"),
         (lambda m: iv.reorder_layers(m, [0, 0, 1, 2]), "not a permutation"),
         (lambda m: iv.swap_blocks(m, (0, 3), (2, 4)), "non-overlapping"),
+        (lambda m: iv.knock_out(m, 4, [(-1, 0)]), "outside the model's 4 layers"),
+        (lambda m: iv.knock_out(m, 0, [(-1, 0)], head=4), "outside the model's 4 heads"),
+        (lambda m: iv.knock_out(m, 0, [(-1, 0)], mode="zero"), "unknown knockout mode"),
     ],
 )
 def test_bad_interventions(call, match):
     model = probekit.load(make_hf("gpt2"))
     with pytest.raises(InputError, match=match):
         with call(model):
+            pass
+
+
+def test_knock_out_refuses_models_that_discard_pattern_edits():
+    model = probekit.load(make_hf("bert"))
+    with pytest.raises(UnsupportedModelError, match="ignores edits of the attention pattern"):
+        with iv.knock_out(model, 0, [(-1, 0)]):
             pass
 
 
