@@ -7,14 +7,9 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses.weights.condensation import (
-    condensation,
-    condensation_timeline,
-    cosine_matrix,
-    spectra,
-    stable_rank,
-    weight_matrices,
-)
+from probekit.analyses._common import cosine_matrix
+from probekit.analyses.weights.condensation import condensation, condensation_timeline
+from probekit.analyses.weights.spectra import spectra, stable_rank
 from probekit.errors import InputError
 from probekit.result import Result
 from tests.conftest import make_hf, twin
@@ -57,7 +52,7 @@ def test_condensation_matches_plain_weights(arch):
                 part.cosine, cos[part.neuron_i, part.neuron_j], atol=1e-10
             )  # a reordering of the plain cosine matrix
             off = ~np.eye(len(cos), dtype=bool)
-            assert res.summary[f"score_{name}_{layer}"] == pytest.approx((cos[off] >= 0.7).mean())
+            assert res.score(name, layer) == pytest.approx((cos[off] >= 0.7).mean())
     # random init: nearly nothing condenses
     assert res.summary["mean_score"] < 0.05
 
@@ -73,9 +68,9 @@ def test_condensed_weights_form_the_planted_groups():
         cols = torch.where(which[:, None], directions[1], directions[0]) * scales[:, None]
         w.copy_((cols + 0.01 * torch.randn(cols.shape, generator=g)).T)
     res = condensation(hf, matrices=["W_in"], threshold=0.7)
-    assert res.summary["groups_W_in_0"] == 2
-    assert res.summary["largest_share_W_in_0"] == pytest.approx(0.75)
-    assert res.summary["score_W_in_0"] == pytest.approx((96 * 95 + 32 * 31) / (128 * 127), abs=1e-9)
+    assert res.groups("W_in", layer=0) == 2
+    assert res.largest_share("W_in", layer=0) == pytest.approx(0.75)
+    assert res.score("W_in", layer=0) == pytest.approx((96 * 95 + 32 * 31) / (128 * 127), abs=1e-9)
     # clustering puts each group in one contiguous block
     part = res.df[(res.df.i == 0)].sort_values("j")
     groups = part.group_j.to_numpy()
@@ -101,9 +96,9 @@ def test_spectra_match_plain_svd(arch):
         s = np.linalg.svd(plain, compute_uv=False)
         got = res.df[(res.df.layer == layer) & (res.df.matrix == "W_Q")].sort_values("index")
         np.testing.assert_allclose(got.value, s, rtol=1e-9)
-        assert res.summary[f"stable_rank_W_Q_{layer}"] == pytest.approx(((s / s[0]) ** 2).sum())
+        assert res.stable_rank("W_Q", layer) == pytest.approx(((s / s[0]) ** 2).sum())
     emb = ref.get_input_embeddings().weight.detach().double().numpy()
-    assert res.summary["stable_rank_W_E"] == pytest.approx(stable_rank(emb))
+    assert res.stable_rank("W_E") == pytest.approx(stable_rank(emb))
     eig = np.sort(np.linalg.eigvalsh(np.cov(emb[5:45], rowvar=False)))[::-1]
     got = res.df[res.df.matrix == "emb_cov"].sort_values("index").value.to_numpy()
     np.testing.assert_allclose(got, np.clip(eig, 0, None), atol=1e-10)
@@ -114,7 +109,7 @@ def test_spectra_match_plain_svd(arch):
 
 
 def test_weight_matrices_shapes():
-    w = weight_matrices(make_hf("llama", n_layers=2))
+    w = probekit.load(make_hf("llama", n_layers=2)).weights()
     assert w[(0, "W_Q")].shape == (32, 32)
     assert w[(0, "W_K")].shape == (32, 16)  # 2 key-value heads of 8 dims
     assert w[(1, "W_O")].shape == (32, 32)

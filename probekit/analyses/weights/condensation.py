@@ -1,4 +1,4 @@
-"""Condensation and complexity of the weights: neuron cosine groups, spectra, stable rank.
+"""Condensation of the weights: neuron cosine groups, and their course over checkpoints.
 
 *Condensation* (small-initialization training): the input weights of many neurons line up, so the
 cosine-similarity matrix between neurons' input weight vectors shows blocks. For every layer and
@@ -10,22 +10,15 @@ group and a *condensation score* in [0, 1]: the fraction of neuron pairs whose c
 
 A neuron of W_Q is one output unit of the query projection (``n_heads * d_head`` of them per
 layer, each with a ``d_model`` input weight vector); of W_in one MLP hidden unit. Biases are not
-part of the vectors.
-
-:func:`spectra` gives the singular values and the stable rank ``sum_i (s_i / s_max)^2`` of every
-weight matrix (per layer W_Q, W_K, W_V, W_O, W_in, W_gate, W_out; then W_E and W_U) and the
-eigenvalues of the token-embedding covariance. :func:`condensation_timeline` runs both over a
-series of checkpoints of one run.
-
-Weights are read through the bridge's stacked TransformerLens-style parameters
-(:func:`weight_matrices`), so nothing here knows an architecture.
+part of the vectors. Weights come from :meth:`probekit.Model.weights`, so nothing here knows an
+architecture. Spectra and stable ranks are in :mod:`probekit.analyses.weights.spectra`;
+:func:`condensation_timeline` runs condensation and stable ranks over the checkpoints of a run.
 
 Example:
-    >>> res = condensation(model)                              # doctest: +SKIP
-    >>> res.summary["score_W_in_0"], res.summary["groups_W_in_0"]  # doctest: +SKIP
-    (0.41, 3)
-    >>> spectra(model).summary["stable_rank_W_E"]              # doctest: +SKIP
-    2.7
+    >>> from probekit.toy import toy_model
+    >>> res = condensation(toy_model("gpt2", n_layers=1), matrices=["W_in"])
+    >>> res.groups("W_in", layer=0) > 1, 0.0 <= res.score("W_in", layer=0) < 0.1
+    (True, True)
 """
 
 from __future__ import annotations
@@ -36,10 +29,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
+from probekit.analyses._common import cosine_matrix
+from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
@@ -47,92 +41,8 @@ from probekit.result import Result
 NEURON_MATRICES = ("W_Q", "W_K", "W_V", "W_in")
 """The matrices whose neurons' input weights :func:`condensation` compares."""
 
-ALL_MATRICES = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out")
-"""Per-layer matrices of :func:`spectra` (W_gate only in gated MLPs); W_E and W_U come after."""
-
-
-# ---------------------------------------------------------------- weights (model-handle helper)
-def weight_matrices(model: Any, names: Sequence[str] = ALL_MATRICES) -> dict[tuple[int, str], Any]:
-    """Every per-layer weight as a 2-D tensor ``[d_in, n_out]`` (columns = neurons).
-
-    Reads the bridge's stacked TransformerLens weights: W_Q/W_K/W_V ``[L, heads, d_model, d_head]``
-    become ``[d_model, heads * d_head]`` (grouped K/V keep their own number of heads), W_O
-    ``[L, heads, d_head, d_model]`` becomes ``[heads * d_head, d_model]``, W_in/W_gate
-    ``[d_model, d_mlp]`` and W_out ``[d_mlp, d_model]`` stay as they are. Names a model lacks
-    (W_gate in a non-gated MLP) are left out. Returns float64 CPU tensors keyed ``(layer, name)``.
-
-    This belongs on the model handle (``Model.weight_matrices()``); it lives here until it moves.
-
-    Example:
-        >>> w = weight_matrices(model, ["W_in"])      # doctest: +SKIP
-        >>> w[(0, "W_in")].shape                      # doctest: +SKIP
-        torch.Size([32, 128])
-    """
-    model = load(model)
-    unknown = set(names) - set(ALL_MATRICES)
-    if unknown:
-        raise InputError(f"unknown weight matrices {sorted(unknown)}", fix=f"use {ALL_MATRICES}")
-    out: dict[tuple[int, str], Any] = {}
-    with torch.no_grad():
-        for name in names:
-            try:
-                stacked = getattr(model.bridge, name)
-            except AttributeError:
-                continue
-            if stacked is None:
-                continue
-            stacked = stacked.detach().to("cpu", torch.float64)
-            for layer in range(stacked.shape[0]):
-                w = stacked[layer]
-                if name in ("W_Q", "W_K", "W_V"):  # [heads, d_model, d_head]
-                    w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
-                elif name == "W_O":  # [heads, d_head, d_model]
-                    w = w.reshape(-1, w.shape[-1])
-                out[(layer, name)] = w
-    return out
-
-
-def _embedding(model: Model) -> torch.Tensor:
-    return model.bridge.W_E.detach().to("cpu", torch.float64)
-
-
-def _unembedding(model: Model) -> torch.Tensor:
-    return model.bridge.W_U.detach().to("cpu", torch.float64)
-
-
-# ---------------------------------------------------------------- maths
-def cosine_matrix(vectors: Any) -> np.ndarray:
-    """Cosine similarity between the rows of ``vectors`` ``[n, d]`` (zero rows give 0).
-
-    Example:
-        >>> cosine_matrix(np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 3.0]])).round(3).tolist()
-        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
-    """
-    v = np.asarray(vectors.numpy() if isinstance(vectors, torch.Tensor) else vectors, dtype=float)
-    norms = np.linalg.norm(v, axis=1, keepdims=True)
-    unit = np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
-    cos = np.clip(unit @ unit.T, -1.0, 1.0)
-    np.fill_diagonal(cos, np.where(norms[:, 0] > 0, 1.0, 0.0))
-    return cos
-
-
-def stable_rank(matrix: Any) -> float:
-    """``sum_i (s_i / s_max)^2`` over the singular values ``s_i`` (0 for a zero matrix).
-
-    Example:
-        >>> stable_rank(np.outer([1.0, 2.0, 3.0], [1.0, -1.0]))
-        1.0
-    """
-    s = singular_values(matrix)
-    return float(((s / s[0]) ** 2).sum()) if s.size and s[0] > 0 else 0.0
-
-
-def singular_values(matrix: Any) -> np.ndarray:
-    """Singular values of a 2-D matrix, largest first."""
-    m = np.asarray(matrix.numpy() if isinstance(matrix, torch.Tensor) else matrix, dtype=float)
-    if m.ndim != 2:
-        raise InputError(f"a matrix of shape {m.shape} is not 2-D", fix="pass a 2-D matrix")
-    return np.linalg.svd(m, compute_uv=False)
+STATS = ("groups", "largest_share", "score", "mean_abs_cos")
+"""Per (layer, matrix) numbers of :meth:`CondensationResult.stats`."""
 
 
 def cluster_order(cos: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -169,19 +79,55 @@ class CondensationResult(Result):
 
     ``df`` columns: ``layer``, ``matrix``, ``i``, ``j`` (positions in the clustered order),
     ``neuron_i``, ``neuron_j`` (original indices), ``cosine``, ``group_i``, ``group_j``.
-    ``summary``: per ``<matrix>_<layer>`` the ``groups_``, ``largest_share_``, ``score_`` and
-    ``mean_abs_cos_``; ``threshold``; ``mean_score`` over all matrices.
+    ``summary``: ``threshold``; ``mean_score`` over all matrices. Per (matrix, layer):
+    :meth:`groups`, :meth:`largest_share`, :meth:`score`, :meth:`mean_abs_cos` (all of them:
+    :meth:`stats`).
     """
 
     kind = "condensation"
 
     def matrix(self, layer: int, name: str) -> np.ndarray:
         """The reordered cosine matrix of one (layer, matrix)."""
-        part = self.df[(self.df.layer == layer) & (self.df.matrix == name)]
+        part = self._part(name, layer)
         n = int(part.i.max()) + 1
         out = np.full((n, n), np.nan)
         out[part.i.to_numpy(), part.j.to_numpy()] = part.cosine.to_numpy()
         return out
+
+    def stats(self) -> pd.DataFrame:
+        """One row per (layer, matrix) with its :data:`STATS`."""
+        threshold = self.summary["threshold"]
+        rows = [
+            {"layer": int(layer), "matrix": name, **_stats(part, threshold)}
+            for (layer, name), part in self.df.groupby(["layer", "matrix"], sort=False)
+        ]
+        return pd.DataFrame(rows, columns=["layer", "matrix", *STATS])
+
+    def groups(self, matrix: str, layer: int) -> int:
+        """Number of neuron groups of one matrix at one layer."""
+        return int(_stats(self._part(matrix, layer), self.summary["threshold"])["groups"])
+
+    def largest_share(self, matrix: str, layer: int) -> float:
+        """Share of the neurons in the largest group."""
+        return _stats(self._part(matrix, layer), self.summary["threshold"])["largest_share"]
+
+    def score(self, matrix: str, layer: int) -> float:
+        """Condensation score: fraction of neuron pairs with cosine >= the threshold."""
+        return _stats(self._part(matrix, layer), self.summary["threshold"])["score"]
+
+    def mean_abs_cos(self, matrix: str, layer: int) -> float:
+        """Mean |cosine| between distinct neurons."""
+        return _stats(self._part(matrix, layer), self.summary["threshold"])["mean_abs_cos"]
+
+    def _part(self, matrix: str, layer: int) -> pd.DataFrame:
+        part = self.df[(self.df.layer == layer) & (self.df.matrix == matrix)]
+        if part.empty:
+            raise InputError(
+                f"no condensation of {matrix!r} at layer {layer}",
+                fix=f"use matrices {sorted(set(self.df.matrix))} and layers "
+                f"{sorted(set(self.df.layer))}",
+            )
+        return part
 
     def figure(self, layer: int | None = None) -> go.Figure:
         """Reordered cosine matrices, one panel per (layer, matrix); ``layer`` picks one layer."""
@@ -191,14 +137,13 @@ class CondensationResult(Result):
         keys = list(keys.itertuples(index=False, name=None))
         names = list(dict.fromkeys(m for _, m in keys))
         layers = sorted({ly for ly, _ in keys})
-        titles = []
-        for ly in layers:
-            for name in names:
-                key = f"{name}_{ly}"
-                titles.append(
-                    f"L{ly} {name}: {self.summary.get('groups_' + key, '?')} groups, "
-                    f"score {self.summary.get('score_' + key, float('nan')):.2f}"
-                )
+        stats = self.stats().set_index(["layer", "matrix"])
+        titles = [
+            f"L{ly} {name}: {stats.groups.get((ly, name), '?')} groups, "
+            f"score {stats.score.get((ly, name), float('nan')):.2f}"
+            for ly in layers
+            for name in names
+        ]
         fig = make_subplots(
             rows=len(layers), cols=len(names), subplot_titles=titles, horizontal_spacing=0.04
         )
@@ -230,43 +175,45 @@ class CondensationResult(Result):
         return fig
 
 
-def _condensation_rows(
-    matrices: dict[tuple[int, str], Any], threshold: float
-) -> tuple[list[pd.DataFrame], dict[str, Any]]:
-    frames, summary = [], {}
-    for (layer, name), w in matrices.items():
-        cos = cosine_matrix(w.T)  # rows = neurons' input weight vectors
-        order, labels = cluster_order(cos, threshold)
-        n = cos.shape[0]
-        ii, jj = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-        ordered = cos[np.ix_(order, order)]
-        frames.append(
-            pd.DataFrame(
-                {
-                    "layer": layer,
-                    "matrix": name,
-                    "i": ii.ravel(),
-                    "j": jj.ravel(),
-                    "neuron_i": order[ii.ravel()],
-                    "neuron_j": order[jj.ravel()],
-                    "cosine": ordered.ravel(),
-                    "group_i": labels[order][ii.ravel()],
-                    "group_j": labels[order][jj.ravel()],
-                }
-            )
-        )
-        off = ~np.eye(n, dtype=bool)
-        key = f"{name}_{layer}"
-        summary[f"groups_{key}"] = int(labels.max()) + 1
-        summary[f"largest_share_{key}"] = float(np.bincount(labels).max() / n)
-        summary[f"score_{key}"] = float((cos[off] >= threshold).mean()) if n > 1 else 1.0
-        summary[f"mean_abs_cos_{key}"] = float(np.abs(cos[off]).mean()) if n > 1 else 1.0
-    return frames, summary
+def _stats(part: pd.DataFrame, threshold: float) -> dict[str, Any]:
+    """Groups, largest share, score and mean |cos| of one (layer, matrix) block of ``df``,
+    from the cosine matrix in the neurons' original order."""
+    n = int(part.i.max()) + 1
+    cos = np.full((n, n), np.nan)
+    cos[part.neuron_i.to_numpy(), part.neuron_j.to_numpy()] = part.cosine.to_numpy()
+    labels = np.zeros(n, dtype=int)
+    labels[part.neuron_i.to_numpy()] = part.group_i.to_numpy()
+    off = ~np.eye(n, dtype=bool)
+    return {
+        "groups": int(labels.max()) + 1,
+        "largest_share": float(np.bincount(labels).max() / n),
+        "score": float((cos[off] >= threshold).mean()) if n > 1 else 1.0,
+        "mean_abs_cos": float(np.abs(cos[off]).mean()) if n > 1 else 1.0,
+    }
+
+
+def _condensation_frame(layer: int, name: str, w: Any, threshold: float) -> pd.DataFrame:
+    cos = cosine_matrix(w.T)  # rows = neurons' input weight vectors
+    order, labels = cluster_order(cos, threshold)
+    n = cos.shape[0]
+    ii, jj = (g.ravel() for g in np.meshgrid(np.arange(n), np.arange(n), indexing="ij"))
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "matrix": name,
+            "i": ii,
+            "j": jj,
+            "neuron_i": order[ii],
+            "neuron_j": order[jj],
+            "cosine": cos[np.ix_(order, order)].ravel(),
+            "group_i": labels[order][ii],
+            "group_j": labels[order][jj],
+        }
+    )
 
 
 def condensation(
     model: Any,
-    data: Any = None,
     *,
     matrices: Sequence[str] = NEURON_MATRICES,
     layers: Sequence[int] | None = None,
@@ -276,14 +223,9 @@ def condensation(
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: unused (weights only); accepted so every analyzer has the same call shape.
         matrices: any of W_Q, W_K, W_V, W_in (neurons = output units; input vectors compared).
         layers: layer indices to analyse (default all).
         threshold: cosine at which neurons count as one group (default 0.7).
-
-    Example:
-        >>> res = condensation(model, threshold=0.7)   # doctest: +SKIP
-        >>> res.figure(layer=0).show()                  # doctest: +SKIP
     """
     model = load(model)
     threshold = _check_threshold(threshold)
@@ -293,207 +235,22 @@ def condensation(
             f"unknown neuron matrices {sorted(unknown)}", fix=f"use any of {NEURON_MATRICES}"
         )
     layers = _check_layers(model, layers)
-    weights = {
-        k: v for k, v in weight_matrices(model, list(matrices)).items() if k[0] in set(layers)
-    }
+    weights = {k: v for k, v in model.weights(list(matrices)).items() if k[0] in set(layers)}
     if not weights:
         raise InputError(
             f"the model exposes none of {list(matrices)}", fix=f"use any of {NEURON_MATRICES}"
         )
-    frames, summary = _condensation_rows(dict(sorted(weights.items())), threshold)
-    scores = [v for k, v in summary.items() if k.startswith("score_")]
-    summary = {"threshold": threshold, "mean_score": float(np.mean(scores)), **summary}
+    frames = [_condensation_frame(ly, m, w, threshold) for (ly, m), w in sorted(weights.items())]
     meta = {"matrices": list(matrices), "layers": list(layers), "model": repr(model)}
-    return CondensationResult(pd.concat(frames, ignore_index=True), summary, meta)
+    res = CondensationResult(pd.concat(frames, ignore_index=True), {"threshold": threshold}, meta)
+    res.summary["mean_score"] = float(np.mean(res.stats().score.to_list()))
+    return res
 
 
 def _check_layers(model: Model, layers: Sequence[int] | None) -> list[int]:
     if layers is None:
         return list(range(model.n_layers))
-    layers = [int(x) for x in layers]
-    bad = [x for x in layers if not 0 <= x < model.n_layers]
-    if bad:
-        raise InputError(
-            f"layers {bad} are outside the model's {model.n_layers} layers",
-            fix=f"use layer indices in 0..{model.n_layers - 1}",
-        )
-    return layers
-
-
-# ---------------------------------------------------------------- spectra
-class SpectraResult(Result):
-    """Singular values of every weight matrix and eigenvalues of the embedding covariance.
-
-    ``df`` columns: ``layer`` (-1 for W_E / W_U / the embedding covariance), ``matrix``,
-    ``index`` (0 = largest), ``value`` (singular value, or eigenvalue for ``emb_cov``),
-    ``normalized`` (value / largest). ``summary``: ``stable_rank_<matrix>_<layer>``,
-    ``stable_rank_W_E``, ``stable_rank_W_U``, ``emb_cov_top_share`` (largest eigenvalue over
-    the trace) and ``emb_cov_effective_rank`` (participation ratio (sum e)^2 / sum e^2).
-    """
-
-    kind = "spectra"
-
-    def stable_ranks(self) -> pd.DataFrame:
-        """One row per matrix: layer, matrix, stable rank (from the singular values in df)."""
-        sv = self.df[self.df.matrix != "emb_cov"]
-        rows = [
-            {"layer": ly, "matrix": m, "stable_rank": float((part.normalized**2).sum())}
-            for (ly, m), part in sv.groupby(["layer", "matrix"], sort=False)
-        ]
-        return pd.DataFrame(rows)
-
-    def figure(self) -> go.Figure:
-        fig = make_subplots(
-            rows=1,
-            cols=3,
-            subplot_titles=(
-                "normalized singular values",
-                "stable rank per layer",
-                "token-embedding covariance eigenvalues",
-            ),
-        )
-        sv = self.df[self.df.matrix != "emb_cov"]
-        for i, ((ly, m), part) in enumerate(sv.groupby(["layer", "matrix"], sort=False)):
-            label = m if ly < 0 else f"{m} L{ly}"
-            fig.add_trace(
-                go.Scatter(
-                    x=part["index"],
-                    y=part["normalized"],
-                    mode="lines",
-                    name=label,
-                    legendgroup=m,
-                    line={
-                        "color": figures.PALETTE[
-                            list(ALL_MATRICES + ("W_E", "W_U")).index(m) % len(figures.PALETTE)
-                        ]
-                    },
-                    opacity=0.5 + 0.5 * (i % 2),
-                ),
-                row=1,
-                col=1,
-            )
-        ranks = self.stable_ranks()
-        per_layer = ranks[ranks.layer >= 0]
-        for k, (m, part) in enumerate(per_layer.groupby("matrix", sort=False)):
-            fig.add_trace(
-                go.Scatter(
-                    x=part.layer,
-                    y=part.stable_rank,
-                    mode="lines+markers",
-                    name=f"{m} stable rank",
-                    line={"color": figures.PALETTE[k % len(figures.PALETTE)]},
-                ),
-                row=1,
-                col=2,
-            )
-        cov = self.df[self.df.matrix == "emb_cov"]
-        fig.add_trace(
-            go.Bar(
-                x=cov["index"], y=cov["value"], name="emb cov eigenvalue", marker_color="#264653"
-            ),
-            row=1,
-            col=3,
-        )
-        fig.update_yaxes(type="log", row=1, col=1)
-        fig.update_yaxes(type="log", row=1, col=3)
-        fig.update_xaxes(title_text="index", row=1, col=1)
-        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
-        fig.update_xaxes(title_text="eigenvalue index", row=1, col=3)
-        figures.base_layout(
-            fig,
-            f"Spectra: stable rank of W_E {self.summary.get('stable_rank_W_E', float('nan')):.2f}"
-            f", embedding covariance top share "
-            f"{self.summary.get('emb_cov_top_share', float('nan')):.2f}",
-        )
-        fig.update_layout(height=420, width=1250)
-        return fig
-
-
-def spectra(
-    model: Any,
-    data: Any = None,
-    *,
-    tokens: Sequence[int] | None = None,
-) -> SpectraResult:
-    """Singular values and stable rank of every weight, eigenvalues of the embedding covariance.
-
-    Args:
-        model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: unused (weights only).
-        tokens: token ids whose embeddings enter the covariance (default: the whole vocabulary;
-            for an anchor task pass e.g. ``range(20, 100)``).
-
-    Example:
-        >>> spectra(model, tokens=range(20, 100)).stable_ranks()  # doctest: +SKIP
-    """
-    model = load(model)
-    mats: dict[tuple[int, str], Any] = dict(weight_matrices(model))
-    mats[(-1, "W_E")] = _embedding(model)
-    mats[(-1, "W_U")] = _unembedding(model)
-    frames, summary = [], {}
-    for (layer, name), w in mats.items():
-        s = singular_values(w)
-        norm = s / s[0] if s[0] > 0 else np.zeros_like(s)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "layer": layer,
-                    "matrix": name,
-                    "index": np.arange(s.size),
-                    "value": s,
-                    "normalized": norm,
-                }
-            )
-        )
-        key = name if layer < 0 else f"{name}_{layer}"
-        summary[f"stable_rank_{key}"] = float((norm**2).sum())
-    emb = _embedding(model)
-    ids = _token_ids(model, tokens)
-    eig = embedding_covariance_eigenvalues(emb[ids])
-    frames.append(
-        pd.DataFrame(
-            {
-                "layer": -1,
-                "matrix": "emb_cov",
-                "index": np.arange(eig.size),
-                "value": eig,
-                "normalized": eig / eig[0] if eig[0] > 0 else np.zeros_like(eig),
-            }
-        )
-    )
-    total = float(eig.sum())
-    summary["emb_cov_top_share"] = float(eig[0] / total) if total > 0 else float("nan")
-    summary["emb_cov_effective_rank"] = (
-        float(total**2 / (eig**2).sum()) if total > 0 else float("nan")
-    )
-    meta = {"tokens": None if tokens is None else [int(t) for t in ids], "model": repr(model)}
-    return SpectraResult(pd.concat(frames, ignore_index=True), summary, meta)
-
-
-def embedding_covariance_eigenvalues(embeddings: Any) -> np.ndarray:
-    """Eigenvalues (largest first, >= 0) of the covariance of embedding rows ``[n, d]``."""
-    e = np.asarray(
-        embeddings.numpy() if isinstance(embeddings, torch.Tensor) else embeddings, dtype=float
-    )
-    if e.shape[0] < 2:
-        raise InputError(
-            f"{e.shape[0]} token(s) cannot give a covariance", fix="pass at least two token ids"
-        )
-    cov = np.cov(e, rowvar=False)
-    return np.clip(np.sort(np.linalg.eigvalsh(cov))[::-1], 0.0, None)
-
-
-def _token_ids(model: Model, tokens: Sequence[int] | None) -> np.ndarray:
-    if tokens is None:
-        return np.arange(model.d_vocab)
-    ids = np.asarray([int(t) for t in tokens])
-    bad = ids[(ids < 0) | (ids >= model.d_vocab)]
-    if bad.size:
-        raise InputError(
-            f"token ids {bad[:5].tolist()} are outside the vocabulary [0, {model.d_vocab})",
-            fix="pass token ids of this model's vocabulary",
-        )
-    return ids
+    return [model.check_layer(x) for x in layers]
 
 
 # ---------------------------------------------------------------- timeline
@@ -553,8 +310,11 @@ def condensation_timeline(
         matrices: neuron matrices of :func:`condensation`.
 
     Example:
-        >>> paths = ["runs/a/step100", "runs/a/step500", "runs/a/step2000"]  # doctest: +SKIP
-        >>> condensation_timeline(paths, steps=[100, 500, 2000]).figure()    # doctest: +SKIP
+        >>> from probekit.toy import toy_model
+        >>> series = [toy_model("gpt2", n_layers=1, seed=s) for s in (0, 1)]
+        >>> res = condensation_timeline(series, steps=[100, 200], matrices=["W_in"])
+        >>> res.summary["n_checkpoints"], res.summary["onset_step"]
+        (2, None)
     """
     checkpoints = list(checkpoints)
     if not checkpoints:
@@ -571,39 +331,7 @@ def condensation_timeline(
         model = load(source)
         cond = condensation(model, matrices=matrices, threshold=threshold)
         means.append(cond.summary["mean_score"])
-        for key, value in cond.summary.items():
-            for quantity in ("score", "groups", "largest_share"):
-                prefix = f"{quantity}_"
-                if key.startswith(prefix):
-                    name, layer = key[len(prefix) :].rsplit("_", 1)
-                    rows.append(
-                        {
-                            "step": step,
-                            "quantity": quantity,
-                            "matrix": name,
-                            "layer": int(layer),
-                            "value": float(value),
-                        }
-                    )
-        for name, w in weight_matrices(model).items():
-            rows.append(
-                {
-                    "step": step,
-                    "quantity": "stable_rank",
-                    "matrix": name[1],
-                    "layer": name[0],
-                    "value": stable_rank(w),
-                }
-            )
-        rows.append(
-            {
-                "step": step,
-                "quantity": "stable_rank",
-                "matrix": "W_E",
-                "layer": -1,
-                "value": stable_rank(_embedding(model)),
-            }
-        )
+        rows += _timeline_rows(step, cond, model)
     onset = next((s for s, m in zip(steps, means, strict=True) if m >= onset_score), None)
     summary = {
         "n_checkpoints": len(checkpoints),
@@ -615,19 +343,26 @@ def condensation_timeline(
     return TimelineResult(pd.DataFrame(rows), summary, meta)
 
 
+def _timeline_rows(step: float, cond: CondensationResult, model: Model) -> list[dict[str, Any]]:
+    """Groups, largest share and score per matrix, then every stable rank, of one checkpoint."""
+    rows = [
+        {"step": step, "quantity": q, "matrix": r.matrix, "layer": r.layer, "value": float(v)}
+        for r in cond.stats().itertuples(index=False)
+        for q, v in (("groups", r.groups), ("largest_share", r.largest_share), ("score", r.score))
+    ]
+    mats = {**model.weights(), (-1, "W_E"): model.embedding}
+    rows += [
+        {"step": step, "quantity": "stable_rank", "matrix": m, "layer": ly, "value": stable_rank(w)}
+        for (ly, m), w in mats.items()
+    ]
+    return rows
+
+
 __all__ = [
-    "ALL_MATRICES",
     "NEURON_MATRICES",
     "CondensationResult",
-    "SpectraResult",
     "TimelineResult",
     "cluster_order",
     "condensation",
     "condensation_timeline",
-    "cosine_matrix",
-    "embedding_covariance_eigenvalues",
-    "singular_values",
-    "spectra",
-    "stable_rank",
-    "weight_matrices",
 ]
