@@ -114,3 +114,69 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert b"<svg" in (tmp_path / "b" / f"{name}.svg").read_bytes()[:500]
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]
+
+
+def _anchor_run(tmp_path):
+    """A probekit anchor run folder: a GPT-2 over the task's vocabulary in checkpoint/."""
+    import transformers
+
+    from probekit.tasks import AnchorTask
+    from probekit.training import TrainConfig
+    from probekit.training.checkpoint import write_run_config
+
+    task = AnchorTask(n_train=64, n_test=32)
+    config = transformers.GPT2Config(
+        vocab_size=task.vocab_size, n_positions=16, n_embd=16, n_layer=2, n_head=2
+    )
+    run = tmp_path / "run"
+    transformers.GPT2LMHeadModel(config).save_pretrained(run / "checkpoint")
+    write_run_config(run / "checkpoint", "anchor", TrainConfig(batch_size=8, task=task).to_dict())
+    return run, task
+
+
+def test_default_data_of_an_anchor_run(tmp_path):
+    from probekit.runs import checkpoint_of, default_data
+
+    run, task = _anchor_run(tmp_path)
+    assert checkpoint_of(run) == str(run / "checkpoint")
+    assert checkpoint_of(run / "checkpoint") == str(run / "checkpoint")
+    data, positions = default_data(run)
+    expected = task.dataset("test_data")
+    assert positions == "last"
+    assert data["input_ids"].equal(expected.tokens)
+    assert data["labels"][:, -1].equal(expected.targets)
+    assert (data["labels"][:, :-1] == -100).all()
+
+
+def test_default_data_of_an_lm_run_in_the_old_format(tmp_path):
+    from probekit.runs import default_data
+    from probekit.tasks.corpus import ByteCorpus
+    from probekit.toy import toy_model
+
+    (tmp_path / "run_config.json").write_text(json.dumps({"lm": {"corpus_max_files": 20}}))
+    tokens, positions = default_data(tmp_path, model=toy_model(), n_sequences=3, seq_len=64)
+    assert positions == "all"  # 64 capped at the toy model's context of 16:
+    assert tokens.equal(ByteCorpus(max_files=20).sequences("validation", 16, n=3))
+
+
+def test_default_data_draws_tokens_for_other_models(checkpoint):
+    from probekit.runs import default_data, random_tokens
+
+    tokens, positions = default_data(checkpoint, n_sequences=5, seq_len=8, seed=3)
+    assert positions == "all" and tokens.shape == (5, 8)
+    assert tokens.equal(random_tokens(str(checkpoint), 5, 8, seed=3))
+    assert not tokens.equal(random_tokens(str(checkpoint), 5, 8, seed=4))
+
+
+def test_diagnose_a_run_folder(tmp_path, capsys):
+    run, _ = _anchor_run(tmp_path)
+    out = tmp_path / "report"
+    argv = ["diagnose", str(run), "--out", str(out), "--bootstrap", "0", "--no-images"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    page = (out / "report.html").read_text()
+    assert f"probekit depth diagnosis: {run / 'checkpoint'}" in page
+    assert "report:" in capsys.readouterr().out
+    meta = json.loads((out / "contributions.json").read_text())["meta"]
+    assert meta["positions"] == "last"  # the answer position of the anchor task
+    assert main([*argv, "--positions", "all", "--quiet"]) == 0
+    assert json.loads((out / "contributions.json").read_text())["meta"]["positions"] == "all"
