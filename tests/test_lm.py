@@ -106,3 +106,50 @@ def test_corpus_without_text_fails_before_training(tmp_path):
     with pytest.raises(ConfigError, match="no readable text"):
         train_lm(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+class Killed(Exception):
+    """Stands for a kill of the training process."""
+
+
+@pytest.mark.parametrize(
+    "growth, kill_at",
+    [("static", 5), ("midas", 3), ("midas", 5)],  # growth at step 3; kill at 5: scale ramping
+)
+def test_a_killed_run_resumes_bit_identical(tmp_path, monkeypatch, growth, kill_at):
+    from safetensors.torch import load_file
+
+    from probekit.training import lm as lm_mod
+
+    cfg = LMConfig(
+        n_layers=4,
+        initial_layers=2,
+        growth=growth,
+        steps=8,
+        save_every=2,
+        residual_scale_start=0.1 if growth != "static" else None,
+        residual_scale_steps=3,
+        **TINY,
+    )
+    ref = train_lm(cfg, tmp_path / "ref", progress=False, device="cpu")
+
+    def after_step(trainer):
+        if trainer.step == kill_at:
+            raise Killed
+
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(lm_mod, "_after_step", after_step)
+        train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
+    assert not (tmp_path / "cut" / "final").exists()
+    resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        x, y = load_file(str(ref.final / name)), load_file(str(resumed.final / name))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
+    cols = ["step", "depth", "lr", "train_loss", "val_loss", "flops"]
+    assert resumed.metrics[cols].equals(ref.metrics[cols])
+    assert resumed.flops == ref.flops
+    assert [p.name for p in resumed.checkpoints] == [p.name for p in ref.checkpoints]
+    again = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")  # finished: no training
+    assert again.metrics[cols].equals(ref.metrics[cols])
+    with pytest.raises(ConfigError, match="other settings"):
+        train_lm(LMConfig(**{**cfg.__dict__, "lr": 2e-3}), tmp_path / "cut", progress=False)
