@@ -14,6 +14,7 @@ from probekit.errors import ConfigError, InputError
 from probekit.result import Result
 from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig, train
+from probekit.training.runs import load_run
 
 torch.set_num_threads(1)
 
@@ -67,7 +68,7 @@ def handle():
                                             ("offby2", "inferential")])
 def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: str) -> None:
     monkeypatch.setattr(sol, "_last_token_logits", _oracle(mode, TASK))
-    res = sol.solution_types(handle, TASK)
+    res = sol.solution_types(handle, TASK.solution_data())
     s = res.summary
     assert s["solution"] == solution
     assert s["memorizing"] == (mode == "memorizing")
@@ -94,7 +95,7 @@ def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: 
 
 def test_result_round_trip_and_figure(handle, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sol, "_last_token_logits", _oracle("symmetric", TASK))
-    res = sol.solution_types(handle, TASK)
+    res = sol.solution_types(handle, TASK.solution_data())
     path = res.save(tmp_path / "sol.json")
     back = Result.load(path)
     assert isinstance(back, sol.SolutionResult)
@@ -111,7 +112,8 @@ def test_matches_the_trainers_own_metrics_on_a_checkpoint(tmp_path: Path) -> Non
                       steps=30, batch_size=64, lr=1e-2, warmup_steps=3, eval_every=30,
                       device="cpu")
     out = train(cfg, tmp_path / "run", progress=False)
-    res = sol.solution_types(out.checkpoint)  # task read from the checkpoint
+    task = load_run(out.checkpoint).task  # task read from the checkpoint
+    res = sol.solution_types(out.checkpoint, task.solution_data())
     final = out.final
     assert res.summary["heldout_inferential"] == pytest.approx(final["test_task_inferential"])
     assert res.summary["heldout_symmetric"] == pytest.approx(final["test_task_symmetric"])
@@ -120,8 +122,10 @@ def test_matches_the_trainers_own_metrics_on_a_checkpoint(tmp_path: Path) -> Non
 
 def test_bad_inputs(handle) -> None:
     with pytest.raises(ConfigError, match="no task"):
-        sol.solution_types(handle)
+        sol.solution_types(handle, TASK.solution_data().tokens)
     with pytest.raises(InputError, match="vocabulary"):
-        sol.solution_types(probekit.load(_tiny_gpt2(vocab=150)), AnchorTask(vocab_size=201))
+        sol.solution_types(
+            probekit.load(_tiny_gpt2(vocab=150)), AnchorTask(vocab_size=201).solution_data()
+        )
     with pytest.raises(ConfigError, match="memorizing_threshold"):
-        sol.solution_types(handle, TASK, memorizing_threshold=2.0)
+        sol.solution_types(handle, TASK.solution_data(), memorizing_threshold=2.0)

@@ -56,7 +56,8 @@ class AnchorData:
     ``g(g(x; a1); a2)``, ``symmetric`` the trained target of the mirrored pair (``-1`` where the
     mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``,
     ``intermediate`` the first step ``g(x; a1)`` and ``is_heldout`` ``[n]`` bool. ``item_range``
-    is the task's ``(item_low, item_high)``.
+    is the task's ``(item_low, item_high)``, ``vocab_size`` the task's vocabulary (the model
+    that reads the data must have it).
 
     It implements :class:`probekit.data.TaskData`, the protocol task-aware analyzers ask.
     """
@@ -72,6 +73,7 @@ class AnchorData:
     intermediate: torch.Tensor
     is_heldout: torch.Tensor
     item_range: tuple[int, int] = (20, 100)
+    vocab_size: int | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -138,6 +140,7 @@ class AnchorData:
             "+".join(d.split for d in parts),
             *(torch.cat([getattr(d, f) for d in parts]) for f in fields),
             item_range=self.item_range,
+            vocab_size=self.vocab_size,
         )
 
 
@@ -379,6 +382,7 @@ class AnchorTask:
             intermediate=t(first.astype(np.int64)),
             is_heldout=torch.tensor([p in held for p in plist], dtype=torch.bool),
             item_range=(self.item_low, self.item_high),
+            vocab_size=self.vocab_size,
         )
 
     def dataset(self, split: str) -> AnchorData:
@@ -386,6 +390,20 @@ class AnchorTask:
         if split not in self._cache:
             self._cache[split] = self.generate(split)
         return self._cache[split]
+
+    def solution_data(self, n: int | None = None) -> AnchorData:
+        """What :func:`~probekit.analyses.mechanisms.solutions.solution_types` measures: the
+        seen pairs on test keys (``test_data``) followed by the held-out pairs (``test_task``),
+        ``n`` samples of each (default: the standard ``n_test`` datasets).
+
+        Example:
+            >>> data = AnchorTask(n_train=64, n_test=32).solution_data()
+            >>> len(data), int(data.heldout().sum())
+            (64, 32)
+        """
+        splits = ("test_data", "test_task")
+        parts = [self.dataset(s) if n is None else self.generate(s, n) for s in splits]
+        return parts[0].concat(parts[1:])
 
     # ------------------------------------------------------------------ scoring
     def score(self, data: AnchorData, predictions: torch.Tensor) -> list[dict[str, Any]]:
