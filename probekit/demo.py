@@ -67,7 +67,7 @@ def analyse(
 
     model = probekit.load(checkpoint, device="cpu")
     task = load_run(checkpoint).task
-    solutions = solution_types(model, task)
+    solutions = solution_types(model, task.solution_data())
     data, positions = default_data(checkpoint)
     diagnosis = diagnose(model, data, positions=positions, pairs="all", n_bootstrap=n_bootstrap)
     diagnosis.results = {"solutions": solutions, **_mechanisms(model, task), **diagnosis.results}
@@ -79,9 +79,9 @@ def analyse(
 def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
     """The mechanism analyses of an anchor model: knockout, probes, condensation, token map."""
     from probekit.analyses.mechanisms.knockout import attention_knockout
-    from probekit.analyses.mechanisms.maps import embedding_map
     from probekit.analyses.mechanisms.probes import linear_probes
     from probekit.analyses.weights.condensation import condensation
+    from probekit.analyses.weights.embeddings import embedding_map
 
     held = task.dataset("test_task")
     return {
@@ -90,7 +90,6 @@ def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
         "probes": linear_probes(
             model,
             task.generate("test_data", min(800, task.n_test)),
-            task=task,
             sites=("resid",),
             positions="roles",
         ),
