@@ -17,9 +17,10 @@ Example:
     >>> from probekit.tasks import AnchorTask
     >>> from probekit.toy import TOY_VOCAB, toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, item_high=40, vocab_size=TOY_VOCAB)
-    >>> ko = attention_knockout(toy_model("gpt2"), task.dataset("test_task"), by="role")
+    >>> data = task.dataset("test_task")
+    >>> ko = attention_knockout(toy_model("gpt2"), data, by="role", layers=[1])
     >>> list(ko.map().columns), list(ko.strongest_sources().index)
-    (['key', 'anchor1', 'anchor2', 'noise', 'self', 'all'], [0, 1])
+    (['key', 'anchor1', 'anchor2', 'noise', 'self', 'all'], [1])
 """
 
 from __future__ import annotations
