@@ -8,10 +8,8 @@ from probekit.analyses.depth.residual import ResidualResult, residual_stats
 from probekit.analyses.depth.skips import SkipEffectResult, skip_effects
 from probekit.analyses.depth.swaps import SwapResult, contiguous_blocks, layer_swaps
 from probekit.analyses.mechanisms.maps import (
-    EmbeddingMapResult,
     HiddenMapResult,
     PairCosineResult,
-    embedding_map,
     hidden_state_map,
     pair_cosines,
 )
@@ -23,14 +21,12 @@ from probekit.analyses.mechanisms.solutions import SolutionResult, solution_type
 from probekit.analyses.timeline import DepthTimelineResult, depth_timeline
 from probekit.analyses.weights.condensation import (
     CondensationResult,
-    SpectraResult,
     TimelineResult,
     condensation,
     condensation_timeline,
-    spectra,
-    stable_rank,
-    weight_matrices,
 )
+from probekit.analyses.weights.embeddings import EmbeddingMapResult, embedding_map
+from probekit.analyses.weights.spectra import SpectraResult, spectra, stable_rank
 from probekit.result import Result
 
 __all__ = [
@@ -73,5 +69,4 @@ __all__ = [
     "spectra",
     "stable_rank",
     "token_masking",
-    "weight_matrices",
 ]
