@@ -26,7 +26,7 @@ from probekit.analyses.weights.condensation import (
     condensation_timeline,
 )
 from probekit.analyses.weights.embeddings import EmbeddingMapResult, embedding_map
-from probekit.analyses.weights.spectra import SpectraResult, spectra, stable_rank
+from probekit.analyses.weights.spectra import SpectraResult, spectra
 from probekit.result import Result
 
 __all__ = [
@@ -67,6 +67,5 @@ __all__ = [
     "skip_effects",
     "solution_types",
     "spectra",
-    "stable_rank",
     "token_masking",
 ]
