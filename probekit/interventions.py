@@ -177,7 +177,7 @@ def reorder_layers(model: Model, order: Sequence[int]) -> Iterator[Model]:
     """Run the blocks in ``order`` (a permutation of layer indices); restored on exit.
 
     The block modules themselves move in the model's ModuleList (weights are untouched); each
-    keeps its hook names, so ``blocks.3.hook_out`` is still block 3's output wherever it runs.
+    keeps its hook names, so the output hook of block 3 still reads block 3 wherever it runs.
     """
     order = check_order(model, order)
     blocks = model.blocks
