@@ -35,16 +35,18 @@ def _floats(text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers"
-                                         ) from err
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers"
+        ) from err
 
 
 def _ints(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers"
-                                         ) from err
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from err
 
 
 def _anchors(text: str) -> dict[int, int]:
@@ -52,7 +54,8 @@ def _anchors(text: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in (item.split(":") for item in text.split(","))}
     except ValueError as err:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list ID:SHIFT,ID:SHIFT (e.g. 1:5,2:1,3:-2,4:-8)") from err
+            f"{text!r} is not a list ID:SHIFT,ID:SHIFT (e.g. 1:5,2:1,3:-2,4:-8)"
+        ) from err
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -65,8 +68,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
             out.append((int(a), int(b)))
         return out
     except ValueError as err:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list A1,A2;A1,A2 (e.g. 4,3)") from err
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list A1,A2;A1,A2 (e.g. 4,3)") from err
 
 
 def _special(text: str) -> dict[tuple[int, int], int]:
@@ -81,7 +83,8 @@ def _special(text: str) -> dict[tuple[int, int], int]:
         return out
     except ValueError as err:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list A1,A2:SHIFT;... (e.g. 3,4:-6)") from err
+            f"{text!r} is not a list A1,A2:SHIFT;... (e.g. 3,4:-6)"
+        ) from err
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -89,8 +92,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("default" in text.lower() or action.required or action.default is None
-                or action.default is False or action.default is argparse.SUPPRESS):
+        if (
+            "default" in text.lower()
+            or action.required
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+        ):
             return text
         return super()._get_help_string(action)
 
@@ -100,81 +108,175 @@ def _fmt_anchors(d: dict[int, int]) -> str:
 
 
 def _add_common(p: argparse.ArgumentParser, sweep: bool) -> None:
-    p.add_argument("--out", required=True, type=Path,
-                   help="output folder (created; an existing run there is resumed)")
-    p.add_argument("--config", type=Path, default=None,
-                   help="JSON file of TrainConfig settings (as in a run's config.json); "
-                        "flags given on the command line override it")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="output folder (created; an existing run there is resumed)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="JSON file of TrainConfig settings (as in a run's config.json); "
+        "flags given on the command line override it",
+    )
+    _add_model(p, sweep)
+    _add_task(p)
+    _add_optimization(p, sweep)
+    _add_run(p)
+
+
+def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
     m = p.add_argument_group("model (GPT-2-style decoder)")
     if not sweep:
         m.add_argument("--n-layers", type=int, default=_M.n_layers, help="number of blocks")
     m.add_argument("--d-model", type=int, default=_M.d_model, help="residual width")
     m.add_argument("--n-heads", type=int, default=_M.n_heads, help="attention heads")
     m.add_argument("--d-mlp", type=int, default=None, help="MLP width (default 4 * d-model)")
-    m.add_argument("--activation", choices=ACTIVATIONS, default=_M.activation,
-                   help="MLP activation")
+    m.add_argument(
+        "--activation", choices=ACTIVATIONS, default=_M.activation, help="MLP activation"
+    )
     if not sweep:
-        m.add_argument("--gamma", type=float, default=_M.gamma,
-                       help="initialization rate: every weight matrix has std d_in^-gamma "
-                            "(larger = smaller init)")
-    for part, what in (("emb", "token/position/output embeddings"),
-                       ("qk", "attention query and key weights"),
-                       ("vo", "attention value and output weights"), ("mlp", "MLP weights")):
-        m.add_argument(f"--gamma-{part}", type=float, default=None,
-                       help=f"separate initialization rate of the {what} (default: --gamma)")
-    m.add_argument("--tie-embeddings", action="store_true",
-                   help="share the input and output embedding (default: separate)")
+        m.add_argument(
+            "--gamma",
+            type=float,
+            default=_M.gamma,
+            help="initialization rate: every weight matrix has std d_in^-gamma "
+            "(larger = smaller init)",
+        )
+    for part, what in (
+        ("emb", "token/position/output embeddings"),
+        ("qk", "attention query and key weights"),
+        ("vo", "attention value and output weights"),
+        ("mlp", "MLP weights"),
+    ):
+        m.add_argument(
+            f"--gamma-{part}",
+            type=float,
+            default=None,
+            help=f"separate initialization rate of the {what} (default: --gamma)",
+        )
+    m.add_argument(
+        "--tie-embeddings",
+        action="store_true",
+        help="share the input and output embedding (default: separate)",
+    )
+
+
+def _add_task(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("task (anchor functions)")
-    t.add_argument("--anchors", type=_anchors, default=_A.anchors,
-                   help="anchor ids and their shifts, ID:SHIFT,... (default "
-                        f"{_fmt_anchors(_A.anchors)})")
-    t.add_argument("--special-targets", type=_special, default=_A.special_targets,
-                   help="pairs trained on a non-inferential target shift, A1,A2:SHIFT;... "
-                        "(default 3,4:-6; 'none' for none)")
-    t.add_argument("--heldout", type=_pairs, default=_A.heldout_pairs,
-                   help="pairs never trained, A1,A2;... (default 4,3)")
-    t.add_argument("--item-range", type=_ints, default=[_A.item_low, _A.item_high],
-                   help="keys and noise are drawn from [LOW, HIGH), written LOW,HIGH")
+    t.add_argument(
+        "--anchors",
+        type=_anchors,
+        default=_A.anchors,
+        help=f"anchor ids and their shifts, ID:SHIFT,... (default {_fmt_anchors(_A.anchors)})",
+    )
+    t.add_argument(
+        "--special-targets",
+        type=_special,
+        default=_A.special_targets,
+        help="pairs trained on a non-inferential target shift, A1,A2:SHIFT;... "
+        "(default 3,4:-6; 'none' for none)",
+    )
+    t.add_argument(
+        "--heldout",
+        type=_pairs,
+        default=_A.heldout_pairs,
+        help="pairs never trained, A1,A2;... (default 4,3)",
+    )
+    t.add_argument(
+        "--item-range",
+        type=_ints,
+        default=[_A.item_low, _A.item_high],
+        help="keys and noise are drawn from [LOW, HIGH), written LOW,HIGH",
+    )
     t.add_argument("--seq-len", type=int, default=_A.seq_len, help="tokens per input")
-    t.add_argument("--vocab-size", type=int, default=_A.vocab_size,
-                   help="vocabulary size (token 0 is padding)")
+    t.add_argument(
+        "--vocab-size", type=int, default=_A.vocab_size, help="vocabulary size (token 0 is padding)"
+    )
     t.add_argument("--n-train", type=int, default=_A.n_train, help="training sequences")
     t.add_argument("--n-test", type=int, default=_A.n_test, help="sequences per test split")
     t.add_argument("--task-seed", type=int, default=_A.seed, help="seed of the data")
+
+
+def _add_optimization(p: argparse.ArgumentParser, sweep: bool) -> None:
     o = p.add_argument_group("optimization")
     if not sweep:
-        o.add_argument("--seed", type=int, default=_T.seed,
-                       help="seed of the initialization and the batch order")
-        o.add_argument("--weight-decay", type=float, default=_T.weight_decay,
-                       help="AdamW decoupled weight decay (weight matrices and embeddings)")
+        o.add_argument(
+            "--seed",
+            type=int,
+            default=_T.seed,
+            help="seed of the initialization and the batch order",
+        )
+        o.add_argument(
+            "--weight-decay",
+            type=float,
+            default=_T.weight_decay,
+            help="AdamW decoupled weight decay (weight matrices and embeddings)",
+        )
     o.add_argument("--steps", type=int, default=_T.steps, help="optimizer steps")
     o.add_argument("--batch-size", type=int, default=_T.batch_size, help="sequences per step")
     o.add_argument("--lr", type=float, default=_T.lr, help="peak learning rate")
-    o.add_argument("--warmup-steps", type=int, default=_T.warmup_steps,
-                   help="linear warmup steps before the cosine decay")
-    o.add_argument("--min-lr-ratio", type=float, default=_T.min_lr_ratio,
-                   help="final learning rate as a fraction of --lr")
-    o.add_argument("--grad-clip", type=float, default=_T.grad_clip,
-                   help="clip each run's gradient norm to this (0 = off)")
+    o.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=_T.warmup_steps,
+        help="linear warmup steps before the cosine decay",
+    )
+    o.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=_T.min_lr_ratio,
+        help="final learning rate as a fraction of --lr",
+    )
+    o.add_argument(
+        "--grad-clip",
+        type=float,
+        default=_T.grad_clip,
+        help="clip each run's gradient norm to this (0 = off)",
+    )
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("evaluation, checkpoints, device")
-    r.add_argument("--eval-every", type=int, default=_T.eval_every,
-                   help="evaluate every split every N steps (metrics.jsonl)")
-    r.add_argument("--checkpoint-every", type=int, default=_T.checkpoint_every,
-                   help="write a Hugging Face checkpoint every N steps (and at the end)")
-    r.add_argument("--eval-train-samples", type=int, default=_T.eval_train_samples,
-                   help="training sequences used to evaluate the train split")
-    r.add_argument("--no-eval-at-start", dest="eval_at_start", action="store_false",
-                   help="skip the evaluation before the first step")
-    r.add_argument("--device", default=_T.device,
-                   help="auto (CUDA with bf16 autocast when present, else CPU), cpu or cuda")
-    r.add_argument("--no-resume", action="store_true",
-                   help="start over even if --out holds a checkpoint")
+    r.add_argument(
+        "--eval-every",
+        type=int,
+        default=_T.eval_every,
+        help="evaluate every split every N steps (metrics.jsonl)",
+    )
+    r.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=_T.checkpoint_every,
+        help="write a Hugging Face checkpoint every N steps (and at the end)",
+    )
+    r.add_argument(
+        "--eval-train-samples",
+        type=int,
+        default=_T.eval_train_samples,
+        help="training sequences used to evaluate the train split",
+    )
+    r.add_argument(
+        "--no-eval-at-start",
+        dest="eval_at_start",
+        action="store_false",
+        help="skip the evaluation before the first step",
+    )
+    r.add_argument(
+        "--device",
+        default=_T.device,
+        help="auto (CUDA with bf16 autocast when present, else CPU), cpu or cuda",
+    )
+    r.add_argument(
+        "--no-resume", action="store_true", help="start over even if --out holds a checkpoint"
+    )
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def _explicit(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> set[str]:
-    return {k for k, v in vars(args).items() if k in parser_defaults and
-            v != parser_defaults[k]}
+    return {k for k, v in vars(args).items() if k in parser_defaults and v != parser_defaults[k]}
 
 
 def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainConfig:
@@ -184,8 +286,10 @@ def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainCo
         try:
             base = json.loads(Path(args.config).read_text())
         except (OSError, ValueError) as err:
-            raise ConfigError(f"cannot read the config file {args.config} ({err})",
-                              fix="pass a JSON file such as a run's config.json") from err
+            raise ConfigError(
+                f"cannot read the config file {args.config} ({err})",
+                fix="pass a JSON file such as a run's config.json",
+            ) from err
         if isinstance(base, list):  # a stack's config.json lists its runs
             base = base[0]
     given = getattr(args, "_given", None)
@@ -195,22 +299,36 @@ def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainCo
             section[key] = getattr(args, flag)
 
     model = dict(base.get("model", {}))
-    for key, flag in (("d_model", "d_model"), ("n_heads", "n_heads"), ("d_mlp", "d_mlp"),
-                      ("activation", "activation"), ("gamma_emb", "gamma_emb"),
-                      ("gamma_qk", "gamma_qk"), ("gamma_vo", "gamma_vo"),
-                      ("gamma_mlp", "gamma_mlp"), ("tie_embeddings", "tie_embeddings")):
+    for key, flag in (
+        ("d_model", "d_model"),
+        ("n_heads", "n_heads"),
+        ("d_mlp", "d_mlp"),
+        ("activation", "activation"),
+        ("gamma_emb", "gamma_emb"),
+        ("gamma_qk", "gamma_qk"),
+        ("gamma_vo", "gamma_vo"),
+        ("gamma_mlp", "gamma_mlp"),
+        ("tie_embeddings", "tie_embeddings"),
+    ):
         pick(model, key, flag)
     if not sweep:
         pick(model, "n_layers", "n_layers")
         pick(model, "gamma", "gamma")
     if len(args.item_range) != 2:
-        raise ConfigError(f"--item-range {args.item_range} needs two numbers",
-                          fix="write LOW,HIGH, e.g. 20,100")
+        raise ConfigError(
+            f"--item-range {args.item_range} needs two numbers", fix="write LOW,HIGH, e.g. 20,100"
+        )
     task = dict(base.get("task", {}))
-    for key, flag in (("anchors", "anchors"), ("special_targets", "special_targets"),
-                      ("heldout_pairs", "heldout"), ("seq_len", "seq_len"),
-                      ("vocab_size", "vocab_size"), ("n_train", "n_train"),
-                      ("n_test", "n_test"), ("seed", "task_seed")):
+    for key, flag in (
+        ("anchors", "anchors"),
+        ("special_targets", "special_targets"),
+        ("heldout_pairs", "heldout"),
+        ("seq_len", "seq_len"),
+        ("vocab_size", "vocab_size"),
+        ("n_train", "n_train"),
+        ("n_test", "n_test"),
+        ("seed", "task_seed"),
+    ):
         pick(task, key, flag)
     if given is None or "item_range" in given or "item_low" not in task:
         task["item_low"], task["item_high"] = args.item_range
@@ -219,8 +337,19 @@ def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainCo
         model["vocab_size"] = task["vocab_size"]
     model["n_positions"] = max(int(model.get("n_positions", 0)), int(task["seq_len"]))
     cfg = {k: v for k, v in base.items() if k not in ("model", "task")}
-    keys = ["steps", "batch_size", "lr", "warmup_steps", "min_lr_ratio", "grad_clip",
-            "eval_every", "checkpoint_every", "eval_train_samples", "eval_at_start", "device"]
+    keys = [
+        "steps",
+        "batch_size",
+        "lr",
+        "warmup_steps",
+        "min_lr_ratio",
+        "grad_clip",
+        "eval_every",
+        "checkpoint_every",
+        "eval_train_samples",
+        "eval_at_start",
+        "device",
+    ]
     if not sweep:
         keys += ["seed", "weight_decay"]
     for key in keys:
@@ -246,9 +375,11 @@ def run_train(args: argparse.Namespace) -> int:
     f = out.final
     print(f"checkpoint: {out.checkpoint}")
     print(f"metrics:    {args.out / 'metrics.jsonl'}")
-    print(f"step {int(f['step'])}: train acc {f['train_acc']:.3f}, seen pairs on test keys "
-          f"{f['test_data_acc']:.3f}, held-out pairs: inferential "
-          f"{f['test_task_inferential']:.3f}, symmetric {f['test_task_symmetric']:.3f}")
+    print(
+        f"step {int(f['step'])}: train acc {f['train_acc']:.3f}, seen pairs on test keys "
+        f"{f['test_data_acc']:.3f}, held-out pairs: inferential "
+        f"{f['test_task_inferential']:.3f}, symmetric {f['test_task_symmetric']:.3f}"
+    )
     return 0
 
 
@@ -263,32 +394,52 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
     if args.family_budget is not None:
         from probekit.training.families import depth_family
 
-        family = depth_family(args.family_budget, args.depths, style=args.family_style,
-                              d_model=base.model.d_model, n_heads=base.model.n_heads,
-                              vocab_size=base.model.vocab_size,
-                              n_positions=base.model.n_positions,
-                              tie_embeddings=base.model.tie_embeddings)
-    sweep = SweepConfig(base, gammas=args.gammas, weight_decays=args.weight_decays,
-                        depths=args.depths, seeds=args.seeds, stack=not args.no_stack,
-                        max_stack=args.max_stack, family=family)
+        family = depth_family(
+            args.family_budget,
+            args.depths,
+            style=args.family_style,
+            d_model=base.model.d_model,
+            n_heads=base.model.n_heads,
+            vocab_size=base.model.vocab_size,
+            n_positions=base.model.n_positions,
+            tie_embeddings=base.model.tie_embeddings,
+        )
+    sweep = SweepConfig(
+        base,
+        gammas=args.gammas,
+        weight_decays=args.weight_decays,
+        depths=args.depths,
+        seeds=args.seeds,
+        stack=not args.no_stack,
+        max_stack=args.max_stack,
+        family=family,
+    )
     res = run_sweep(sweep, args.out, resume=not args.no_resume, progress=not args.no_progress)
-    cols = ["run", "final_test_data_acc", "final_test_task_inferential",
-            "final_test_task_symmetric", "solution"]
+    cols = [
+        "run",
+        "final_test_data_acc",
+        "final_test_task_inferential",
+        "final_test_task_symmetric",
+        "solution",
+    ]
     print(res.df[cols].to_string(index=False))
-    print(f"results: {args.out / 'results.csv'}\nphase diagrams: "
-          f"{args.out / 'phase_diagrams.html'}")
+    print(
+        f"results: {args.out / 'results.csv'}\nphase diagrams: {args.out / 'phase_diagrams.html'}"
+    )
     return 0
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``train`` to an argparse subparsers object."""
     p = subparsers.add_parser(
-        "train", help="train a GPT-2-style model on the anchor-function task",
+        "train",
+        help="train a GPT-2-style model on the anchor-function task",
         description="Train a GPT-2-style decoder on the anchor-function task (loss on the last "
-                    "token; AdamW, warmup + cosine decay). Writes OUT/metrics.jsonl and a "
-                    "Hugging Face checkpoint in OUT/checkpoint; run the same command again to "
-                    "resume after an interruption.",
-        formatter_class=_HelpFormatter)
+        "token; AdamW, warmup + cosine decay). Writes OUT/metrics.jsonl and a "
+        "Hugging Face checkpoint in OUT/checkpoint; run the same command again to "
+        "resume after an interruption.",
+        formatter_class=_HelpFormatter,
+    )
     _add_common(p, sweep=False)
     p.set_defaults(func=run_train, _parser=p)
     return p
@@ -297,30 +448,56 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``sweep`` to an argparse subparsers object."""
     p = subparsers.add_parser(
-        "sweep", help="sweep gamma x weight decay x depth x seeds; phase diagrams",
+        "sweep",
+        help="sweep gamma x weight decay x depth x seeds; phase diagrams",
         description="Train every combination of --gammas, --weight-decays, --depths and "
-                    "--seeds. Runs of one depth train together as one stacked model; each "
-                    "ends as its own checkpoint. Writes OUT/results.csv, OUT/sweep.json and "
-                    "OUT/phase_diagrams.html; run again to resume.",
-        formatter_class=_HelpFormatter)
+        "--seeds. Runs of one depth train together as one stacked model; each "
+        "ends as its own checkpoint. Writes OUT/results.csv, OUT/sweep.json and "
+        "OUT/phase_diagrams.html; run again to resume.",
+        formatter_class=_HelpFormatter,
+    )
     g = p.add_argument_group("grid")
-    g.add_argument("--gammas", type=_floats, default=[0.3, 0.5, 0.8],
-                   help="initialization rates, comma-separated")
-    g.add_argument("--weight-decays", type=_floats, default=[_T.weight_decay],
-                   help="weight decays, comma-separated")
-    g.add_argument("--depths", type=_ints, default=[_M.n_layers],
-                   help="numbers of layers, comma-separated")
+    g.add_argument(
+        "--gammas",
+        type=_floats,
+        default=[0.3, 0.5, 0.8],
+        help="initialization rates, comma-separated",
+    )
+    g.add_argument(
+        "--weight-decays",
+        type=_floats,
+        default=[_T.weight_decay],
+        help="weight decays, comma-separated",
+    )
+    g.add_argument(
+        "--depths", type=_ints, default=[_M.n_layers], help="numbers of layers, comma-separated"
+    )
     g.add_argument("--seeds", type=_ints, default=[0], help="seeds, comma-separated")
-    g.add_argument("--family-budget", type=int, default=None,
-                   help="sweep --depths at this fixed parameter count: each depth's widths come "
-                   "from a depth/width family (within 1%% of the budget)")
-    g.add_argument("--family-style", choices=["mlp", "width"], default="mlp",
-                   help="family style: 'mlp' holds d_model and shrinks the MLP (Petty et al.), "
-                   "'width' shrinks d_model (Levine et al.)")
-    g.add_argument("--no-stack", action="store_true",
-                   help="train every run alone instead of stacking runs of one shape")
-    g.add_argument("--max-stack", type=int, default=None,
-                   help="at most this many runs per stacked model (memory)")
+    g.add_argument(
+        "--family-budget",
+        type=int,
+        default=None,
+        help="sweep --depths at this fixed parameter count: each depth's widths come "
+        "from a depth/width family (within 1%% of the budget)",
+    )
+    g.add_argument(
+        "--family-style",
+        choices=["mlp", "width"],
+        default="mlp",
+        help="family style: 'mlp' holds d_model and shrinks the MLP (Petty et al.), "
+        "'width' shrinks d_model (Levine et al.)",
+    )
+    g.add_argument(
+        "--no-stack",
+        action="store_true",
+        help="train every run alone instead of stacking runs of one shape",
+    )
+    g.add_argument(
+        "--max-stack",
+        type=int,
+        default=None,
+        help="at most this many runs per stacked model (memory)",
+    )
     _add_common(p, sweep=True)
     p.set_defaults(func=run_sweep_cmd, _parser=p)
     return p

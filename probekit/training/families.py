@@ -116,6 +116,55 @@ class FamilyResult(Result):
         )
 
 
+def _check_family(budget: int, depths: Sequence[int], style: str) -> None:
+    if style not in ("mlp", "width"):
+        raise ConfigError(f"unknown family style {style!r}", fix="use style='mlp' or 'width'")
+    if not depths or any(not isinstance(L, int) or L < 1 for L in depths):
+        raise ConfigError(f"depths {list(depths)} must be positive integers", fix="e.g. [2, 4, 8]")
+    if budget <= 0:
+        raise ConfigError(f"budget {budget} must be positive", fix="give a parameter count")
+
+
+def _width_for(budget: int, depth: int, n_heads: int, mlp_ratio: float, fixed: dict) -> int:
+    """The width (a multiple of ``n_heads``) of a ``depth``-layer model near ``budget``."""
+    # solve (4 + 2r) L d^2 + (emb + (9 + r) L + 2) d = budget for d, then round to heads
+    emb = fixed["vocab_size"] * (1 if fixed["tie_embeddings"] else 2) + fixed["n_positions"]
+    a = (4 + 2 * mlp_ratio) * depth
+    b = emb + (9 + mlp_ratio) * depth + 2
+    exact = (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
+    return max(n_heads, round(exact / n_heads) * n_heads)
+
+
+def _member(
+    budget: int, depth: int, width: int, n_heads: int, tolerance: float, fixed: dict
+) -> dict[str, Any]:
+    """One row of the family: the MLP width that meets the budget at this depth and width."""
+    d_mlp = _mlp_width_for(budget, depth, width, fixed)
+    if d_mlp < 1:
+        raise ConfigError(
+            f"a {depth}-layer model of width {width} already exceeds the budget of "
+            f"{budget:,} parameters without any MLP",
+            fix="raise the budget, lower d_model, or drop the deepest depths",
+        )
+    params = gpt2_parameter_count(depth, width, d_mlp, **fixed)
+    error = (params - budget) / budget
+    if abs(error) > tolerance:
+        raise ConfigError(
+            f"depth {depth} reaches {params:,} parameters, {error:+.2%} off the budget "
+            f"{budget:,} (tolerance {tolerance:.0%})",
+            fix="use a larger budget or a finer width (fewer heads)",
+        )
+    return {
+        "depth": depth,
+        "d_model": width,
+        "d_mlp": d_mlp,
+        "n_heads": n_heads,
+        "params": params,
+        "budget_error": error,
+        "d_model_over_d_mlp": width / d_mlp,
+    }
+
+
 def depth_family(
     budget: int,
     depths: Sequence[int],
@@ -134,12 +183,7 @@ def depth_family(
     ``style="mlp"`` keeps ``d_model`` and shrinks ``d_mlp``; ``style="width"`` shrinks
     ``d_model`` (a multiple of ``n_heads``) with ``d_mlp`` near ``mlp_ratio * d_model``.
     """
-    if style not in ("mlp", "width"):
-        raise ConfigError(f"unknown family style {style!r}", fix="use style='mlp' or 'width'")
-    if not depths or any(not isinstance(L, int) or L < 1 for L in depths):
-        raise ConfigError(f"depths {list(depths)} must be positive integers", fix="e.g. [2, 4, 8]")
-    if budget <= 0:
-        raise ConfigError(f"budget {budget} must be positive", fix="give a parameter count")
+    _check_family(budget, depths, style)
     fixed = {
         "vocab_size": vocab_size,
         "n_positions": n_positions,
@@ -147,41 +191,8 @@ def depth_family(
     }
     rows = []
     for depth in sorted(set(depths)):
-        if style == "mlp":
-            width = d_model
-        else:
-            # solve (4 + 2r) L d^2 + (emb + (9 + r) L + 2) d = budget for d, then round to heads
-            emb = vocab_size * (1 if tie_embeddings else 2) + n_positions
-            a = (4 + 2 * mlp_ratio) * depth
-            b = emb + (9 + mlp_ratio) * depth + 2
-            exact = (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
-            width = max(n_heads, round(exact / n_heads) * n_heads)
-        d_mlp = _mlp_width_for(budget, depth, width, fixed)
-        if d_mlp < 1:
-            raise ConfigError(
-                f"a {depth}-layer model of width {width} already exceeds the budget of "
-                f"{budget:,} parameters without any MLP",
-                fix="raise the budget, lower d_model, or drop the deepest depths",
-            )
-        params = gpt2_parameter_count(depth, width, d_mlp, **fixed)
-        error = (params - budget) / budget
-        if abs(error) > tolerance:
-            raise ConfigError(
-                f"depth {depth} reaches {params:,} parameters, {error:+.2%} off the budget "
-                f"{budget:,} (tolerance {tolerance:.0%})",
-                fix="use a larger budget or a finer width (fewer heads)",
-            )
-        rows.append(
-            {
-                "depth": depth,
-                "d_model": width,
-                "d_mlp": d_mlp,
-                "n_heads": n_heads,
-                "params": params,
-                "budget_error": error,
-                "d_model_over_d_mlp": width / d_mlp,
-            }
-        )
+        width = d_model if style == "mlp" else _width_for(budget, depth, n_heads, mlp_ratio, fixed)
+        rows.append(_member(budget, depth, width, n_heads, tolerance, fixed))
     df = pd.DataFrame(rows)
     summary = {
         "budget": int(budget),

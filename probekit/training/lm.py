@@ -18,10 +18,16 @@ and grown runs can be compared at equal final depth. Output folder::
     out/step{n}/          every ``save_every`` steps, if set
     out/final/            the final checkpoint (HF GPT-2 + optimizer.safetensors)
 
+A killed run started again with the same settings resumes from its last checkpoint.
+
 Example:
-    >>> cfg = LMConfig(n_layers=4, initial_layers=2, growth="midas", d_model=32, steps=6,
-    ...                batch_size=2, seq_len=16, eval_every=3, corpus_max_files=30)
-    >>> run = train_lm(cfg, tempfile.mkdtemp(), progress=False)   # doctest: +SKIP
+    >>> import tempfile
+    >>> cfg = LMConfig(n_layers=2, initial_layers=1, block_size=1, growth="midas", d_model=16,
+    ...                n_heads=2, steps=4, batch_size=2, seq_len=16, eval_every=2,
+    ...                eval_sequences=2, corpus_max_files=30)
+    >>> run = train_lm(cfg, tempfile.mkdtemp(), progress=False, device="cpu")
+    >>> [p.name for p in run.checkpoints], int(run.metrics.depth.iloc[-1])
+    (['stage1-before', 'stage1-after'], 2)
 """
 
 from __future__ import annotations

@@ -43,8 +43,14 @@ from probekit.result import Result
 from probekit.training.models import ModelConfig
 from probekit.training.trainer import RunOutput, TrainConfig, train, train_stack
 
-ACC_METRICS = ("train_acc", "test_data_acc", "test_task_acc", "test_task_inferential",
-               "test_task_symmetric", "test_task_other")
+ACC_METRICS = (
+    "train_acc",
+    "test_data_acc",
+    "test_task_acc",
+    "test_task_inferential",
+    "test_task_symmetric",
+    "test_task_other",
+)
 
 
 @dataclass
@@ -80,8 +86,10 @@ class SweepConfig:
                     )
             family_depths = [int(d) for d in self.family.df.depth]
             if self.depths is not None and not set(self.depths) <= set(family_depths):
-                raise ConfigError(f"depths {self.depths} are not all in the family "
-                                  f"{family_depths}", fix="leave depths out to use the family's")
+                raise ConfigError(
+                    f"depths {self.depths} are not all in the family {family_depths}",
+                    fix="leave depths out to use the family's",
+                )
             self.depths = self.depths or family_depths
         if self.depths is None:
             self.depths = [self.base.model.n_layers]
@@ -90,8 +98,9 @@ class SweepConfig:
             if not values:
                 raise ConfigError(f"the sweep's {name} list is empty", fix="give at least one")
             if len(set(values)) != len(values):
-                raise ConfigError(f"the sweep's {name} repeat: {values}",
-                                  fix="list each value once")
+                raise ConfigError(
+                    f"the sweep's {name} repeat: {values}", fix="list each value once"
+                )
             setattr(self, name, values)
         if self.max_stack is not None and self.max_stack < 1:
             raise ConfigError(f"max_stack {self.max_stack} < 1", fix="use None or >= 1")
@@ -110,13 +119,23 @@ class SweepConfig:
             for gamma in self.gammas:
                 for wd in self.weight_decays:
                     for seed in self.seeds:
-                        model = ModelConfig.from_dict({**self.base.model.to_dict(),
-                                                       "n_layers": int(depth),
-                                                       "gamma": float(gamma),
-                                                       **self._shape(int(depth))})
-                        out.append(replace(self.base, model=model, weight_decay=float(wd),
-                                           seed=int(seed),
-                                           name=f"L{depth}_g{gamma:g}_wd{wd:g}_s{seed}"))
+                        model = ModelConfig.from_dict(
+                            {
+                                **self.base.model.to_dict(),
+                                "n_layers": int(depth),
+                                "gamma": float(gamma),
+                                **self._shape(int(depth)),
+                            }
+                        )
+                        out.append(
+                            replace(
+                                self.base,
+                                model=model,
+                                weight_decay=float(wd),
+                                seed=int(seed),
+                                name=f"L{depth}_g{gamma:g}_wd{wd:g}_s{seed}",
+                            )
+                        )
         return out
 
     def groups(self) -> list[tuple[str, list[TrainConfig]]]:
@@ -128,7 +147,7 @@ class SweepConfig:
         for runs in by_key.values():
             name = f"L{runs[0].model.n_layers}"
             size = self.max_stack or len(runs)
-            chunks = [runs[i:i + size] for i in range(0, len(runs), size)]
+            chunks = [runs[i : i + size] for i in range(0, len(runs), size)]
             for k, chunk in enumerate(chunks):
                 groups.append((name if len(chunks) == 1 else f"{name}-{k}", chunk))
         return groups
@@ -144,9 +163,14 @@ def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
 def _summarize(out: RunOutput, cfg: TrainConfig) -> dict[str, Any]:
     m = out.metrics
     row: dict[str, Any] = {
-        "run": cfg.name, "depth": cfg.model.n_layers, "gamma": cfg.model.gamma,
-        "weight_decay": cfg.weight_decay, "seed": cfg.seed, "lr": cfg.lr,
-        "steps": int(m["step"].iloc[-1]), "status": out.status,
+        "run": cfg.name,
+        "depth": cfg.model.n_layers,
+        "gamma": cfg.model.gamma,
+        "weight_decay": cfg.weight_decay,
+        "seed": cfg.seed,
+        "lr": cfg.lr,
+        "steps": int(m["step"].iloc[-1]),
+        "status": out.status,
         "checkpoint": str(out.checkpoint),
     }
     for k in ACC_METRICS:
@@ -161,49 +185,96 @@ class SweepResult(Result):
     """A sweep's results table (one row per run) and its phase diagrams.
 
     Example:
-        >>> res.phase_diagram("test_task_inferential", "gamma", "depth")   # doctest: +SKIP
+        >>> import pandas as pd
+        >>> res = SweepResult(pd.DataFrame({"gamma": [0.3, 0.8], "depth": [2, 2],
+        ...                                 "final_test_task_inferential": [0.1, 0.9]}), {})
+        >>> type(res.phase_diagram("test_task_inferential", "gamma", "depth")).__name__
+        'Figure'
     """
 
     kind = "sweep"
 
-    def phase_diagram(self, metric: str = "test_task_inferential", x: str = "gamma",
-                      y: str = "depth", which: str = "final") -> go.Figure:
+    def phase_diagram(
+        self,
+        metric: str = "test_task_inferential",
+        x: str = "gamma",
+        y: str = "depth",
+        which: str = "final",
+    ) -> go.Figure:
         """Heatmap of ``which``_``metric`` over ``x`` x ``y``, averaged over everything else."""
         col = f"{which}_{metric}"
         if col not in self.df.columns:
-            raise ConfigError(f"no column {col!r} in the sweep table",
-                              fix=f"use one of {list(ACC_METRICS)} with which=final|best")
+            raise ConfigError(
+                f"no column {col!r} in the sweep table",
+                fix=f"use one of {list(ACC_METRICS)} with which=final|best",
+            )
         table = self.df.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
-        fig = go.Figure(go.Heatmap(z=table.values, x=[f"{v:g}" for v in table.columns],
-                                   y=[f"{v:g}" for v in table.index], zmin=0, zmax=1,
-                                   colorscale="Viridis", text=np.round(table.values, 2),
-                                   texttemplate="%{text}", colorbar={"title": metric}))
-        fig.update_layout(title=f"{which} {metric} over {x} x {y} (mean over other settings)",
-                          xaxis_title=x, yaxis_title=y, template="plotly_white")
+        fig = go.Figure(
+            go.Heatmap(
+                z=table.values,
+                x=[f"{v:g}" for v in table.columns],
+                y=[f"{v:g}" for v in table.index],
+                zmin=0,
+                zmax=1,
+                colorscale="Viridis",
+                text=np.round(table.values, 2),
+                texttemplate="%{text}",
+                colorbar={"title": metric},
+            )
+        )
+        fig.update_layout(
+            title=f"{which} {metric} over {x} x {y} (mean over other settings)",
+            xaxis_title=x,
+            yaxis_title=y,
+            template="plotly_white",
+        )
         return fig
 
     def figure(self) -> go.Figure:
         """The papers' four phase diagrams: held-out inferential / symmetric accuracy over
         gamma x depth and gamma x weight decay, averaged over seeds (and the third axis)."""
-        specs = [("test_task_inferential", "depth"), ("test_task_symmetric", "depth"),
-                 ("test_task_inferential", "weight_decay"),
-                 ("test_task_symmetric", "weight_decay")]
-        fig = make_subplots(rows=2, cols=2, horizontal_spacing=0.12, vertical_spacing=0.16,
-                            subplot_titles=[f"held-out {m.split('_')[-1]}: gamma x {y}"
-                                            for m, y in specs])
+        specs = [
+            ("test_task_inferential", "depth"),
+            ("test_task_symmetric", "depth"),
+            ("test_task_inferential", "weight_decay"),
+            ("test_task_symmetric", "weight_decay"),
+        ]
+        fig = make_subplots(
+            rows=2,
+            cols=2,
+            horizontal_spacing=0.12,
+            vertical_spacing=0.16,
+            subplot_titles=[f"held-out {m.split('_')[-1]}: gamma x {y}" for m, y in specs],
+        )
         for i, (metric, y) in enumerate(specs):
-            table = self.df.pivot_table(index=y, columns="gamma", values=f"final_{metric}",
-                                        aggfunc="mean")
-            fig.add_trace(go.Heatmap(
-                z=table.values, x=[f"{v:g}" for v in table.columns],
-                y=[f"{v:g}" for v in table.index], zmin=0, zmax=1, colorscale="Viridis",
-                text=np.round(table.values, 2), texttemplate="%{text}", showscale=i == 0,
-                colorbar={"title": "fraction"}), row=i // 2 + 1, col=i % 2 + 1)
+            table = self.df.pivot_table(
+                index=y, columns="gamma", values=f"final_{metric}", aggfunc="mean"
+            )
+            fig.add_trace(
+                go.Heatmap(
+                    z=table.values,
+                    x=[f"{v:g}" for v in table.columns],
+                    y=[f"{v:g}" for v in table.index],
+                    zmin=0,
+                    zmax=1,
+                    colorscale="Viridis",
+                    text=np.round(table.values, 2),
+                    texttemplate="%{text}",
+                    showscale=i == 0,
+                    colorbar={"title": "fraction"},
+                ),
+                row=i // 2 + 1,
+                col=i % 2 + 1,
+            )
             fig.update_xaxes(title_text="gamma (init rate)", row=i // 2 + 1, col=i % 2 + 1)
-            fig.update_yaxes(title_text=y.replace("_", " "), type="category",
-                             row=i // 2 + 1, col=i % 2 + 1)
-        fig.update_layout(title="Phase diagrams on the held-out pair (mean over seeds)",
-                          template="plotly_white", height=760)
+            fig.update_yaxes(
+                title_text=y.replace("_", " "), type="category", row=i // 2 + 1, col=i % 2 + 1
+            )
+        fig.update_layout(
+            title="Phase diagrams on the held-out pair (mean over seeds)",
+            template="plotly_white",
+            height=760,
+        )
         return fig
 
 
@@ -228,19 +299,28 @@ def run_sweep(
             o = train(run, out / "runs" / run.name, resume=resume, progress=progress)
             rows.append(_summarize(o, run))
     df = pd.DataFrame(rows)
-    meta = {"base": sweep.base.to_dict(), "gammas": sweep.gammas,
-            "weight_decays": sweep.weight_decays, "depths": sweep.depths, "seeds": sweep.seeds,
-            "stack": sweep.stack,
-            "family": None if sweep.family is None else sweep.family.df.to_dict("records")}
+    meta = {
+        "base": sweep.base.to_dict(),
+        "gammas": sweep.gammas,
+        "weight_decays": sweep.weight_decays,
+        "depths": sweep.depths,
+        "seeds": sweep.seeds,
+        "stack": sweep.stack,
+        "family": None if sweep.family is None else sweep.family.df.to_dict("records"),
+    }
     by = df.groupby("solution")["run"].count().to_dict()
-    summary = {"n_runs": len(df), **{f"n_{k}": int(v) for k, v in by.items()},
-               "mean_final_test_task_inferential": float(df["final_test_task_inferential"].mean()),
-               "mean_final_test_task_symmetric": float(df["final_test_task_symmetric"].mean())}
+    summary = {
+        "n_runs": len(df),
+        **{f"n_{k}": int(v) for k, v in by.items()},
+        "mean_final_test_task_inferential": float(df["final_test_task_inferential"].mean()),
+        "mean_final_test_task_symmetric": float(df["final_test_task_symmetric"].mean()),
+    }
     result = SweepResult(df, summary, meta)
     atomic_write_text(out / "results.csv", df.to_csv(index=False))
     result.save(out / "sweep.json")
-    atomic_write_text(out / "phase_diagrams.html",
-                      result.figure().to_html(include_plotlyjs=True, full_html=True))
+    atomic_write_text(
+        out / "phase_diagrams.html", result.figure().to_html(include_plotlyjs=True, full_html=True)
+    )
     return result
 
 
