@@ -325,8 +325,8 @@ def linear_probes(
             for class variables; value variables always use ridge regression.
         test_size: held-out share of the sequences.
         threshold, min_selectivity: what counts as decodable (see module docstring).
-        seed: seeds the train/test split and the control permutation.
-        progress: called with a short text before each site and layer.
+        seed: seeds the train/test split and the control permutation; ``progress`` is called
+            with a short text before each site and layer.
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -340,13 +340,7 @@ def linear_probes(
     task, batches = batches_of(model, data, batch_size)
     n = sum(len(b.tokens) for b in batches)
     variables, var_kinds = _labels(task, labels, kinds, n)
-    _check_settings(sites, probe, test_size)
-    n_test = int(round(n * test_size))
-    if n < MIN_SAMPLES or n_test < 2 or n - n_test < 2:
-        raise InputError(
-            f"{n} sequences are too few to train and test a probe",
-            fix=f"pass at least {MIN_SAMPLES} sequences (hundreds for many classes)",
-        )
+    n_test = _check_settings(sites, probe, test_size, n)
     n_pos = batches[0].tokens.shape[1]
     pos_list = _positions(positions, n_pos, task)
     all_valid = np.concatenate([b.valid.cpu().numpy() for b in batches])
@@ -357,28 +351,20 @@ def linear_probes(
     for site, layer, hook in _site_hooks(model, sites):
         if progress is not None:
             progress(f"{site} layer {layer}")
-        acts, valid = gather(model, batches, hook)
-        for pos in pos_list:
-            where = (site, layer, pos)
-            rows += _probe_position(acts, valid, index[pos], split, variables, fit, where)
-        del acts
+        acts, valid = gather(model, batches, hook)  # one site at a time
+        for pos, idx in index.items():
+            rows += _probe_position(acts, valid, idx, split, variables, fit, (site, layer, pos))
+        del acts  # before the next site is gathered
     df = pd.DataFrame(rows)
     df["decodable"] = (df.score >= threshold) & (df.selectivity >= min_selectivity)
     summary = {"threshold": threshold, "min_selectivity": min_selectivity}
-    meta = {
-        "sites": list(sites),
-        "positions": pos_list,
-        "n_positions": n_pos,
-        "probe": probe,
-        "kinds": var_kinds,
-        "test_size": test_size,
-        "seed": seed,
-        "model": repr(model),
-    }
+    meta = {"sites": list(sites), "positions": pos_list, "n_positions": n_pos, "probe": probe}
+    meta.update(kinds=var_kinds, test_size=test_size, seed=seed, model=repr(model))
     return ProbeResult(df, summary, meta)
 
 
-def _check_settings(sites: Sequence[str], probe: str, test_size: float) -> None:
+def _check_settings(sites: Sequence[str], probe: str, test_size: float, n: int) -> int:
+    """Check the settings; the number of test sequences."""
     unknown = set(sites) - set(SITES)
     if unknown or not sites:
         raise InputError(f"unknown probe sites {sorted(unknown)}", fix=f"use any of {SITES}")
@@ -386,6 +372,13 @@ def _check_settings(sites: Sequence[str], probe: str, test_size: float) -> None:
         raise InputError(f"unknown probe {probe!r}", fix="use probe='logistic' or 'ridge'")
     if not 0.0 < test_size < 1.0:
         raise InputError(f"test_size {test_size} is not in (0, 1)", fix="use e.g. 0.25")
+    n_test = int(round(n * test_size))
+    if n < MIN_SAMPLES or n_test < 2 or n - n_test < 2:
+        raise InputError(
+            f"{n} sequences are too few to train and test a probe",
+            fix=f"pass at least {MIN_SAMPLES} sequences (hundreds for many classes)",
+        )
+    return n_test
 
 
 @dataclass

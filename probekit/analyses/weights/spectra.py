@@ -87,24 +87,7 @@ class SpectraResult(Result):
         )
         sv = self.df[self.df.matrix != "emb_cov"]
         for i, ((ly, m), part) in enumerate(sv.groupby(["layer", "matrix"], sort=False)):
-            label = m if ly < 0 else f"{m} L{ly}"
-            fig.add_trace(
-                go.Scatter(
-                    x=part["index"],
-                    y=part["normalized"],
-                    mode="lines",
-                    name=label,
-                    legendgroup=m,
-                    line={
-                        "color": figures.PALETTE[
-                            list(WEIGHT_NAMES + ("W_E", "W_U")).index(m) % len(figures.PALETTE)
-                        ]
-                    },
-                    opacity=0.5 + 0.5 * (i % 2),
-                ),
-                row=1,
-                col=1,
-            )
+            fig.add_trace(_spectrum_trace(part, ly, m, i), row=1, col=1)
         ranks = self.stable_ranks()
         per_layer = ranks[ranks.layer >= 0]
         for k, (m, part) in enumerate(per_layer.groupby("matrix", sort=False)):
@@ -140,6 +123,22 @@ class SpectraResult(Result):
         )
         fig.update_layout(height=420, width=1250)
         return fig
+
+
+def _spectrum_trace(part: pd.DataFrame, layer: int, name: str, i: int) -> go.Scatter:
+    return go.Scatter(
+        x=part["index"],
+        y=part["normalized"],
+        mode="lines",
+        name=name if layer < 0 else f"{name} L{layer}",
+        legendgroup=name,
+        line={
+            "color": figures.PALETTE[
+                list(WEIGHT_NAMES + ("W_E", "W_U")).index(name) % len(figures.PALETTE)
+            ]
+        },
+        opacity=0.5 + 0.5 * (i % 2),
+    )
 
 
 def spectra(model: Any, *, tokens: Sequence[int] | None = None) -> SpectraResult:
