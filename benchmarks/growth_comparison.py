@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     data = corpus.sequences("validation", size["seq_len"], n=16 if args.quick else 48)
     for name, cfg in runs.items():
         start = time.perf_counter()
-        run = train_lm(cfg, out / name, progress=not args.quick)
+        run = train_lm(cfg, out / name, progress=not args.quick, resume=False)  # time it all
         seconds = time.perf_counter() - start
         model = probekit.load(run.final, device="cpu")
         contrib = probekit.contributions(model, data)

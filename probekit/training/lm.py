@@ -12,7 +12,7 @@ linearly to 1 over ``residual_scale_steps`` steps.
 Training FLOPs are counted as 6 · parameters · tokens per step, summed over stages, so static
 and grown runs can be compared at equal final depth. Output folder::
 
-    out/run_config.json   the LMConfig
+    out/run_config.json   {"kind": "lm", "lm": LMConfig fields} (read back by runs.load_run)
     out/metrics.jsonl     step, depth, lr, train loss, validation loss and perplexity, FLOPs
     out/stage{k}-before/  checkpoint before the k-th growth;  out/stage{k}-after/  after it
     out/step{n}/          every ``save_every`` steps, if set

@@ -12,7 +12,7 @@ A run's output folder::
     out/metrics.jsonl        one JSON row per evaluation
     out/checkpoint/          config.json + model.safetensors (Hugging Face), optimizer.safetensors
                              (AdamW moments, torch/numpy RNG state), trainer_state.json (step,
-                             schedule, python RNG state), run_config.json
+                             schedule, python RNG state), run_config.json (kind "anchor")
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
