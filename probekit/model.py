@@ -41,6 +41,9 @@ from probekit.errors import (
 
 log = logging.getLogger(__name__)
 
+_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+"""Token ids, labels and masks may have any of these dtypes (they become long)."""
+
 HookList = Sequence[tuple[Any, Callable]]
 """TransformerLens-style forward hooks: ``[(hook_name_or_filter, fn(tensor, hook))]``."""
 
@@ -363,45 +366,26 @@ class Model:
     def prepare(self, data: Data, batch_size: int | None = None) -> list[Batch]:
         """Validate ``data`` against this model and return batches on its device with labels.
 
-        Raises :class:`InputError` for empty data, non-integer ids, ids outside the vocabulary,
-        sequences longer than the context, or masks and labels of the wrong shape.
+        Raises :class:`InputError` for empty data, token ids that are not integers or lie
+        outside the vocabulary, sequences longer than the context, masks that are not right
+        padding of 0/1 values (left padding, holes, other values, an all-padding row), labels
+        that are not integer token ids or -100, masks and labels of the wrong shape, and data
+        with no position to predict at all.
         """
         out = []
         for batch in as_batches(data, batch_size):
-            tokens = batch.tokens
-            if tokens.numel() == 0:
-                raise InputError("the data is empty (no tokens)", fix="pass at least one token")
-            if tokens.is_floating_point() or tokens.dtype == torch.bool:
-                raise InputError(
-                    f"token ids have dtype {tokens.dtype}", fix="pass integer (long) token ids"
-                )
-            if tokens.ndim != 2:
-                raise InputError(
-                    f"tokens have shape {tuple(tokens.shape)}", fix="pass tokens as [batch, pos]"
-                )
-            low, high = int(tokens.min()), int(tokens.max())
-            if low < 0 or high >= self.d_vocab:
-                bad = high if high >= self.d_vocab else low
-                raise InputError(
-                    f"token id {bad} is outside the vocabulary [0, {self.d_vocab})",
-                    fix="tokenize with this model's vocabulary",
-                )
-            if tokens.shape[1] > self.n_ctx:
-                raise InputError(
-                    f"sequences have {tokens.shape[1]} tokens, more than the model's context "
-                    f"of {self.n_ctx}",
-                    fix=f"truncate or split sequences to at most {self.n_ctx} tokens",
-                )
+            _check_tokens(batch.tokens, self.d_vocab, self.n_ctx)
             for what, t in (("attention_mask", batch.attention_mask), ("labels", batch.labels)):
-                if t is not None and t.shape != tokens.shape:
+                if t is not None and t.shape != batch.tokens.shape:
                     raise InputError(
-                        f"{what} has shape {tuple(t.shape)} but tokens have {tuple(tokens.shape)}",
+                        f"{what} has shape {tuple(t.shape)} but tokens have "
+                        f"{tuple(batch.tokens.shape)}",
                         fix=f"give {what} the same [batch, pos] shape as the tokens",
                     )
-            if batch.attention_mask is not None and not batch.attention_mask.bool().any():
-                raise InputError(
-                    "the attention mask marks no token as real", fix="mark real tokens with 1"
-                )
+            if batch.attention_mask is not None:
+                _check_mask(batch.attention_mask)
+            if batch.labels is not None:
+                _check_labels(batch.labels, self.d_vocab)
             batch = batch.to(self.device)
             tokens = batch.tokens.long()
             mask = None if batch.attention_mask is None else batch.attention_mask.long()
@@ -409,6 +393,12 @@ class Model:
             if labels is None:
                 labels = self.default_labels(tokens, mask)
             out.append(Batch(tokens, mask, labels))
+        if all(bool((b.labels == -100).all()) for b in out):
+            raise InputError(
+                "no position of the data has a target (every label is -100; a decoder's "
+                "one-token sequences have no next token)",
+                fix="pass sequences of at least two tokens, or labels with token ids",
+            )
         return out
 
     def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -484,6 +474,7 @@ class Model:
                 f"the {self.architecture} forward did not pass through every block hook",
                 fix="use a standard architecture whose forward runs each block once",
             )
+        _check_finite_stream(residuals, logits)  # type: ignore[arg-type]
         return Trace(self, batch, residuals, logits, calls)  # type: ignore[arg-type]
 
 
@@ -550,6 +541,97 @@ class Trace:
             return self.model.head(h)
 
 
+def _check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> None:
+    """Raise :class:`NumericalError` naming where a clean forward first turns non-finite."""
+    if bool(torch.isfinite(logits).all()) and all(bool(torch.isfinite(r).all()) for r in residuals):
+        return
+    first = next((i for i, r in enumerate(residuals) if not bool(torch.isfinite(r).all())), None)
+    where = (
+        "the output head (the residual stream is finite)"
+        if first is None
+        else "the embeddings"
+        if first == 0
+        else f"the output of layer {first - 1}"
+    )
+    raise NumericalError(
+        f"the clean forward has NaN or infinite values, first in {where}",
+        fix="check the checkpoint's weights (too large weights overflow) and the dtype "
+        "(float16 overflows above 65504; load with dtype=torch.float32)",
+    )
+
+
+def _check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
+    if tokens.dtype not in _INTEGER_DTYPES:
+        raise InputError(
+            f"token ids have dtype {tokens.dtype}", fix="pass integer (long) token ids"
+        )
+    if tokens.ndim != 2:
+        raise InputError(
+            f"tokens have shape {tuple(tokens.shape)}", fix="pass tokens as [batch, pos]"
+        )
+    if tokens.numel() == 0:
+        raise InputError("the data is empty (no tokens)", fix="pass at least one token")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= d_vocab:
+        bad = high if high >= d_vocab else low
+        raise InputError(
+            f"token id {bad} is outside the vocabulary [0, {d_vocab})",
+            fix="tokenize with this model's vocabulary",
+        )
+    if tokens.shape[1] > n_ctx:
+        raise InputError(
+            f"sequences have {tokens.shape[1]} tokens, more than the model's context of {n_ctx}",
+            fix=f"truncate or split sequences to at most {n_ctx} tokens",
+        )
+
+
+def _check_mask(mask: torch.Tensor) -> None:
+    """A mask must be right padding: per row 1 ... 1 0 ... 0, with at least one 1.
+
+    Any real or bool dtype is accepted as long as every value is exactly 0 or 1."""
+    if mask.is_complex():
+        raise InputError(
+            f"the attention mask has dtype {mask.dtype}",
+            fix="pass an integer or bool mask of 0 (padding) and 1 (real token)",
+        )
+    empty = (~(mask != 0).any(-1)).nonzero()
+    if len(empty):
+        raise InputError(
+            f"row {int(empty[0])} of the attention mask marks no token as real",
+            fix="drop sequences that are all padding; mark real tokens with 1",
+        )
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise InputError(
+            f"the attention mask holds the value {bad}",
+            fix="mark real tokens with 1 and padding with 0",
+        )
+    real = mask != 0
+    after_padding = (~real).long().cummax(-1).values.bool() & real
+    if after_padding.any():
+        row = int(after_padding.any(-1).nonzero()[0])
+        kind = "left padding" if not bool(real[row, 0]) else "a hole (0 between 1s)"
+        raise InputError(
+            f"row {row} of the attention mask has {kind}; probekit handles right padding only",
+            fix="pad on the right (tokenizer.padding_side = 'right') and keep real tokens "
+            "contiguous from position 0",
+        )
+
+
+def _check_labels(labels: torch.Tensor, d_vocab: int) -> None:
+    if labels.dtype not in _INTEGER_DTYPES:
+        raise InputError(
+            f"labels have dtype {labels.dtype}",
+            fix="pass integer token ids as labels (-100 = no target)",
+        )
+    bad = (labels != -100) & ((labels < 0) | (labels >= d_vocab))
+    if bad.any():
+        raise InputError(
+            f"label {int(labels[bad][0])} is neither a token id in [0, {d_vocab}) nor -100",
+            fix="use the model's token ids as labels and -100 where there is no target",
+        )
+
+
 def _check_safetensors(path: Path) -> None:
     """Check that a .safetensors file has a readable header and all the data it declares."""
     try:
@@ -559,6 +641,8 @@ def _check_safetensors(path: Path) -> None:
             if header_len <= 0 or 8 + header_len > size:
                 raise ValueError(f"header length {header_len} exceeds file size {size}")
             header = json.loads(handle.read(header_len))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
         if 8 + header_len + max(ends, default=0) > size:
             raise ValueError("the file is shorter than its header says (truncated)")
@@ -585,12 +669,26 @@ def _check_checkpoint_dir(path: Path) -> dict:
             f"{path} has no config.json",
             fix="pass a directory written by save_pretrained() (config.json + safetensors)",
         )
+    _check_regular_file(config_path)
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
         raise CheckpointError(
             f"{config_path} is not valid JSON ({err})", fix="re-save the model's config"
         ) from err
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{config_path} holds a JSON {type(config).__name__}, not an object",
+            fix="re-save the model's config with save_pretrained()",
+        )
+    archs = config.get("architectures")
+    if archs is not None and not (
+        isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+    ):
+        raise CheckpointError(
+            f"'architectures' in {config_path} is {archs!r}, not a list of class names",
+            fix='write e.g. "architectures": ["GPT2LMHeadModel"]',
+        )
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
@@ -601,8 +699,18 @@ def _check_checkpoint_dir(path: Path) -> dict:
         )
         raise CheckpointError(f"{path} has no *.safetensors weights", fix=fix)
     for weight_file in weights:
+        _check_regular_file(weight_file)
         _check_safetensors(weight_file)
     return config
+
+
+def _check_regular_file(path: Path) -> None:
+    """Refuse anything but a regular file (after symlinks): a FIFO or device would hang."""
+    if not path.resolve().is_file():
+        raise CheckpointError(
+            f"{path} is not a regular file (a pipe, device or dangling link)",
+            fix="point the checkpoint at real files written by save_pretrained()",
+        )
 
 
 def from_pretrained_complete(klass: Any, path: str | os.PathLike, **kwargs: Any) -> nn.Module:

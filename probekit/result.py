@@ -88,6 +88,8 @@ class Result:
         path = Path(path)
         try:
             payload = json.loads(path.read_text())
+            if not isinstance(payload, dict):
+                raise ValueError(f"the file holds a JSON {type(payload).__name__}, not an object")
             kind = payload["kind"]
             df = pd.read_json(io.StringIO(json.dumps(payload["df"])), orient="table")
         except (OSError, ValueError, KeyError) as err:
