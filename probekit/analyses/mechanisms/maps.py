@@ -25,8 +25,8 @@ Example:
     >>> res = hidden_state_map(model, data, layers=[1])
     >>> sorted(set(res.df[res.df.marked].group)), res.mirror_ratio("resid_out", 1) > 0
     (['(3,4)', '(4,3)'], True)
-    >>> pair_cosines(model, data).matrix(0).shape
-    (16, 16)
+    >>> float(pair_cosines(model, data).matrix(0).loc["(4,3)", "(4,3)"])
+    1.0
 """
 
 from __future__ import annotations
