@@ -12,6 +12,7 @@ import torch
 
 from probekit.analyses.mechanisms.solutions import solution_types
 from probekit.training import anchor_cpu_config, train_stack
+from probekit.training.runs import load_run
 
 torch.set_num_threads(1)
 
@@ -31,7 +32,8 @@ def test_large_init_is_symmetric_small_init_is_inferential(tmp_path: Path) -> No
     assert fl["test_task_symmetric"] >= 0.8, fl
     assert fs["test_task_inferential"] >= 0.8, fs
     # the classifier, through probekit.load, agrees with the trainer's own evaluation
-    rl, rs = solution_types(large.checkpoint), solution_types(small.checkpoint)
+    rl, rs = (solution_types(r.checkpoint, load_run(r.checkpoint).task.solution_data())
+              for r in (large, small))
     assert rl.summary["solution"] == "symmetric" and rs.summary["solution"] == "inferential"
     assert rl.summary["heldout_symmetric"] == pytest.approx(fl["test_task_symmetric"])
     assert rs.summary["heldout_inferential"] == pytest.approx(fs["test_task_inferential"])
