@@ -7,14 +7,14 @@ from probekit.analyses.depth.lens import LogitLensResult, logit_lens
 from probekit.analyses.depth.residual import ResidualResult, residual_stats
 from probekit.analyses.depth.skips import SkipEffectResult, skip_effects
 from probekit.analyses.depth.swaps import SwapResult, contiguous_blocks, layer_swaps
+from probekit.analyses.mechanisms.flow import FlowResult, information_flow
+from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout
 from probekit.analyses.mechanisms.maps import (
     HiddenMapResult,
     PairCosineResult,
     hidden_state_map,
     pair_cosines,
 )
-from probekit.analyses.mechanisms.flow import FlowResult, information_flow
-from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout
 from probekit.analyses.mechanisms.masking import MaskingResult, token_masking
 from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes
 from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types
