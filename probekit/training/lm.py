@@ -54,6 +54,7 @@ from probekit.training.checkpoint import (
     read_run_config,
     recover_checkpoint,
     save_moments,
+    save_quietly,
     unreadable,
     write_run_config,
 )
@@ -180,7 +181,7 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
         if st:
             exp_avg[name], exp_avg_sq[name] = st["exp_avg"], st["exp_avg_sq"]
     with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        save_quietly(model, tmp)
         if exp_avg:
             save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
         atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
