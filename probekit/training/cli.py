@@ -279,80 +279,106 @@ def _explicit(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> set[
     return {k for k, v in vars(args).items() if k in parser_defaults and v != parser_defaults[k]}
 
 
-def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainConfig:
-    """The :class:`TrainConfig` described by parsed ``train``/``sweep`` arguments."""
-    base: dict[str, Any] = {}
-    if getattr(args, "config", None) is not None:
-        try:
-            base = json.loads(Path(args.config).read_text())
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                f"cannot read the config file {args.config} ({err})",
-                fix="pass a JSON file such as a run's config.json",
-            ) from err
-        if isinstance(base, list):  # a stack's config.json lists its runs
-            base = base[0]
-    given = getattr(args, "_given", None)
+_MODEL_FLAGS = (
+    "d_model",
+    "n_heads",
+    "d_mlp",
+    "activation",
+    "gamma_emb",
+    "gamma_qk",
+    "gamma_vo",
+    "gamma_mlp",
+    "tie_embeddings",
+)
+_TASK_FLAGS = (
+    ("anchors", "anchors"),
+    ("special_targets", "special_targets"),
+    ("heldout_pairs", "heldout"),
+    ("seq_len", "seq_len"),
+    ("vocab_size", "vocab_size"),
+    ("n_train", "n_train"),
+    ("n_test", "n_test"),
+    ("seed", "task_seed"),
+)
+_RUN_FLAGS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup_steps",
+    "min_lr_ratio",
+    "grad_clip",
+    "eval_every",
+    "checkpoint_every",
+    "eval_train_samples",
+    "eval_at_start",
+    "device",
+)
 
-    def pick(section: dict[str, Any], key: str, flag: str) -> None:
-        if given is None or flag in given or key not in section:
-            section[key] = getattr(args, flag)
 
-    model = dict(base.get("model", {}))
-    for key, flag in (
-        ("d_model", "d_model"),
-        ("n_heads", "n_heads"),
-        ("d_mlp", "d_mlp"),
-        ("activation", "activation"),
-        ("gamma_emb", "gamma_emb"),
-        ("gamma_qk", "gamma_qk"),
-        ("gamma_vo", "gamma_vo"),
-        ("gamma_mlp", "gamma_mlp"),
-        ("tie_embeddings", "tie_embeddings"),
-    ):
-        pick(model, key, flag)
-    if not sweep:
-        pick(model, "n_layers", "n_layers")
-        pick(model, "gamma", "gamma")
+def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``--config`` (a run's config.json or run_config.json), or none."""
+    if getattr(args, "config", None) is None:
+        return {}
+    try:
+        base = json.loads(Path(args.config).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"cannot read the config file {args.config} ({err})",
+            fix="pass a JSON file such as a run's config.json",
+        ) from err
+    base = base[0] if isinstance(base, list) else base  # a stack's config.json lists its runs
+    return {k: v for k, v in base.items() if k != "kind"}
+
+
+class _Picker:
+    """Copies a flag into a settings section unless --config set it and the flag was not given."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.given = args, getattr(args, "_given", None)
+
+    def explicit(self, flag: str) -> bool:
+        return self.given is None or flag in self.given
+
+    def __call__(self, section: dict[str, Any], key: str, flag: str) -> None:
+        if self.explicit(flag) or key not in section:
+            section[key] = getattr(self.args, flag)
+
+
+def _task_settings(args: argparse.Namespace, base: dict, pick: _Picker) -> dict[str, Any]:
     if len(args.item_range) != 2:
         raise ConfigError(
             f"--item-range {args.item_range} needs two numbers", fix="write LOW,HIGH, e.g. 20,100"
         )
     task = dict(base.get("task", {}))
-    for key, flag in (
-        ("anchors", "anchors"),
-        ("special_targets", "special_targets"),
-        ("heldout_pairs", "heldout"),
-        ("seq_len", "seq_len"),
-        ("vocab_size", "vocab_size"),
-        ("n_train", "n_train"),
-        ("n_test", "n_test"),
-        ("seed", "task_seed"),
-    ):
+    for key, flag in _TASK_FLAGS:
         pick(task, key, flag)
-    if given is None or "item_range" in given or "item_low" not in task:
+    if pick.explicit("item_range") or "item_low" not in task:
         task["item_low"], task["item_high"] = args.item_range
+    return task
+
+
+def _model_settings(base: dict, task: dict, pick: _Picker, sweep: bool) -> dict[str, Any]:
+    model = dict(base.get("model", {}))
+    for flag in _MODEL_FLAGS:
+        pick(model, flag, flag)
+    if not sweep:
+        pick(model, "n_layers", "n_layers")
+        pick(model, "gamma", "gamma")
     model.setdefault("vocab_size", task.get("vocab_size", _A.vocab_size))
-    if given is None or "vocab_size" in given:
+    if pick.explicit("vocab_size"):
         model["vocab_size"] = task["vocab_size"]
     model["n_positions"] = max(int(model.get("n_positions", 0)), int(task["seq_len"]))
+    return model
+
+
+def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainConfig:
+    """The :class:`TrainConfig` described by parsed ``train``/``sweep`` arguments."""
+    base = _base_settings(args)
+    pick = _Picker(args)
+    task = _task_settings(args, base, pick)
+    model = _model_settings(base, task, pick, sweep)
     cfg = {k: v for k, v in base.items() if k not in ("model", "task")}
-    keys = [
-        "steps",
-        "batch_size",
-        "lr",
-        "warmup_steps",
-        "min_lr_ratio",
-        "grad_clip",
-        "eval_every",
-        "checkpoint_every",
-        "eval_train_samples",
-        "eval_at_start",
-        "device",
-    ]
-    if not sweep:
-        keys += ["seed", "weight_decay"]
-    for key in keys:
+    for key in _RUN_FLAGS + (() if sweep else ("seed", "weight_decay")):
         pick(cfg, key, key)
     cfg["task"] = AnchorTask.from_dict(task)
     cfg["model"] = ModelConfig.from_dict(model)

@@ -103,16 +103,10 @@ def _renumber(tensors: dict, mapping: list[int]) -> dict:
     return out
 
 
-def grow_checkpoint(
-    src: str | os.PathLike, dst: str | os.PathLike, method: str = "midas", block_size: int = 2
-) -> Path:
-    """Write a grown copy of the checkpoint in ``src`` to ``dst`` (atomically); returns ``dst``."""
-    from safetensors.torch import load_file, save_file
-
-    src, dst = Path(src), Path(dst)
-    config_path = src / "config.json"
+def _gpt2_config_of(src: Path) -> dict:
+    """The Hugging Face config.json of a GPT-2 checkpoint; anything else is refused."""
     try:
-        config = json.loads(config_path.read_text())
+        config = json.loads((src / "config.json").read_text())
     except (OSError, ValueError) as err:
         raise CheckpointError(
             f"no readable config.json in {src} ({err})",
@@ -123,6 +117,17 @@ def grow_checkpoint(
             f"cannot grow a {config.get('model_type')!r} checkpoint",
             fix="growth works on probekit's GPT-2-style checkpoints (probekit train)",
         )
+    return config
+
+
+def grow_checkpoint(
+    src: str | os.PathLike, dst: str | os.PathLike, method: str = "midas", block_size: int = 2
+) -> Path:
+    """Write a grown copy of the checkpoint in ``src`` to ``dst`` (atomically); returns ``dst``."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    config = _gpt2_config_of(src)
     n_layers = int(config["n_layer"])
     mapping = layer_map(n_layers, method, block_size)
     try:
