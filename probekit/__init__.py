@@ -5,9 +5,12 @@ The data's path: :func:`load` a model handle -> :mod:`probekit.interventions` ->
 figures and reports.
 
 Example:
-    >>> import probekit                                              # doctest: +SKIP
-    >>> model = probekit.load("path/to/hf-checkpoint")               # doctest: +SKIP
-    >>> probekit.contributions(model, tokens).summary["second_half_share"]  # doctest: +SKIP
+    >>> import probekit
+    >>> from probekit.toy import toy_hf_model, toy_tokens
+    >>> model = probekit.load(toy_hf_model("gpt2", n_layers=2))   # or a checkpoint folder
+    >>> res = probekit.contributions(model, toy_tokens())
+    >>> 0 <= res.summary["second_half_share"] <= 1
+    True
 """
 
 from probekit.analyses import *  # noqa: F403  (the analyzers and their results)

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -804,12 +805,16 @@ def load(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    copy_model: bool = True,
 ) -> Model:
     """Attach probekit to a model and return its :class:`Model` handle.
 
     ``source`` is a Hugging Face model directory on disk (config.json + safetensors), an
-    in-memory Hugging Face ``PreTrainedModel`` (wrapped in place: the bridge replaces its
-    submodules), a ``TransformerBridge``, or an existing :class:`Model` (returned as is).
+    in-memory Hugging Face ``PreTrainedModel``, a ``TransformerBridge``, or an existing
+    :class:`Model` (returned as is). An in-memory model is copied first, so the caller's object
+    keeps its modules, parameter names, device and dtype (``save_pretrained`` still works);
+    ``copy_model=False`` skips the copy for a model too large to hold twice, and then the
+    bridge replaces its submodules in place: use the returned handle, not the original.
     Directories load onto CUDA when present, else the CPU, in float32 unless ``dtype`` is set.
 
     Example:
@@ -831,9 +836,10 @@ def load(
         arch = type(source).__name__
         if arch not in _supported_architectures():
             raise _unsupported(arch)
+        hf_model = copy.deepcopy(source) if copy_model else source
         if device is not None or dtype is not None:
-            source.to(device=device, dtype=dtype)
-        model = Model(_bridge(source, arch))
+            hf_model.to(device=device, dtype=dtype)
+        model = Model(_bridge(hf_model, arch))
     elif isinstance(source, str | os.PathLike):
         path = Path(source).expanduser()
         config = _check_checkpoint_dir(path)

@@ -175,3 +175,26 @@ def test_result_load_of_a_json_list(tmp_path):
     (tmp_path / "r.json").write_text("[1, 2]")
     with pytest.raises(CheckpointError, match="not an object"):
         Result.load(tmp_path / "r.json")
+
+
+# ---- the caller's model -------------------------------------------------------------------
+def test_loading_an_in_memory_model_leaves_it_as_it_was(tmp_path):
+    hf = make_hf("gpt2", n_layers=2)
+    names = [n for n, _ in hf.named_parameters()]
+    modules = [type(m).__name__ for m in hf.modules()]
+    before = {n: p.clone() for n, p in hf.named_parameters()}
+    model = probekit.load(hf, dtype=torch.float64)
+    probekit.contributions(model, _tokens())
+    assert [n for n, _ in hf.named_parameters()] == names
+    assert [type(m).__name__ for m in hf.modules()] == modules
+    assert all(torch.equal(p, before[n]) for n, p in hf.named_parameters())
+    assert next(hf.parameters()).dtype == torch.float32
+    hf.save_pretrained(tmp_path / "again")
+    reloaded = probekit.load(tmp_path / "again", device="cpu")
+    assert torch.allclose(reloaded.logits(_tokens()), model.logits(_tokens()).float(), atol=1e-5)
+
+
+def test_copy_model_false_wraps_in_place():
+    hf = make_hf("gpt2", n_layers=2)
+    model = probekit.load(hf, copy_model=False)
+    assert model.hf_model is hf
