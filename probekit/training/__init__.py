@@ -17,7 +17,6 @@ from probekit.training.trainer import (
     RunOutput,
     TrainConfig,
     anchor_cpu_config,
-    load_run_config,
     train,
     train_stack,
 )
@@ -30,7 +29,6 @@ __all__ = [
     "anchor_cpu_config",
     "init_params",
     "load_run",
-    "load_run_config",
     "stacked_forward",
     "to_hf_model",
     "train",

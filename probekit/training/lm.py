@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import CheckpointError, ConfigError, NumericalError
+from probekit.errors import ConfigError, NumericalError
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
 from probekit.training.checkpoint import (
@@ -458,16 +458,4 @@ def _validation_loss(model, tokens: torch.Tensor, device: torch.device) -> float
     return total / count
 
 
-def load_lm_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The LMConfig fields stored with an LM checkpoint or run folder."""
-    from probekit.training.runs import load_run
-
-    run = load_run(path)
-    if run is None or run.kind != "lm":
-        raise CheckpointError(
-            f"no LM-run run_config.json in {path}", fix="pass a folder written by train_lm"
-        )
-    return run.config
-
-
-__all__ = ["LMConfig", "LMRun", "load_lm_config", "train_lm"]
+__all__ = ["LMConfig", "LMRun", "train_lm"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,10 +41,29 @@ from probekit.training.checkpoint import (
     write_run_config,
 )
 from probekit.training.evaluation import read_metrics
-from probekit.training.models import to_hf_model
+from probekit.training.models import ModelConfig, to_hf_model
+from probekit.training.optim import StackedAdamW
 
-if TYPE_CHECKING:
-    from probekit.training.trainer import _Stack
+
+class _Stack(Protocol):
+    """What this module reads and restores of a stack (``trainer._Stack``)."""
+
+    cfgs: list[Any]  # the runs' TrainConfigs
+    out: Path
+    mcfg: ModelConfig
+    params: dict[str, torch.Tensor]
+    optimizer: StackedAdamW
+    device: torch.device
+    M: int
+    step: int
+    loss_sum: list[float]
+    loss_count: int
+    diverged: list[int | None]
+    elapsed: float
+    metrics: list[dict[str, Any]]
+    hf: Any  # the GPT2LMHeadModel checkpoints are written through
+
+    def run_dir(self, root: Path, m: int) -> Path: ...
 
 
 def _trainer_state(stack: _Stack, m: int, rng: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import CheckpointError, ConfigError, NumericalError, check_known_keys
+from probekit.errors import ConfigError, NumericalError, check_known_keys
 from probekit.io import atomic_write_text
 from probekit.tasks.anchor import AnchorTask
 from probekit.training.evaluation import Evaluator, autocast, write_metrics
@@ -521,25 +521,11 @@ def anchor_cpu_config(gamma: float, seed: int = 0, **overrides: Any) -> TrainCon
     return TrainConfig(**settings)
 
 
-def load_run_config(checkpoint: str | os.PathLike) -> TrainConfig:
-    """The :class:`TrainConfig` stored in a probekit anchor checkpoint (or run) folder."""
-    from probekit.training.runs import load_run
-
-    run = load_run(checkpoint)
-    if run is None or run.kind != "anchor":
-        raise CheckpointError(
-            f"no anchor-run run_config.json in {checkpoint}",
-            fix="pass a checkpoint written by probekit train",
-        )
-    return TrainConfig.from_dict(run.config)
-
-
 __all__ = [
     "RunOutput",
     "TrainConfig",
     "anchor_cpu_config",
     "batch_indices",
-    "load_run_config",
     "train",
     "train_stack",
 ]
