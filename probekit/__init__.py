@@ -13,9 +13,9 @@ Example:
     True
 """
 
-from probekit.analyses import *  # noqa: F403  (the analyzers and their results)
-from probekit.analyses import __all__ as _analyses
-from probekit.data import Batch, as_batches
+import importlib
+from typing import Any
+
 from probekit.errors import (
     CheckpointError,
     ConfigError,
@@ -24,22 +24,86 @@ from probekit.errors import (
     ProbekitError,
     UnsupportedModelError,
 )
-from probekit.model import Model, Trace, load
 
 __version__ = "0.1.0"
 
+_ANALYSES = (
+    "CondensationResult",
+    "CondensationTimelineResult",
+    "ContributionResult",
+    "DepthTimelineResult",
+    "EmbeddingMapResult",
+    "FlowResult",
+    "GradientResult",
+    "HiddenMapResult",
+    "KnockoutResult",
+    "LogitLensResult",
+    "MaskingResult",
+    "PairCosineResult",
+    "ProbeResult",
+    "ResidualResult",
+    "SkipEffectResult",
+    "SolutionResult",
+    "SpectraResult",
+    "SwapResult",
+    "TimelineResult",
+    "attention_knockout",
+    "condensation",
+    "condensation_timeline",
+    "contributions",
+    "depth_timeline",
+    "embedding_map",
+    "gradient_norms",
+    "hidden_state_map",
+    "information_flow",
+    "layer_swaps",
+    "linear_probes",
+    "logit_lens",
+    "pair_cosines",
+    "residual_stats",
+    "skip_effects",
+    "solution_types",
+    "spectra",
+    "timeline",
+    "token_masking",
+)
+
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(_ANALYSES, "probekit.analyses"),
+    "load": "probekit.model",
+    "Model": "probekit.model",
+    "Batch": "probekit.data",
+    "TaskData": "probekit.data",
+    "Result": "probekit.result",
+    "AnchorTask": "probekit.tasks",
+    "AnchorData": "probekit.tasks",
+    "train": "probekit.training",
+    "load_run": "probekit.training",
+    "diagnose": "probekit.report",
+}
+"""Public name -> the module it lives in; imported on first use, so ``import probekit`` (and
+the CLI's argument errors) do not wait for torch, transformers and scikit-learn."""
+
 __all__ = [
-    *_analyses,
-    "Batch",
+    *_EXPORTS,
     "CheckpointError",
     "ConfigError",
     "InputError",
-    "Model",
     "NumericalError",
     "ProbekitError",
-    "Trace",
     "UnsupportedModelError",
     "__version__",
-    "as_batches",
-    "load",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probekit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -257,13 +257,10 @@ def test_layer_swaps_match_swapped_weights(arch):
 def test_contiguous_blocks_respect_contiguity():
     # layers 0 and 3 look alike, 1 and 2 look alike: contiguity forbids grouping {0, 3}
     d = np.array([[0, 9, 9, 0.1], [9, 0, 0.1, 9], [9, 0.1, 0, 9], [0.1, 9, 9, 0]])
-    blocks = (
-        probekit.contiguous_blocks(d, n_blocks=3)
-        if hasattr(probekit, "contiguous_blocks")
-        else __import__("probekit.analyses", fromlist=["x"]).contiguous_blocks(d, n_blocks=3)
-    )
+    from probekit.analyses.depth.swaps import contiguous_blocks
+
+    blocks = contiguous_blocks(d, n_blocks=3)
     assert blocks == [(0, 1), (1, 3), (3, 4)]
-    from probekit.analyses import contiguous_blocks
 
     easy = np.array(
         [

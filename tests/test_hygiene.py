@@ -7,6 +7,7 @@ import torch
 
 import probekit
 from probekit.analyses import _common
+from probekit.model import Trace
 from tests.conftest import make_hf, sample_tokens
 
 ANALYZERS = {
@@ -45,7 +46,7 @@ def fail_midway(monkeypatch, at: int) -> None:
     inside an analysis's hooks and resumed forwards."""
     calls = {"n": 0}
     original_add = _common.TokenMeans.add
-    original_run_block = probekit.Trace.run_block
+    original_run_block = Trace.run_block
 
     def tick() -> None:
         calls["n"] += 1
@@ -61,7 +62,7 @@ def fail_midway(monkeypatch, at: int) -> None:
         return original_run_block(self, layer, residual)
 
     monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
-    monkeypatch.setattr(probekit.Trace, "run_block", failing_run_block)
+    monkeypatch.setattr(Trace, "run_block", failing_run_block)
 
 
 def _assert_same(before, after):

@@ -6,7 +6,7 @@ from probekit.analyses.depth.gradients import GradientResult, gradient_norms
 from probekit.analyses.depth.lens import LogitLensResult, logit_lens
 from probekit.analyses.depth.residual import ResidualResult, residual_stats
 from probekit.analyses.depth.skips import SkipEffectResult, skip_effects
-from probekit.analyses.depth.swaps import SwapResult, contiguous_blocks, layer_swaps
+from probekit.analyses.depth.swaps import SwapResult, layer_swaps
 from probekit.analyses.mechanisms.flow import FlowResult, information_flow
 from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout
 from probekit.analyses.mechanisms.maps import (
@@ -18,10 +18,15 @@ from probekit.analyses.mechanisms.maps import (
 from probekit.analyses.mechanisms.masking import MaskingResult, token_masking
 from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes
 from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types
-from probekit.analyses.timeline import DepthTimelineResult, depth_timeline
+from probekit.analyses.timeline import (
+    DepthTimelineResult,
+    TimelineResult,
+    depth_timeline,
+    timeline,
+)
 from probekit.analyses.weights.condensation import (
     CondensationResult,
-    TimelineResult,
+    CondensationTimelineResult,
     condensation,
     condensation_timeline,
 )
@@ -31,6 +36,7 @@ from probekit.result import Result
 
 __all__ = [
     "CondensationResult",
+    "CondensationTimelineResult",
     "ContributionResult",
     "DepthTimelineResult",
     "EmbeddingMapResult",
@@ -52,7 +58,6 @@ __all__ = [
     "attention_knockout",
     "condensation",
     "condensation_timeline",
-    "contiguous_blocks",
     "contributions",
     "depth_timeline",
     "embedding_map",
@@ -67,5 +72,6 @@ __all__ = [
     "skip_effects",
     "solution_types",
     "spectra",
+    "timeline",
     "token_masking",
 ]

@@ -33,6 +33,7 @@ from plotly.subplots import make_subplots
 
 from probekit import figures
 from probekit.analyses._common import cosine_matrix
+from probekit.analyses.timeline import TimelineResult, timeline
 from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -254,10 +255,10 @@ def _check_layers(model: Model, layers: Sequence[int] | None) -> list[int]:
 
 
 # ---------------------------------------------------------------- timeline
-class TimelineResult(Result):
+class CondensationTimelineResult(TimelineResult):
     """Condensation and stable-rank headline numbers over a series of checkpoints.
 
-    ``df`` columns: ``step`` (the label given per checkpoint), ``quantity`` (e.g.
+    ``df`` columns: ``run``, ``step`` (the label given per checkpoint), ``quantity`` (e.g.
     ``score``, ``groups``, ``stable_rank``), ``matrix``, ``layer``, ``value``. ``summary``:
     ``n_checkpoints``, ``onset_step`` (first step whose mean condensation score reaches
     ``onset_score``, or None) and the first and last mean scores.
@@ -299,7 +300,7 @@ def condensation_timeline(
     threshold: float = 0.7,
     onset_score: float = 0.2,
     matrices: Sequence[str] = NEURON_MATRICES,
-) -> TimelineResult:
+) -> CondensationTimelineResult:
     """Condensation score, groups and stable ranks of each checkpoint of one run.
 
     Args:
@@ -325,43 +326,63 @@ def condensation_timeline(
             f"{len(steps)} steps for {len(checkpoints)} checkpoints",
             fix="give one step per checkpoint",
         )
-    rows: list[dict[str, Any]] = []
-    means = []
-    for step, source in zip(steps, checkpoints, strict=True):
-        model = load(source)
-        cond = condensation(model, matrices=matrices, threshold=threshold)
-        means.append(cond.summary["mean_score"])
-        rows += _timeline_rows(step, cond, model)
-    onset = next((s for s, m in zip(steps, means, strict=True) if m >= onset_score), None)
-    summary = {
-        "n_checkpoints": len(checkpoints),
-        "onset_step": onset,
-        "first_mean_score": means[0],
-        "last_mean_score": means[-1],
-    }
-    meta = {"threshold": threshold, "onset_score": onset_score, "steps": steps}
-    return TimelineResult(pd.DataFrame(rows), summary, meta)
+
+    def onset(df: pd.DataFrame) -> dict[str, Any]:
+        means = df[df.quantity == "mean_score"].set_index("step")["value"]
+        first = next((s for s, m in means.items() if m >= onset_score), None)
+        return {
+            "onset_step": first,
+            "first_mean_score": float(means.iloc[0]),
+            "last_mean_score": float(means.iloc[-1]),
+        }
+
+    result = timeline(
+        [("run", step, source) for step, source in zip(steps, checkpoints, strict=True)],
+        checkpoint_weights,
+        rows=lambda res: res.df,
+        result_class=CondensationTimelineResult,
+        summarize=onset,
+        matrices=matrices,
+        threshold=threshold,
+    )
+    result.meta.update({"threshold": threshold, "onset_score": onset_score, "steps": steps})
+    return result  # type: ignore[return-value]  (result_class makes it one)
 
 
-def _timeline_rows(step: float, cond: CondensationResult, model: Model) -> list[dict[str, Any]]:
-    """Groups, largest share and score per matrix, then every stable rank, of one checkpoint."""
+class CheckpointWeights(Result):
+    """Condensation and stable ranks of one checkpoint, as rows of a timeline: ``df`` columns
+    ``quantity``, ``matrix``, ``layer``, ``value``."""
+
+    kind = "checkpoint_weights"
+
+
+def checkpoint_weights(
+    model: Any, *, matrices: Sequence[str] = NEURON_MATRICES, threshold: float = 0.7
+) -> CheckpointWeights:
+    """Groups, largest share and score per matrix, the mean score, then every stable rank."""
+    model = load(model)
+    cond = condensation(model, matrices=matrices, threshold=threshold)
     rows = [
-        {"step": step, "quantity": q, "matrix": r.matrix, "layer": r.layer, "value": float(v)}
+        {"quantity": q, "matrix": r.matrix, "layer": r.layer, "value": float(v)}
         for r in cond.stats().itertuples(index=False)
         for q, v in (("groups", r.groups), ("largest_share", r.largest_share), ("score", r.score))
     ]
+    rows.append(
+        {"quantity": "mean_score", "matrix": "", "layer": -1, "value": cond.summary["mean_score"]}
+    )
     mats = {**model.weights(), (-1, "W_E"): model.embedding}
     rows += [
-        {"step": step, "quantity": "stable_rank", "matrix": m, "layer": ly, "value": stable_rank(w)}
+        {"quantity": "stable_rank", "matrix": m, "layer": ly, "value": stable_rank(w)}
         for (ly, m), w in mats.items()
     ]
-    return rows
+    return CheckpointWeights(pd.DataFrame(rows), {}, {"threshold": threshold})
 
 
 __all__ = [
     "NEURON_MATRICES",
     "CondensationResult",
-    "TimelineResult",
+    "CondensationTimelineResult",
+    "checkpoint_weights",
     "cluster_order",
     "condensation",
     "condensation_timeline",
