@@ -16,6 +16,7 @@ Example:
 import importlib
 from typing import Any
 
+from probekit import analyses as _analyses
 from probekit.errors import (
     CheckpointError,
     ConfigError,
@@ -27,49 +28,8 @@ from probekit.errors import (
 
 __version__ = "0.1.0"
 
-_ANALYSES = (
-    "CondensationResult",
-    "CondensationTimelineResult",
-    "ContributionResult",
-    "DepthTimelineResult",
-    "EmbeddingMapResult",
-    "FlowResult",
-    "GradientResult",
-    "HiddenMapResult",
-    "KnockoutResult",
-    "LogitLensResult",
-    "MaskingResult",
-    "PairCosineResult",
-    "ProbeResult",
-    "ResidualResult",
-    "SkipEffectResult",
-    "SolutionResult",
-    "SpectraResult",
-    "SwapResult",
-    "TimelineResult",
-    "attention_knockout",
-    "condensation",
-    "condensation_timeline",
-    "contributions",
-    "depth_timeline",
-    "embedding_map",
-    "gradient_norms",
-    "hidden_state_map",
-    "information_flow",
-    "layer_swaps",
-    "linear_probes",
-    "logit_lens",
-    "pair_cosines",
-    "residual_stats",
-    "skip_effects",
-    "solution_types",
-    "spectra",
-    "timeline",
-    "token_masking",
-)
-
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(_ANALYSES, "probekit.analyses"),
+    **dict.fromkeys(_analyses.__all__, "probekit.analyses"),
     "load": "probekit.model",
     "Model": "probekit.model",
     "Batch": "probekit.data",

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from probekit.analyses import (
-    Result,
     contributions,
     gradient_norms,
     layer_swaps,
@@ -39,7 +38,7 @@ from probekit.analyses import (
 from probekit.data import Data
 from probekit.io import atomic_write_text
 from probekit.model import Model, load
-from probekit.result import _plain
+from probekit.result import Result, json_ready
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
@@ -212,7 +211,7 @@ def _summary_table(summary: dict) -> str:
         if isinstance(value, float):
             text = f"{value:.4g}"
         else:
-            text = html.escape(json.dumps(_plain(value)))
+            text = html.escape(json.dumps(json_ready(value)))
         rows.append(f"<tr><th>{html.escape(key)}</th><td>{text}</td></tr>")
     return "<table>" + "".join(rows) + "</table>"
 
@@ -259,7 +258,7 @@ def write_json(path: str | os.PathLike, value: Any) -> Path:
         >>> json.loads(path.read_text())
         {'share': 0.5}
     """
-    return atomic_write_text(path, json.dumps(_plain(value), indent=1))
+    return atomic_write_text(path, json.dumps(json_ready(value), indent=1))
 
 
 def _chromium_available() -> bool:

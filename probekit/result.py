@@ -29,12 +29,12 @@ from probekit.io import atomic_write_text
 _REGISTRY: dict[str, type[Result]] = {}
 
 
-def _plain(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     """Turn numpy / torch scalars and containers into JSON-ready Python values."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [json_ready(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
         try:
             value = value.item()
@@ -76,8 +76,8 @@ class Result:
         """Write the result to one JSON file, atomically; :meth:`load` reads it back."""
         payload = {
             "kind": self.kind,
-            "summary": _plain(self.summary),
-            "meta": _plain(self.meta),
+            "summary": json_ready(self.summary),
+            "meta": json_ready(self.meta),
             "df": json.loads(self.df.to_json(orient="table", index=False)),
         }
         return atomic_write_text(path, json.dumps(payload, indent=1))

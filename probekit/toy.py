@@ -23,13 +23,19 @@ TOY_VOCAB = 50
 _ARCHS = ("gpt2", "llama", "bert")
 
 
-def toy_hf_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed: int = 0):
-    """A tiny randomly initialised Hugging Face model (``gpt2``, ``llama`` or ``bert``), eval mode."""
+def toy_hf_model(
+    arch: str = "gpt2",
+    n_layers: int = 2,
+    d_model: int = 32,
+    seed: int = 0,
+    vocab_size: int = TOY_VOCAB,
+):
+    """A tiny random Hugging Face model (``gpt2``, ``llama`` or ``bert``) in eval mode."""
     import transformers
 
     if arch not in _ARCHS:
         raise InputError(f"unknown toy architecture {arch!r}", fix=f"use one of {_ARCHS}")
-    common = dict(vocab_size=TOY_VOCAB, bos_token_id=0, eos_token_id=0)
+    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
     if arch == "gpt2":
         config = transformers.GPT2Config(
             n_positions=16, n_embd=d_model, n_layer=n_layers, n_head=4, **common
@@ -53,7 +59,7 @@ def toy_hf_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed:
             num_hidden_layers=n_layers,
             num_attention_heads=4,
             max_position_embeddings=16,
-            vocab_size=TOY_VOCAB,
+            vocab_size=vocab_size,
         )
         klass = transformers.BertForMaskedLM
     config._attn_implementation = "eager"
@@ -61,9 +67,15 @@ def toy_hf_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed:
     return klass(config).eval()
 
 
-def toy_model(arch: str = "gpt2", n_layers: int = 2, d_model: int = 32, seed: int = 0) -> Model:
+def toy_model(
+    arch: str = "gpt2",
+    n_layers: int = 2,
+    d_model: int = 32,
+    seed: int = 0,
+    vocab_size: int = TOY_VOCAB,
+) -> Model:
     """:func:`toy_hf_model` attached as a probekit :class:`~probekit.model.Model`."""
-    return load(toy_hf_model(arch, n_layers, d_model, seed))
+    return load(toy_hf_model(arch, n_layers, d_model, seed, vocab_size), copy_model=False)
 
 
 def toy_tokens(batch: int = 4, length: int = 8, seed: int = 0) -> torch.Tensor:

@@ -1,77 +1,60 @@
-"""Analyzers: each a function ``(model, data, ...) -> Result`` (tidy ``.df``, ``.summary``,
-``.figure()``, save/load)."""
+"""Analyzers, grouped by the question they answer; each returns a Result (tidy ``.df``,
+``.summary``, ``.figure()``, save/load).
 
-from probekit.analyses.depth.contributions import ContributionResult, contributions
-from probekit.analyses.depth.gradients import GradientResult, gradient_norms
-from probekit.analyses.depth.lens import LogitLensResult, logit_lens
-from probekit.analyses.depth.residual import ResidualResult, residual_stats
-from probekit.analyses.depth.skips import SkipEffectResult, skip_effects
-from probekit.analyses.depth.swaps import SwapResult, layer_swaps
-from probekit.analyses.mechanisms.flow import FlowResult, information_flow
-from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout
-from probekit.analyses.mechanisms.maps import (
-    HiddenMapResult,
-    PairCosineResult,
-    hidden_state_map,
-    pair_cosines,
-)
-from probekit.analyses.mechanisms.masking import MaskingResult, token_masking
-from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes
-from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types
-from probekit.analyses.timeline import (
-    DepthTimelineResult,
-    TimelineResult,
-    depth_timeline,
-    timeline,
-)
-from probekit.analyses.weights.condensation import (
-    CondensationResult,
-    CondensationTimelineResult,
-    condensation,
-    condensation_timeline,
-)
-from probekit.analyses.weights.embeddings import EmbeddingMapResult, embedding_map
-from probekit.analyses.weights.spectra import SpectraResult, spectra
-from probekit.result import Result
+- :mod:`~probekit.analyses.depth`: how a model uses its depth (contributions, residual
+  similarity, skip effects, gradients, layer swaps, logit lens);
+- :mod:`~probekit.analyses.mechanisms`: which solution it found and what carries it (solution
+  types, probes, token masking, attention knockout, information flow, hidden-state maps);
+- :mod:`~probekit.analyses.weights`: the weights alone (condensation, spectra, embedding maps);
+- :mod:`~probekit.analyses.timeline`: any analyzer across checkpoints.
 
-__all__ = [
-    "CondensationResult",
-    "CondensationTimelineResult",
-    "ContributionResult",
-    "DepthTimelineResult",
-    "EmbeddingMapResult",
-    "FlowResult",
-    "GradientResult",
-    "HiddenMapResult",
-    "KnockoutResult",
-    "LogitLensResult",
-    "MaskingResult",
-    "PairCosineResult",
-    "ProbeResult",
-    "ResidualResult",
-    "Result",
-    "SkipEffectResult",
-    "SolutionResult",
-    "SpectraResult",
-    "SwapResult",
-    "TimelineResult",
-    "attention_knockout",
-    "condensation",
-    "condensation_timeline",
-    "contributions",
-    "depth_timeline",
-    "embedding_map",
-    "gradient_norms",
-    "hidden_state_map",
-    "information_flow",
-    "layer_swaps",
-    "linear_probes",
-    "logit_lens",
-    "pair_cosines",
-    "residual_stats",
-    "skip_effects",
-    "solution_types",
-    "spectra",
-    "timeline",
-    "token_masking",
-]
+Names are imported from their modules on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "depth.contributions": ("ContributionResult", "contributions"),
+    "depth.gradients": ("GradientResult", "gradient_norms"),
+    "depth.lens": ("LogitLensResult", "logit_lens"),
+    "depth.residual": ("ResidualResult", "residual_stats"),
+    "depth.skips": ("SkipEffectResult", "skip_effects"),
+    "depth.swaps": ("SwapResult", "layer_swaps"),
+    "mechanisms.flow": ("FlowResult", "information_flow"),
+    "mechanisms.knockout": ("KnockoutResult", "attention_knockout"),
+    "mechanisms.maps": ("HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"),
+    "mechanisms.masking": ("MaskingResult", "token_masking"),
+    "mechanisms.probes": ("ProbeResult", "linear_probes"),
+    "mechanisms.solutions": ("SolutionResult", "solution_types"),
+    "timeline": ("DepthTimelineResult", "TimelineResult", "depth_timeline", "timeline"),
+    "weights.condensation": (
+        "CondensationResult",
+        "CondensationTimelineResult",
+        "condensation",
+        "condensation_timeline",
+    ),
+    "weights.embeddings": ("EmbeddingMapResult", "embedding_map"),
+    "weights.spectra": ("SpectraResult", "spectra"),
+}
+
+_WHERE = {
+    name: f"probekit.analyses.{module}" for module, names in _MODULES.items() for name in names
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probekit.analyses' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

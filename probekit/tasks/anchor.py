@@ -220,6 +220,12 @@ class AnchorTask:
                 "positions are needed",
                 fix="use seq_len >= 4 (default 9)",
             )
+        self._validate_pairs()
+        if self.n_train < 1 or self.n_test < 1:
+            raise ConfigError("n_train and n_test must be positive", fix="use e.g. 20000 / 2000")
+
+    def _validate_pairs(self) -> None:
+        """Held-out and special pairs are anchor pairs, and every target is in the vocabulary."""
         all_pairs = set(self.pairs)
         for what, pairs in (
             ("held-out pair", self.heldout_pairs),
@@ -251,8 +257,6 @@ class AnchorTask:
                         f"[1, {self.vocab_size})",
                         fix="narrow the item range, shrink the shifts or enlarge vocab_size",
                     )
-        if self.n_train < 1 or self.n_test < 1:
-            raise ConfigError("n_train and n_test must be positive", fix="use e.g. 20000 / 2000")
 
     @property
     def pairs(self) -> list[Pair]:

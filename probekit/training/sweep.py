@@ -53,6 +53,21 @@ ACC_METRICS = (
 )
 
 
+def _fraction_heatmap(table: pd.DataFrame, **style: Any) -> go.Heatmap:
+    """A heatmap of fractions in [0, 1] from a pivot table, each cell labelled."""
+    return go.Heatmap(
+        z=table.values,
+        x=[f"{v:g}" for v in table.columns],
+        y=[f"{v:g}" for v in table.index],
+        zmin=0,
+        zmax=1,
+        colorscale="Viridis",
+        text=np.round(table.values, 2),
+        texttemplate="%{text}",
+        **style,
+    )
+
+
 @dataclass
 class SweepConfig:
     """A grid of runs around ``base``: every gamma x weight decay x depth x seed.
@@ -209,19 +224,7 @@ class SweepResult(Result):
                 fix=f"use one of {list(ACC_METRICS)} with which=final|best",
             )
         table = self.df.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
-        fig = go.Figure(
-            go.Heatmap(
-                z=table.values,
-                x=[f"{v:g}" for v in table.columns],
-                y=[f"{v:g}" for v in table.index],
-                zmin=0,
-                zmax=1,
-                colorscale="Viridis",
-                text=np.round(table.values, 2),
-                texttemplate="%{text}",
-                colorbar={"title": metric},
-            )
-        )
+        fig = go.Figure(_fraction_heatmap(table, colorbar={"title": metric}))
         fig.update_layout(
             title=f"{which} {metric} over {x} x {y} (mean over other settings)",
             xaxis_title=x,
@@ -251,18 +254,7 @@ class SweepResult(Result):
                 index=y, columns="gamma", values=f"final_{metric}", aggfunc="mean"
             )
             fig.add_trace(
-                go.Heatmap(
-                    z=table.values,
-                    x=[f"{v:g}" for v in table.columns],
-                    y=[f"{v:g}" for v in table.index],
-                    zmin=0,
-                    zmax=1,
-                    colorscale="Viridis",
-                    text=np.round(table.values, 2),
-                    texttemplate="%{text}",
-                    showscale=i == 0,
-                    colorbar={"title": "fraction"},
-                ),
+                _fraction_heatmap(table, showscale=i == 0, colorbar={"title": "fraction"}),
                 row=i // 2 + 1,
                 col=i % 2 + 1,
             )
