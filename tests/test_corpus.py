@@ -9,8 +9,9 @@ import torch
 import transformers
 
 import probekit
+from probekit.analyses.depth.loss import perplexity
 from probekit.errors import ConfigError
-from probekit.tasks.corpus import EOS, VOCAB_SIZE, ByteCorpus, perplexity
+from probekit.tasks.corpus import EOS, VOCAB_SIZE, ByteCorpus
 
 
 def test_stdlib_corpus_splits_are_deterministic_and_disjoint():

@@ -20,6 +20,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.contributions": ("ContributionResult", "contributions"),
     "depth.gradients": ("GradientResult", "gradient_norms"),
     "depth.lens": ("LogitLensResult", "logit_lens"),
+    "depth.loss": ("perplexity",),
     "depth.residual": ("ResidualResult", "residual_stats"),
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),

@@ -121,20 +121,4 @@ class ByteCorpus:
         return torch.stack([stream[s : s + length] for s in starts.tolist()]).long()
 
 
-@torch.no_grad()
-def perplexity(model, tokens: torch.Tensor, batch_size: int = 32) -> float:
-    """exp of the mean next-token cross-entropy of a probekit model on ``tokens``."""
-    from probekit.analyses._common import token_loss
-    from probekit.model import load
-
-    model = load(model)
-    total, count = 0.0, 0
-    for batch in model.prepare(tokens, batch_size):
-        losses = token_loss(model.forward(batch), batch.labels)
-        keep = batch.labels != -100
-        total += float(losses[keep].sum())
-        count += int(keep.sum())
-    return float(torch.exp(torch.tensor(total / count)))
-
-
-__all__ = ["BOS", "EOS", "PAD", "VOCAB_SIZE", "ByteCorpus", "perplexity", "stdlib_root"]
+__all__ = ["BOS", "EOS", "PAD", "VOCAB_SIZE", "ByteCorpus", "stdlib_root"]
