@@ -88,6 +88,7 @@ class ContributionResult(Result):
         return figures.shade_second_half(fig, n_layers)
 
 
+@torch.no_grad()
 def contributions(
     model: Model,
     data: Data,

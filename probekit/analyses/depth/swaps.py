@@ -275,6 +275,7 @@ def _check_swap_options(bootstrap_unit: str, blocks: object, n_bootstrap: int) -
         )
 
 
+@torch.no_grad()
 def layer_swaps(
     model: Model,
     data: Data,

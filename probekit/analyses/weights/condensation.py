@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
@@ -213,6 +214,7 @@ def _condensation_frame(layer: int, name: str, w: Any, threshold: float) -> pd.D
     )
 
 
+@torch.no_grad()
 def condensation(
     model: Any,
     *,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
 from probekit import figures
 from probekit.analyses._projection import check_method, reduce, spearman
@@ -79,6 +80,7 @@ def token_ids(model: Model, tokens: Sequence[int] | None, start: int = 0) -> np.
     return ids
 
 
+@torch.no_grad()
 def embedding_map(
     model: Any,
     *,

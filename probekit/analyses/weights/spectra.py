@@ -141,6 +141,7 @@ def _spectrum_trace(part: pd.DataFrame, layer: int, name: str, i: int) -> go.Sca
     )
 
 
+@torch.no_grad()
 def spectra(model: Any, *, tokens: Sequence[int] | None = None) -> SpectraResult:
     """Singular values and stable rank of every weight, eigenvalues of the embedding covariance.
 
