@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import struct
 import warnings
@@ -633,8 +634,9 @@ def _check_labels(labels: torch.Tensor, d_vocab: int) -> None:
         )
 
 
-def _check_safetensors(path: Path) -> None:
-    """Check that a .safetensors file has a readable header and all the data it declares."""
+def _check_safetensors(path: Path) -> int:
+    """Check that a .safetensors file has a readable header and all the data it declares;
+    return the number of values it stores."""
     try:
         size = path.stat().st_size
         with path.open("rb") as handle:
@@ -647,6 +649,7 @@ def _check_safetensors(path: Path) -> None:
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
         if 8 + header_len + max(ends, default=0) > size:
             raise ValueError("the file is shorter than its header says (truncated)")
+        return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     except (OSError, ValueError, KeyError, TypeError, struct.error) as err:
         raise CheckpointError(
             f"corrupt safetensors file {path} ({err})",
@@ -654,7 +657,8 @@ def _check_safetensors(path: Path) -> None:
         ) from err
 
 
-def _check_checkpoint_dir(path: Path) -> dict:
+def _check_checkpoint_dir(path: Path) -> tuple[dict, int]:
+    """The checkpoint's config, and the number of values its safetensors files store."""
     if not path.exists():
         raise CheckpointError(
             f"checkpoint path {path} does not exist", fix="pass a Hugging Face model directory"
@@ -699,10 +703,74 @@ def _check_checkpoint_dir(path: Path) -> dict:
             else "save the weights with save_pretrained(safe_serialization=True)"
         )
         raise CheckpointError(f"{path} has no *.safetensors weights", fix=fix)
+    stored = 0
     for weight_file in weights:
         _check_regular_file(weight_file)
-        _check_safetensors(weight_file)
-    return config
+        stored += _check_safetensors(weight_file)
+    return config, stored
+
+
+def _config_int(config: dict, *keys: str, default: int = 0) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
+def estimate_parameters(config: dict) -> int:
+    """An estimate of the parameter count a Hugging Face config describes, from its
+    sizes alone (no model is built): per layer 4 d² attention and 2-3 d·d_ff MLP weights,
+    the token embedding, and learned position embeddings where the config has them.
+
+    Example:
+        >>> estimate_parameters({"n_layer": 12, "n_embd": 768, "vocab_size": 50257,
+        ...                      "n_positions": 1024}) // 10**6
+        124
+    """
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    d = _config_int(config, "hidden_size", "n_embd", "d_model")
+    d_ff = _config_int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * d) or 4 * d
+    gated = 3 if config.get("hidden_act") in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
+    vocab = _config_int(config, "vocab_size")
+    positions = _config_int(config, "n_positions")
+    if config.get("position_embedding_type") == "absolute":
+        positions = _config_int(config, "max_position_embeddings")
+    return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (MemAvailable), or None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> None:
+    """Refuse, before anything is built, a config far bigger than its weights or than memory."""
+    estimate = estimate_parameters(config)
+    if estimate > 8 * max(stored, 1) and estimate > 10**6:
+        raise CheckpointError(
+            f"config.json in {path} describes about {estimate:.3g} parameters but the weights "
+            f"hold {stored:.3g} values",
+            fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
+        )
+    need = estimate * torch.empty((), dtype=dtype).element_size()
+    available = _available_memory()
+    if available is not None and need > available:
+        raise CheckpointError(
+            f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
+            f"{estimate:.3g} parameters; {available / 2**30:.3g} GiB are available",
+            fix="free memory, load in half precision (dtype=torch.bfloat16), or use a "
+            "machine with more memory",
+        )
 
 
 def _check_regular_file(path: Path) -> None:
@@ -842,7 +910,8 @@ def load(
         model = Model(_bridge(hf_model, arch))
     elif isinstance(source, str | os.PathLike):
         path = Path(source).expanduser()
-        config = _check_checkpoint_dir(path)
+        config, stored = _check_checkpoint_dir(path)
+        _check_fits(path, config, stored, dtype or torch.float32)
         archs = config.get("architectures") or []
         arch = archs[0] if archs else config.get("model_type", "<unknown>")
         if arch not in _supported_architectures():
@@ -873,4 +942,12 @@ def load(
     return model
 
 
-__all__ = ["SITES", "WEIGHT_NAMES", "Model", "Trace", "from_pretrained_complete", "load"]
+__all__ = [
+    "SITES",
+    "WEIGHT_NAMES",
+    "Model",
+    "Trace",
+    "estimate_parameters",
+    "from_pretrained_complete",
+    "load",
+]

@@ -198,3 +198,47 @@ def test_copy_model_false_wraps_in_place():
     hf = make_hf("gpt2", n_layers=2)
     model = probekit.load(hf, copy_model=False)
     assert model.hf_model is hf
+
+
+# ---- configs far bigger than their weights or than memory ---------------------------------
+@pytest.mark.parametrize(
+    "key, value",
+    [("n_layer", 10**9), ("n_embd", 10**6), ("n_positions", 10**12), ("vocab_size", 10**11)],
+)
+def test_huge_configs_are_refused_before_building(checkpoint, key, value):
+    config = json.loads((checkpoint / "config.json").read_text())
+    config[key] = value
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="describes about .* parameters but the weights"):
+        probekit.load(checkpoint, device="cpu")
+
+
+def test_a_model_larger_than_memory_is_refused(checkpoint, monkeypatch):
+    import probekit.model as model_module
+
+    monkeypatch.setattr(model_module, "_available_memory", lambda: 1000)
+    with pytest.raises(CheckpointError, match="GiB are available"):
+        probekit.load(checkpoint, device="cpu")
+
+
+def test_parameter_estimate_is_close_for_real_configs():
+    import transformers
+
+    from probekit.model import estimate_parameters
+
+    for config, klass in (
+        (transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4), transformers.GPT2LMHeadModel),
+        (
+            transformers.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=128,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                tie_word_embeddings=True,
+            ),
+            transformers.LlamaForCausalLM,
+        ),
+    ):
+        real = sum(p.numel() for p in klass(config).parameters())
+        assert 0.8 * real <= estimate_parameters(config.to_dict()) <= real
