@@ -133,8 +133,15 @@ class AnchorData:
         """One data set of this split followed by ``others`` (e.g. seen and held-out pairs)."""
         parts = [self, *others]
         fields = (
-            "tokens", "targets", "composite", "symmetric", "pairs", "keys", "positions",
-            "intermediate", "is_heldout",
+            "tokens",
+            "targets",
+            "composite",
+            "symmetric",
+            "pairs",
+            "keys",
+            "positions",
+            "intermediate",
+            "is_heldout",
         )
         return AnchorData(
             "+".join(d.split for d in parts),
@@ -144,13 +151,45 @@ class AnchorData:
         )
 
 
+def _check_int(name: str, value: Any) -> None:
+    """``value`` is an integer (not a bool, not a float)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ConfigError(
+            f"task setting {name} = {value!r} is not an integer", fix=f"set {name} to an integer"
+        )
+
+
+def _as_int(value: Any, what: str) -> int:
+    """``value`` as an int: integers and integer text (JSON object keys) only."""
+    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise ConfigError(f"{what} {value!r} is not an integer", fix="write a whole number")
+
+
+def _anchor_mapping(value: Any) -> dict[int, int]:
+    """Anchor id -> shift; ids that repeat once read as integers (``1`` and ``"01"``) refused."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"anchors {value!r} are not a mapping of anchor id to shift",
+            fix="pass e.g. {1: 5, 2: 1, 3: -2, 4: -8}",
+        )
+    out: dict[int, int] = {}
+    for k, v in value.items():
+        key = _as_int(k, "anchor id")
+        if key in out:
+            raise ConfigError(f"anchor id {key} is given twice", fix="list every anchor id once")
+        out[key] = _as_int(v, f"shift of anchor {key}")
+    return out
+
+
 def _as_pair(value: Any, what: str) -> Pair:
-    try:
-        items = tuple(int(v) for v in value)
-    except (TypeError, ValueError) as err:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
         raise ConfigError(
             f"{what} {value!r} is not a pair of anchor ids", fix="write it as (a1, a2), e.g. (4, 3)"
-        ) from err
+        )
+    items = tuple(_as_int(v, f"{what} {value!r}: anchor id") for v in value)
     if len(items) != 2:
         raise ConfigError(
             f"{what} {value!r} has {len(items)} elements, not 2",
@@ -181,11 +220,18 @@ class AnchorTask:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.anchors = {int(k): int(v) for k, v in dict(self.anchors).items()}
+        self.anchors = _anchor_mapping(self.anchors)
         self.special_targets = {
-            _as_pair(k, "special-target pair"): int(v)
+            _as_pair(k, "special-target pair"): _as_int(v, "special-target shift")
             for k, v in _pairs_mapping(self.special_targets).items()
         }
+        if isinstance(self.heldout_pairs, str | bytes | Mapping) or not isinstance(
+            self.heldout_pairs, Sequence | set | tuple
+        ):
+            raise ConfigError(
+                f"held-out pairs {self.heldout_pairs!r} are not a list of pairs",
+                fix="pass e.g. [(4, 3)] (or [] for none)",
+            )
         self.heldout_pairs = [_as_pair(p, "held-out pair") for p in self.heldout_pairs]
         self._cache: dict[str, AnchorData] = {}
         self.validate()
@@ -193,16 +239,34 @@ class AnchorTask:
     # ------------------------------------------------------------------ configuration
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the problem if the configuration is impossible."""
-        if self.vocab_size < 3:
-            raise ConfigError(f"vocab_size {self.vocab_size} is too small", fix="use e.g. 201")
+        for name in ("item_low", "item_high", "seq_len", "vocab_size", "n_train", "n_test", "seed"):
+            _check_int(name, getattr(self, name))
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(
+                f"task seed {self.seed} is outside [0, 2**32)", fix="use a seed such as 0"
+            )
+        if self.vocab_size < 3 or self.vocab_size >= 2**31:
+            raise ConfigError(
+                f"vocab_size {self.vocab_size} is outside [3, 2**31)", fix="use e.g. 201"
+            )
         if not (1 <= self.item_low < self.item_high <= self.vocab_size):
             raise ConfigError(
                 f"item range [{self.item_low}, {self.item_high}) is not inside [1, "
                 f"{self.vocab_size})",
                 fix="choose 1 <= item_low < item_high <= vocab_size (0 is padding)",
             )
-        if not self.anchors:
-            raise ConfigError("no anchors given", fix="pass e.g. anchors={1: 5, 2: 1}")
+        if self.item_high - self.item_low < 2:
+            raise ConfigError(
+                f"item range [{self.item_low}, {self.item_high}) holds one value: the key could "
+                "not be told from the noise",
+                fix="use a range of several values, e.g. [20, 100)",
+            )
+        if len(self.anchors) < 2:
+            raise ConfigError(
+                f"anchors {self.anchors} name {len(self.anchors)} anchor(s); composition needs "
+                "at least two",
+                fix="pass e.g. anchors={1: 5, 2: 1}",
+            )
         for a in self.anchors:
             if a <= 0 or a >= self.vocab_size:
                 raise ConfigError(
@@ -311,10 +375,13 @@ class AnchorTask:
             >>> AnchorTask.from_dict(AnchorTask().to_dict()) == AnchorTask()
             True
         """
+        if not isinstance(d, Mapping):
+            raise ConfigError(
+                f"the task settings are {type(d).__name__}, not an object",
+                fix="write the task settings as a JSON object of name: value",
+            )
         d = dict(d)
         check_known_keys(d, {f for f in cls.__dataclass_fields__ if not f.startswith("_")}, "task")
-        if "anchors" in d:
-            d["anchors"] = {int(k): int(v) for k, v in dict(d["anchors"]).items()}
         if "special_targets" in d:
             d["special_targets"] = _pairs_mapping(d["special_targets"])
         return cls(**d)
@@ -366,8 +433,10 @@ class AnchorTask:
         comp = keys + np.array([comp_shift[p] for p in plist], dtype=np.int64)
         tgt = keys + np.array([tgt_shift[p] for p in plist], dtype=np.int64)
         sym = np.array(
-            [-1 if sym_shift[p] is None else k + sym_shift[p]
-             for p, k in zip(plist, keys, strict=True)],
+            [
+                -1 if sym_shift[p] is None else k + sym_shift[p]
+                for p, k in zip(plist, keys, strict=True)
+            ],
             dtype=np.int64,
         )
         targets = comp if split == "test_task" else tgt
@@ -455,23 +524,29 @@ class AnchorTask:
 
 def _pairs_mapping(value: Any) -> dict[Pair, int]:
     """Accept ``{(a, b): s}``, ``{"a,b": s}`` or ``[[a, b, s], ...]`` for special targets."""
+    out: dict[Pair, int] = {}
     if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if isinstance(k, str):
-                k = tuple(int(s) for s in k.strip("()").split(","))
-            out[_as_pair(k, "special-target pair")] = int(v)
-        return out
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        out = {}
+        items = [
+            ((k.strip("()").split(",") if isinstance(k, str) else k), v) for k, v in value.items()
+        ]
+    elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        items = []
         for item in value:
-            if len(item) != 3:
+            if isinstance(item, str | bytes) or not isinstance(item, Sequence) or len(item) != 3:
                 raise ConfigError(
                     f"special target {item!r} is not [a1, a2, shift]", fix="write e.g. [3, 4, -6]"
                 )
-            out[(int(item[0]), int(item[1]))] = int(item[2])
-        return out
-    raise ConfigError(
-        f"special targets {value!r} are neither a mapping nor a list",
-        fix="pass {(3, 4): -6} or [[3, 4, -6]]",
-    )
+            items.append((item[:2], item[2]))
+    else:
+        raise ConfigError(
+            f"special targets {value!r} are neither a mapping nor a list",
+            fix="pass {(3, 4): -6} or [[3, 4, -6]]",
+        )
+    for k, v in items:
+        pair = _as_pair(list(k) if isinstance(k, tuple) else k, "special-target pair")
+        if pair in out:
+            raise ConfigError(
+                f"special-target pair {pair} is given twice", fix="list every pair once"
+            )
+        out[pair] = _as_int(v, f"shift of special-target pair {pair}")
+    return out

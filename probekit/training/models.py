@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -31,8 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from probekit.errors import ConfigError, check_known_keys
+from probekit.training.checks import check_flag, check_int, check_mapping, check_real, is_real
 
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
+#: token ids are 32-bit in Hugging Face models and tokenizers
+VOCAB_LIMIT = 2**31
 
 
 @dataclass
@@ -63,35 +65,46 @@ class ModelConfig:
     gamma_mlp: float | None = None
 
     def __post_init__(self) -> None:
-        if self.d_mlp is None:
+        if self.d_mlp is None and isinstance(self.d_model, int):
             self.d_mlp = 4 * self.d_model
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` on an impossible shape."""
-        for name in ("n_layers", "d_model", "n_heads", "d_mlp", "vocab_size", "n_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} = {value!r} must be a positive integer",
-                    fix=f"set {name} to e.g. 2, 64 or 4",
-                )
+        """Raise :class:`ConfigError` on an impossible shape or a non-finite setting."""
+        for name in ("n_layers", "d_model", "n_heads", "d_mlp", "n_positions"):
+            check_int(name, getattr(self, name))
+        check_int("vocab_size", self.vocab_size, 1, VOCAB_LIMIT)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}",
                 fix="choose n_heads dividing d_model",
             )
-        if self.activation not in ACTIVATIONS:
+        if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
             raise ConfigError(
                 f"unknown activation {self.activation!r}", fix=f"use one of {list(ACTIVATIONS)}"
             )
+        check_flag("tie_embeddings", self.tie_embeddings)
+        check_real("layer_norm_eps", self.layer_norm_eps, positive=True, example="1e-5")
         for name in ("gamma", "gamma_emb", "gamma_qk", "gamma_vo", "gamma_mlp"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+            if value is not None and not is_real(value):
                 raise ConfigError(
                     f"{name} = {value!r} is not a finite number",
                     fix="use e.g. 0.3 (large init) .. 0.8 (small init)",
                 )
+
+    def n_params(self) -> int:
+        """Parameters of one model, computed from the shape alone (nothing is built).
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2)
+            >>> cfg.n_params() == sum(t.numel() for t in init_params(cfg, 0).values())
+            True
+        """
+        d, f, v = self.d_model, self.d_mlp, self.vocab_size
+        per_layer = 4 * d * d + 2 * d * f + 9 * d + f
+        embeddings = v * d * (1 if self.tie_embeddings else 2) + self.n_positions * d
+        return self.n_layers * per_layer + embeddings + 2 * d
 
     def gammas(self) -> dict[str, float]:
         """The effective gamma of each parameter group (emb, qk, vo, mlp)."""
@@ -124,6 +137,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        d = check_mapping("model", d)
         check_known_keys(d, {f.name for f in fields(cls)}, "model")
         return cls(**d)
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -51,6 +50,15 @@ import torch.nn.functional as F
 from probekit.errors import ConfigError, NumericalError, check_known_keys
 from probekit.io import atomic_write_text
 from probekit.tasks.anchor import AnchorTask
+from probekit.training.checks import (
+    check_device_name,
+    check_flag,
+    check_int,
+    check_mapping,
+    check_real,
+    check_seed,
+    is_real,
+)
 from probekit.training.evaluation import Evaluator, autocast, write_metrics
 from probekit.training.models import (
     ModelConfig,
@@ -107,34 +115,37 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the bad setting and a fix."""
+        if not isinstance(self.model, ModelConfig) or not isinstance(self.task, AnchorTask):
+            raise ConfigError(
+                f"model {type(self.model).__name__} / task {type(self.task).__name__} are not "
+                "a ModelConfig and an AnchorTask",
+                fix="pass ModelConfig / AnchorTask objects or their dicts",
+            )
         positive = ("steps", "batch_size", "eval_every", "checkpoint_every", "eval_train_samples")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} = {value!r} must be a positive integer", fix=f"set {name} >= 1"
-                )
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"lr = {self.lr!r} must be a positive number", fix="use e.g. 1e-3")
-        if self.weight_decay < 0:
+            check_int(name, getattr(self, name))
+        check_seed("seed", self.seed)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
+        check_real("weight_decay", self.weight_decay, 0, example="0 or e.g. 0.01")
+        check_real("grad_clip", self.grad_clip, example="e.g. 1.0 (<= 0 turns clipping off)")
+        check_real("min_lr_ratio", self.min_lr_ratio, 0, 1, example="e.g. 0.0 or 0.1")
+        self._validate_adam()
+        check_flag("eval_at_start", self.eval_at_start)
+        check_device_name(self.device)
+        self._validate_fit()
+
+    def _validate_adam(self) -> None:
+        betas_ok = all(is_real(b) and 0 <= b < 1 for b in (self.beta1, self.beta2))
+        if not (betas_ok and is_real(self.eps) and self.eps > 0):
             raise ConfigError(
-                f"weight_decay = {self.weight_decay} is negative",
-                fix="use 0 or a positive value such as 0.01",
-            )
-        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
-            raise ConfigError(
-                f"warmup_steps = {self.warmup_steps!r} must be an integer >= 0",
-                fix="use e.g. 100 (a run shorter than its warmup only warms up)",
-            )
-        if not (0 <= self.min_lr_ratio <= 1):
-            raise ConfigError(
-                f"min_lr_ratio = {self.min_lr_ratio} is not in [0, 1]", fix="use e.g. 0.0 or 0.1"
-            )
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
-            raise ConfigError(
-                "AdamW betas must lie in [0, 1) and eps be positive",
+                f"AdamW betas ({self.beta1!r}, {self.beta2!r}) must lie in [0, 1) and eps "
+                f"{self.eps!r} be a finite positive number",
                 fix="use beta1=0.9, beta2=0.999, eps=1e-8",
             )
+
+    def _validate_fit(self) -> None:
+        """The run fits its task and model, and its name is a folder name."""
         if self.batch_size > self.task.n_train:
             raise ConfigError(
                 f"batch_size {self.batch_size} exceeds the {self.task.n_train} training samples",
@@ -151,13 +162,18 @@ class TrainConfig:
                 f"model n_positions {self.model.n_positions} < task seq_len {self.task.seq_len}",
                 fix="raise n_positions to at least seq_len",
             )
-        if not self.name or "/" in self.name or self.name.startswith("."):
+        name = self.name
+        if (
+            not isinstance(name, str)
+            or not name
+            or "/" in name
+            or "\x00" in name
+            or name.startswith(".")
+        ):
             raise ConfigError(
-                f"run name {self.name!r} is not a plain folder name",
+                f"run name {name!r} is not a plain folder name",
                 fix="use letters, digits, '-', '_' and '.'",
             )
-        if self.device != "auto" and not self.device.startswith(("cpu", "cuda")):
-            raise ConfigError(f"unknown device {self.device!r}", fix="use auto, cpu or cuda")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of update ``step`` (0-based): linear warmup then cosine decay."""
@@ -177,6 +193,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`."""
+        d = check_mapping("training", d)
         check_known_keys(d, {f.name for f in fields(cls)}, "training")
         return cls(**d)
 
