@@ -154,6 +154,10 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     model, tokens = build(args)
+    # import every analysis module before timing: probekit imports its analyzers on first use
+    from probekit import contributions, layer_swaps, skip_effects  # noqa: F401
+    from probekit.interventions import swap_layers  # noqa: F401
+
     run = run_naive if args.worker == "naive" else run_probekit
     run(model, tokens) if args.warmup else None
     if model.device.type == "cuda":
