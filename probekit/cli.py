@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from probekit.errors import ProbekitError
+from probekit.errors import ConfigError, InputError, ProbekitError
 from probekit.runs import N_SEQUENCES, SEQ_LEN
 
 
@@ -30,14 +31,102 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"probekit: error: {message} (see {self.prog} --help)\n")
 
 
+LIMITS = {
+    "n_sequences": (1, 100_000),
+    "seq_len": (1, 2**20),
+    "bootstrap": (0, 10_000),
+    "batch_size": (1, 10**6),
+    "seed": (0, 2**32 - 1),
+}
+"""The range ``(low, high)`` each integer flag of ``probekit diagnose`` accepts."""
+
+
+def check_int_flags(args: argparse.Namespace) -> None:
+    """Raise :class:`~probekit.errors.ConfigError` for an integer flag outside :data:`LIMITS`.
+
+    Example:
+        >>> check_int_flags(argparse.Namespace(seq_len=0))
+        Traceback (most recent call last):
+        ...
+        probekit.errors.ConfigError: --seq-len 0 is outside [1, 1048576]. Fix: pass --seq-len \
+from 1 to 1048576.
+    """
+    for dest, (low, high) in LIMITS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{flag} {value} is outside [{low}, {high}]",
+                fix=f"pass {flag} from {low} to {high}",
+            )
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a ``--device`` other than cpu or an available cuda device (torch imported here).
+
+    Example:
+        >>> check_device("cpu")
+        >>> check_device("tpu")
+        Traceback (most recent call last):
+        ...
+        probekit.errors.ConfigError: --device 'tpu' is not one probekit runs on. Fix: use \
+--device cpu, or cuda / cuda:N on a machine with CUDA.
+    """
+    if device is None:
+        return
+    import torch
+
+    fix = "use --device cpu, or cuda / cuda:N on a machine with CUDA"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r} is not one probekit runs on", fix=fix)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available here", fix="use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--device {device}: there are only {torch.cuda.device_count()} CUDA device(s)",
+            fix="use cuda:0 .. cuda:N-1, or --device cpu",
+        )
+
+
+def _check_paths(*paths: str | None) -> None:
+    """Refuse an empty path or one holding a NUL byte."""
+    for path in paths:
+        if path is not None and (not path.strip() or "\0" in path):
+            raise InputError(f"{path!r} is not a path", fix="pass a file or folder name")
+
+
+def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
+    """Every check of ``probekit diagnose`` that needs no model: the checkpoint path and
+    ``--out``. Prints a warning for a non-UTF-8 ``--text`` and a notice per ignored file."""
+    from probekit import report, runs
+
+    _check_paths(args.model, args.text)
+    check_int_flags(args)
+    check_device(args.device)
+    path = runs.checkpoint_of(args.model)
+    runs.check_checkpoint_folder(path)
+    warning = runs.check_text_file(args.text) if args.text is not None else None
+    out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
+    if warning:
+        print(f"probekit: warning: {warning}", file=sys.stderr)
+    for line in runs.ignored_files(path):
+        print(f"probekit: notice: ignored {line}", file=sys.stderr)
+    return path, out
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """``probekit diagnose``: load the checkpoint, pick its data, write the report."""
+    """``probekit diagnose``: check every flag, load the checkpoint, pick its data, write the
+    report (into a temporary folder swapped in whole)."""
     import probekit
     from probekit import report, runs
 
-    path = runs.checkpoint_of(args.model)
-    if args.text:
-        runs.check_text_file(args.text)  # before the (slow) load
+    path, out = _prepare_diagnose(args)  # before the (slow) load
     model = probekit.load(path, device=args.device)
     data, positions = runs.default_data(
         path,
@@ -56,15 +145,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.quiet,
     )
-    page = report.write_report(diagnosis, args.out, title=f"probekit depth diagnosis: {path}")
-    if not args.no_images:
-        if report.can_export_images():
-            report.export_images(diagnosis, args.out)
-        else:
-            print(
-                "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
-                file=sys.stderr,
-            )
+    title = f"probekit depth diagnosis: {path}"
+    page, _ = report.save_report(diagnosis, out, title=title, images=not args.no_images)
+    if not args.no_images and not report.can_export_images():
+        print(
+            "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
+            file=sys.stderr,
+        )
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
@@ -76,7 +163,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """``probekit demo``: train, classify and dissect the two reference models."""
     from probekit.demo import run_demo
 
-    index = run_demo(args.out, quick=args.quick, progress=not args.quiet, images=not args.no_images)
+    _check_paths(args.out)
+    index = run_demo(
+        args.out,
+        quick=args.quick,
+        progress=not args.quiet,
+        images=not args.no_images,
+        force=args.force,
+    )
     if not args.quiet:
         print(f"demo report: {index}")
     return 0
@@ -94,10 +188,21 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
     diag.add_argument(
         "model", help="Hugging Face model directory (config.json + safetensors) or a probekit run"
     )
-    diag.add_argument("--out", required=True, help="folder for the report and the numbers")
+    diag.add_argument(
+        "--out",
+        required=True,
+        help="folder for the report and the numbers; written beside it and swapped in whole, "
+        "replacing an older probekit report there",
+    )
+    diag.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out that holds no probekit report (its files are deleted)",
+    )
     diag.add_argument(
         "--text",
-        help="a UTF-8 text file to tokenize with the model's tokenizer "
+        help="a UTF-8 text file to tokenize with the model's tokenizer (binary files are "
+        "refused; bytes that are not UTF-8 are read as U+FFFD, with a warning) "
         "(default: the task's test data for probekit runs, else tokens drawn uniformly from "
         "the vocabulary)",
     )
@@ -105,13 +210,13 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
         "--n-sequences",
         type=int,
         default=N_SEQUENCES,
-        help=f"sequences of data (default {N_SEQUENCES})",
+        help=f"sequences of data, 1 to 100000 (default {N_SEQUENCES})",
     )
     diag.add_argument(
         "--seq-len",
         type=int,
         default=SEQ_LEN,
-        help=f"tokens per sequence, capped at the model's context (default {SEQ_LEN})",
+        help=f"tokens per sequence, at least 1, capped at the model's context (default {SEQ_LEN})",
     )
     diag.add_argument(
         "--pairs",
@@ -123,7 +228,7 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
         "--bootstrap",
         type=int,
         default=100,
-        help="bootstrap replicates for block-boundary confidence (default 100)",
+        help="bootstrap replicates for block-boundary confidence, 0 to 10000 (default 100)",
     )
     diag.add_argument(
         "--positions",
@@ -135,8 +240,12 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
     diag.add_argument(
         "--batch-size", type=int, default=None, help="sequences per forward (default: all at once)"
     )
-    diag.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    diag.add_argument("--seed", type=int, default=0, help="seed of the drawn tokens (default 0)")
+    diag.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)"
+    )
+    diag.add_argument(
+        "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"
+    )
     diag.add_argument(
         "--no-images",
         action="store_true",
@@ -156,7 +265,14 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
         "analyses and the depth-use diagnosis, and write a report per model and an index page.",
     )
     demo.add_argument(
-        "--out", default="probekit-demo", help="output folder (default ./probekit-demo)"
+        "--out",
+        default="probekit-demo",
+        help="output folder (default ./probekit-demo), built beside it and swapped in whole",
+    )
+    demo.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty --out that holds no probekit demo (its files are deleted)",
     )
     demo.add_argument(
         "--quick",

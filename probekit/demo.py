@@ -18,11 +18,12 @@ Example:
 from __future__ import annotations
 
 import html
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from probekit.io import atomic_write_text
+from probekit.io import atomic_write_text, swapped_directory
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
 """Run name -> initialization rate gamma of the two reference models."""
@@ -115,17 +116,61 @@ def _add_solution(diagnosis: Any, s: dict[str, Any]) -> None:
     )
 
 
+def is_demo_folder(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` holds a demo probekit wrote (its index.html and summary.json).
+
+    Example:
+        >>> import tempfile
+        >>> is_demo_folder(tempfile.mkdtemp())
+        False
+    """
+    folder = Path(path)
+    index, summary = folder / "index.html", folder / "summary.json"
+    try:
+        if not (index.resolve().is_file() and summary.resolve().is_file()):
+            return False
+        with index.open("rb") as handle:
+            head = handle.read(500)
+        value = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return b"<title>probekit demo</title>" in head and isinstance(value, dict)
+
+
 def run_demo(
     out: str | os.PathLike = "probekit-demo",
     quick: bool = False,
     progress: bool = True,
     images: bool = True,
+    force: bool = False,
 ) -> Path:
-    """Train, classify and dissect the two reference models; returns the index page."""
+    """Train, classify and dissect the two reference models; returns the index page.
+
+    Everything is built in a temporary folder beside ``out`` and swapped in whole at the end, so
+    ``out`` holds one complete demo (an older demo there is replaced; an interrupted or failed
+    run leaves it as it was). A non-empty ``out`` that holds no demo is refused unless ``force``
+    (see :func:`probekit.report.check_out_dir`).
+    """
+    from probekit.errors import InputError
+    from probekit.report import check_out_dir
+
+    out = check_out_dir(out, force=force, recognise=is_demo_folder, what="demo")
+    try:
+        with swapped_directory(out) as tmp:
+            _build_demo(tmp, quick, progress, images)
+    except OSError as err:
+        raise InputError(
+            f"could not write the demo to {out} ({err.strerror or err}); nothing changed",
+            fix="free disk space or choose another --out",
+        ) from err
+    return out / "index.html"
+
+
+def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
+    """The demo's runs, reports and index page, written into ``out``."""
     from probekit.report import can_export_images, export_images, write_json
     from probekit.training.trainer import train_stack
 
-    out = Path(out)
     runs = train_stack(reference_configs(quick), out / "runs", progress=progress)
     pages, summary = [], {}
     for run in runs:
@@ -158,4 +203,4 @@ def _index_page(pages: list[str]) -> str:
     )
 
 
-__all__ = ["REFERENCE", "analyse", "reference_configs", "run_demo"]
+__all__ = ["REFERENCE", "analyse", "is_demo_folder", "reference_configs", "run_demo"]

@@ -64,3 +64,90 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read without changing it for long)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2``); False if unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    errno_ = ctypes.get_errno()
+    if errno_ in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the filesystem cannot exchange
+        return False
+    raise OSError(errno_, os.strerror(errno_), os.fspath(b))
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Put the folder ``new`` at ``path``; a folder already there is replaced whole.
+
+    The old folder is exchanged atomically where the filesystem can, else moved aside first and
+    moved back if the second rename fails; it is deleted only once ``new`` is in place.
+    """
+    if not os.path.lexists(path):
+        os.replace(new, path)
+        return
+    if _exchange(new, path):
+        shutil.rmtree(new, ignore_errors=True)  # ``new`` now holds the old folder
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    os.replace(path, aside / "old")
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(aside / "old", path)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextmanager
+def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole.
+
+    Unlike :func:`atomic_directory`, the folder gets the permissions of the user's umask, and the
+    previous ``path`` survives a failed swap. On an exception the temporary folder is removed and
+    ``path`` is left as it was, so ``path`` always holds one complete set of files.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> out = pathlib.Path(tempfile.mkdtemp()) / "report"
+        >>> with swapped_directory(out) as tmp:
+        ...     _ = (tmp / "a.txt").write_text("new")
+        >>> sorted(p.name for p in out.iterdir())
+        ['a.txt']
+    """
+    path = Path(path)
+    created = [p for p in [path.parent, *path.parent.parents] if not os.path.lexists(p)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            os.chmod(tmp, 0o777 & ~_umask())
+            yield tmp
+            _swap_in(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except BaseException:
+        for folder in created:  # deepest first: the parents this call made, if still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise

@@ -31,11 +31,12 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from probekit.errors import InputError
+from probekit.errors import CheckpointError, InputError
 
 N_SEQUENCES = 32
 """Sequences of data :func:`default_data` cuts when the run does not fix them."""
@@ -56,10 +57,162 @@ def checkpoint_of(path: str | os.PathLike) -> str:
     return str(run.path)
 
 
-def check_text_file(text: str | os.PathLike) -> None:
-    """Raise :class:`~probekit.errors.InputError` unless ``text`` is a readable file."""
-    if not os.path.isfile(text):
+def check_text_file(text: str | os.PathLike) -> str | None:
+    """Refuse a ``--text`` that is not a readable regular file of text; say how it decodes.
+
+    Raises :class:`~probekit.errors.InputError` for a missing file, a folder, pipe or device,
+    an unreadable file, and a binary file (one holding NUL bytes, which UTF-8 text never does:
+    UTF-16 text counts as binary). Text that is not valid UTF-8 is accepted: its undecodable
+    bytes become U+FFFD replacement characters, and the returned line says so (None when the
+    file is valid UTF-8).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "t.txt"
+        >>> _ = path.write_bytes(b"caf\\xe9 au lait")
+        >>> check_text_file(path).endswith("bytes are read as U+FFFD replacement characters")
+        True
+    """
+    path = Path(text)
+    if not path.exists():
         raise InputError(f"text file {text} does not exist", fix="pass a readable file")
+    if not path.resolve().is_file():
+        raise InputError(
+            f"text file {text} is not a regular file (a folder, pipe or device)",
+            fix="pass a UTF-8 text file",
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(
+            f"cannot read text file {text} ({err.strerror or err})", fix="pass a readable file"
+        ) from err
+    if b"\0" in data:
+        raise InputError(
+            f"{text} is a binary file (it holds NUL bytes), not text",
+            fix="pass a UTF-8 text file (convert UTF-16 text with iconv -t UTF-8)",
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return (
+            f"{text} is not valid UTF-8 (first bad byte at offset {err.start}); its "
+            "undecodable bytes are read as U+FFFD replacement characters"
+        )
+    return None
+
+
+def checkpoints_below(
+    path: str | os.PathLike, limit: int = 10, depth: int = 4, max_folders: int = 2000
+) -> list[Path]:
+    """Checkpoint folders (those holding a config.json) below the folder ``path``.
+
+    Searches ``depth`` levels down, skipping hidden folders and visiting at most
+    ``max_folders``; returns at most ``limit`` folders, shallowest first.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "runs" / "a" / "checkpoint").mkdir(parents=True)
+        >>> _ = (root / "runs" / "a" / "checkpoint" / "config.json").write_text("{}")
+        >>> [p.relative_to(root).as_posix() for p in checkpoints_below(root)]
+        ['runs/a/checkpoint']
+    """
+    found: list[Path] = []
+    level, visited = [Path(path)], 0
+    for _ in range(depth):
+        below = []
+        for folder in level:
+            try:
+                children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+            except OSError:
+                continue
+            for child in children:
+                visited += 1
+                if visited > max_folders or len(found) >= limit:
+                    return found
+                if child.is_dir() and not child.is_symlink():
+                    below.append(child)
+                    if (child / "config.json").is_file():
+                        found.append(child)
+        level = below
+    return found
+
+
+def check_checkpoint_folder(path: str | os.PathLike) -> None:
+    """Refuse a folder that holds no checkpoint itself but checkpoints below it, naming them.
+
+    Any other path is left to :func:`probekit.load`, which says what is wrong with it.
+    """
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "config.json").exists():
+        return
+    found = checkpoints_below(folder)
+    if found:
+        names = ", ".join(str(p) for p in found)
+        raise CheckpointError(
+            f"{path} holds no checkpoint itself (no config.json) but {len(found)} below it "
+            f"(shown up to 10): {names}",
+            fix=f"pass one of them, e.g. probekit diagnose {found[0]}",
+        )
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""File suffixes of pickled weights, which probekit never unpickles."""
+
+
+def _small_json(path: Path) -> Any:
+    """The JSON in ``path`` if it is a regular file under 16 MB that parses, else None."""
+    try:
+        if not path.resolve().is_file() or path.stat().st_size > 16 * 2**20:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _ignored_file(path: Path) -> str | None:
+    """Why probekit ignores the file ``path`` of a checkpoint folder, or None."""
+    if path.suffix in PICKLE_SUFFIXES:
+        return f"{path.name} (pickled weights: probekit loads only safetensors, never unpickles)"
+    if path.suffix == ".py":
+        return f"{path.name} (custom model code: never imported)"
+    if path.name.endswith(".index.json"):
+        index = _small_json(path)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        shards = set(shards.values()) if isinstance(shards, dict) else set()
+        pickled = sorted(str(s) for s in shards if not str(s).endswith(".safetensors"))
+        if pickled or not path.name.endswith(".safetensors.index.json"):
+            return f"{path.name} (a sharded index of pickled weights {pickled}: never unpickled)"
+    return None
+
+
+def ignored_files(path: str | os.PathLike) -> list[str]:
+    """The files of the checkpoint folder ``path`` that probekit ignores, one line each.
+
+    Pickled weights (``pytorch_model.bin`` and the like, also when a sharded index names them)
+    are never unpickled, and custom code (``*.py``, ``auto_map`` in config.json or
+    tokenizer_config.json) is never imported or run; ``probekit diagnose`` prints a notice for
+    each.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "pytorch_model.bin").write_bytes(b"")
+        >>> ignored_files(folder)
+        ['pytorch_model.bin (pickled weights: probekit loads only safetensors, never unpickles)']
+    """
+    folder = Path(path)
+    try:
+        files = sorted(p for p in folder.iterdir() if not p.is_dir())
+    except OSError:
+        return []
+    lines = [line for line in map(_ignored_file, files) if line]
+    for name in ("config.json", "tokenizer_config.json"):
+        config = _small_json(folder / name)
+        if isinstance(config, dict) and "auto_map" in config:
+            lines.append(f"auto_map in {name} (remote code: never run)")
+    return lines
 
 
 def random_tokens(model: Any, n_sequences: int, length: int, seed: int = 0) -> Any:
@@ -143,6 +296,7 @@ def _tokenized(
             fix="save a tokenizer beside the weights, or leave out --text to use tokens "
             "drawn from the vocabulary",
         )
+    # undecodable bytes become U+FFFD (check_text_file has refused binary files)
     with open(text, encoding="utf-8", errors="replace") as handle:
         ids = model.tokenizer(handle.read())["input_ids"]
     length = min(seq_len, model.n_ctx)
@@ -158,8 +312,12 @@ def _tokenized(
 __all__ = [
     "N_SEQUENCES",
     "SEQ_LEN",
+    "PICKLE_SUFFIXES",
+    "check_checkpoint_folder",
     "check_text_file",
     "checkpoint_of",
+    "checkpoints_below",
     "default_data",
+    "ignored_files",
     "random_tokens",
 ]
