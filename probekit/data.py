@@ -160,6 +160,8 @@ class TaskData(Protocol):
     - ``variables()``: task variables per sequence for probes, ``{name: [n] array}``;
     - ``mirror_groups()``: pairs of groups expected to be related (held-out pair and mirror);
     - ``resample_range``: ``(low, high)`` token ids that a resampled position draws from;
+    - ``vocab_size``: the vocabulary the task's tokens come from (``None``: not known), which
+      a model must match;
     - ``concat(others)``: one data set from this and more of the same kind.
 
     Example:
@@ -171,6 +173,7 @@ class TaskData(Protocol):
 
     tokens: torch.Tensor
     targets: torch.Tensor
+    vocab_size: int | None
 
     @property
     def resample_range(self) -> tuple[int, int]: ...

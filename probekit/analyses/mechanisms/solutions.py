@@ -208,7 +208,7 @@ def _check_model(handle: Model, task: TaskData) -> None:
             "solution types need a next-token (causal) model; this one is a masked LM",
             fix="pass a decoder trained on the task",
         )
-    vocab = getattr(task, "vocab_size", None)  # optional TaskData field: the task's vocabulary
+    vocab = task.vocab_size
     if vocab is not None and handle.d_vocab != vocab:
         raise InputError(
             f"the model's vocabulary has {handle.d_vocab} tokens, the task's {vocab}",
