@@ -24,6 +24,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.residual": ("ResidualResult", "residual_stats"),
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),
+    "depth.tuned_lens": ("TunedLens", "TunedLensResult", "tuned_lens"),
     "mechanisms.flow": ("FlowResult", "information_flow"),
     "mechanisms.knockout": ("KnockoutResult", "attention_knockout"),
     "mechanisms.maps": ("HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"),

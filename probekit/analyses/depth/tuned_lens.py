@@ -1,0 +1,619 @@
+"""Tuned lens (Belrose et al. 2023): decode every layer through a learned affine translator.
+
+The logit lens reads the residual after d blocks with the model's own head; early residuals
+live in a different basis than the final one, so it is biased there. The tuned lens gives each
+depth d = 0 .. L-1 a translator ``T_d(h) = h + A_d h + b_d`` (an ``nn.Linear`` initialised at
+zero, so the untrained lens *is* the logit lens) and trains it, the model frozen, so that
+``head(T_d(h_d))`` matches the model's final distribution: the loss is KL(p_final || p_d)
+averaged over the real (non-padding) tokens, summed over depths. Depth L (the final residual)
+needs no translator. All translators are trained at once from one traced forward per batch
+(every block's input residual is in :meth:`probekit.model.Model.trace`), so memory is bounded
+by one batch of residuals; gradients are taken with ``torch.autograd.grad`` with respect to the
+translators only, so the model's ``requires_grad`` flags and ``.grad`` are never touched.
+
+:func:`tuned_lens` measures a fitted lens exactly like :func:`~probekit.analyses.depth.lens.
+logit_lens` (same ``df`` columns, the same summary keys and figure), plus the top-1 agreement
+with the final prediction and KL(p_final || p_d), the fitted objective. Fit on one split and
+evaluate on another: the result records both data sets and how many evaluated sequences the
+lens was fit on. :func:`compare_lenses` overlays logit- and tuned-lens results in one figure.
+
+Example:
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model = toy_model(n_layers=2)
+    >>> lens = TunedLens.fit(model, toy_tokens(seed=1), steps=3, progress=False)
+    >>> res = tuned_lens(model, toy_tokens(seed=2), lens=lens)
+    >>> int(res.df.depth.max()), res.summary["k"], res.meta["overlap_sequences"]
+    (2, 5, 0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from torch import nn
+
+from probekit import figures
+from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses.depth.lens import LogitLensResult, lens_measures
+from probekit.data import Batch, Data, position_mask
+from probekit.errors import CheckpointError, InputError, UnsupportedModelError
+from probekit.io import atomic_write_text, swapped_directory
+from probekit.model import Model, Trace, load
+
+OPTIMIZERS = ("sgd", "adam")
+"""``sgd``: SGD with Nesterov momentum (the paper's choice, the default); ``adam``: Adam with
+AMSGrad, as in the ``tuned-lens`` package."""
+
+DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3}
+"""Default torch learning rates. SGD's 0.1 is the package's ``lr_scale = 1`` times
+``1 - momentum`` (which undoes the 1 / (1 - momentum) gain of PyTorch's momentum)."""
+
+FORMAT = "probekit.tuned_lens"
+WEIGHTS_FILE, CONFIG_FILE = "lens.safetensors", "config.json"
+
+
+@dataclass
+class FitSettings:
+    """How a lens was trained (written to its config.json)."""
+
+    steps: int
+    lr: float
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    warmup_steps: int
+    grad_clip: float | None
+    seed: int
+    batch_size: int | None
+
+
+def _check_positive(name: str, value: Any, integer: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive finite number"
+        raise InputError(f"{name}={value!r} is not {kind}", fix=f"pass {name} > 0")
+
+
+def _check_settings(s: FitSettings, tokens: int | None) -> None:
+    """Raise :class:`InputError` on settings that cannot train, before any work is done."""
+    _check_positive("steps", s.steps, integer=True)
+    _check_positive("lr", s.lr)
+    if tokens is not None:
+        _check_positive("tokens", tokens, integer=True)
+    if s.batch_size is not None:
+        _check_positive("batch_size", s.batch_size, integer=True)
+    if s.grad_clip is not None:
+        _check_positive("grad_clip", s.grad_clip)
+    if s.optimizer not in OPTIMIZERS:
+        raise InputError(f"unknown optimizer {s.optimizer!r}", fix=f"use one of {OPTIMIZERS}")
+    if not (isinstance(s.momentum, int | float) and 0 <= s.momentum < 1):
+        raise InputError(f"momentum={s.momentum!r} is outside [0, 1)", fix="use e.g. 0.9")
+    if not (isinstance(s.weight_decay, int | float) and 0 <= s.weight_decay < math.inf):
+        raise InputError(f"weight_decay={s.weight_decay!r} is negative", fix="use e.g. 1e-3")
+    if not (isinstance(s.warmup_steps, int) and 0 <= s.warmup_steps < s.steps):
+        raise InputError(
+            f"warmup_steps={s.warmup_steps!r} is not in 0..steps-1 ({s.steps - 1})",
+            fix="use fewer warm-up steps than steps",
+        )
+
+
+def lr_factor(step: int, steps: int, warmup_steps: int) -> float:
+    """Learning-rate multiplier at 0-based ``step``: linear warm-up to 1 over ``warmup_steps``
+    steps, then linear decay to ``1 / (steps - warmup_steps)`` at the last step.
+
+    Example:
+        >>> [lr_factor(s, 4, 0) for s in range(4)]
+        [1.0, 0.75, 0.5, 0.25]
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return (steps - step) / (steps - warmup_steps)
+
+
+def sequence_hashes(batches: list[Batch]) -> torch.Tensor:
+    """One int64 hash per sequence of its real tokens (to tell fit data from evaluation data)."""
+    out = []
+    for batch in batches:
+        tokens, valid = batch.tokens.cpu().long(), batch.valid.cpu()
+        for row, keep in zip(tokens, valid, strict=True):
+            digest = hashlib.blake2b(row[keep].numpy().tobytes(), digest_size=8).digest()
+            out.append(int.from_bytes(digest, "little", signed=True))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def data_record(batches: list[Batch], hashes: torch.Tensor, label: str | None) -> dict:
+    """What the result and the lens's config record about a data set."""
+    fingerprint = hashlib.sha256(hashes.sort().values.numpy().tobytes()).hexdigest()[:16]
+    return {
+        "label": label,
+        "n_sequences": len(hashes),
+        "n_tokens": sum(int(b.valid.sum()) for b in batches),
+        "fingerprint": fingerprint,
+    }
+
+
+def _check_head(model: Model) -> None:
+    """Refuse a model without an output head (nothing to decode the residual with)."""
+    has_head = getattr(model.bridge, "unembed", None) is not None or (
+        not model.is_causal and getattr(model.hf_model, "cls", None) is not None
+    )
+    if not has_head or model.d_vocab < 1:
+        raise UnsupportedModelError(
+            f"the {model.architecture} model has no unembedding (no vocabulary to decode to)",
+            fix="load the model with its language-model head (e.g. *ForCausalLM)",
+        )
+
+
+class TunedLens(nn.Module):
+    """One affine translator per depth 0 .. n_layers-1 (``translators[d]``, an ``nn.Linear``
+    ``d_model -> d_model``); ``T_d(h) = h + translators[d](h)``.
+
+    Build with :meth:`fit` (or :meth:`zeros`: the untrained lens, which is the logit lens);
+    :meth:`save` / :meth:`load` write and read a folder (safetensors + config.json).
+    ``fit_info`` records the model, the settings, the data and the loss per depth.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> lens = TunedLens.zeros(toy_model(n_layers=3))
+        >>> len(lens.translators), float(lens.translators[0].weight.abs().sum())
+        (3, 0.0)
+    """
+
+    def __init__(self, n_layers: int, d_model: int, d_vocab: int | None = None) -> None:
+        super().__init__()
+        self.n_layers, self.d_model, self.d_vocab = int(n_layers), int(d_model), d_vocab
+        self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
+        with torch.no_grad():
+            for t in self.translators:
+                t.weight.zero_()
+                t.bias.zero_()
+        self.fit_info: dict[str, Any] = {}
+        self.fit_sequences = torch.zeros(0, dtype=torch.int64)
+
+    @classmethod
+    def zeros(cls, model: Model) -> TunedLens:
+        """The untrained lens of ``model`` (all translators zero: exactly the logit lens)."""
+        model = load(model)
+        _check_head(model)
+        lens = cls(model.n_layers, model.d_model, model.d_vocab).to(model.device)
+        lens.fit_info = {"model": repr(model), "architecture": model.architecture}
+        return lens
+
+    def transform(self, depth: int, residual: torch.Tensor) -> torch.Tensor:
+        """``T_depth(residual)`` in float32 (the final residual, depth n_layers, unchanged)."""
+        h = residual.float()
+        if depth == self.n_layers:
+            return h
+        return h + self.translators[depth](h)
+
+    def logits(self, model: Model, depth: int, residual: torch.Tensor) -> torch.Tensor:
+        """The lens's logits at ``depth`` for ``residual`` ``[..., d_model]``."""
+        return model.head(self.transform(depth, residual).to(model.dtype))
+
+    def check_model(self, model: Model) -> None:
+        """Raise :class:`InputError` unless ``model`` has this lens's shape."""
+        mine = (self.n_layers, self.d_model, self.d_vocab)
+        theirs = (model.n_layers, model.d_model, model.d_vocab)
+        if mine[:2] != theirs[:2] or (self.d_vocab is not None and mine[2] != theirs[2]):
+            raise InputError(
+                f"the tuned lens was fit on a model with n_layers={mine[0]}, d_model={mine[1]}, "
+                f"d_vocab={mine[2]}; this model has n_layers={theirs[0]}, d_model={theirs[1]}, "
+                f"d_vocab={theirs[2]}",
+                fix="fit a lens on this model (TunedLens.fit) or load the lens made for it",
+            )
+
+    @classmethod
+    def fit(
+        cls,
+        model: Model,
+        data: Data,
+        *,
+        steps: int | None = None,
+        tokens: int | None = None,
+        lr: float | None = None,
+        batch_size: int | None = None,
+        optimizer: str = "sgd",
+        momentum: float = 0.9,
+        weight_decay: float = 1e-3,
+        warmup_steps: int = 0,
+        grad_clip: float | None = 1.0,
+        seed: int = 0,
+        progress: bool = True,
+        data_label: str | None = None,
+    ) -> TunedLens:
+        """Train a lens on ``data``, one optimizer step per batch of ``batch_size`` sequences.
+
+        The length of training is ``steps`` or a token budget ``tokens`` (steps until that many
+        real tokens are seen; default: one pass over the data). Batches are visited in a
+        random order per pass drawn from ``seed``, so a CPU fit is deterministic. ``lr``
+        defaults to :data:`DEFAULT_LR`; the rate follows :func:`lr_factor`; the gradient of
+        all translators together is clipped to norm ``grad_clip``. ``data_label`` names the
+        data (e.g. "train split") in the lens's record.
+        """
+        model = load(model)
+        if steps is not None and tokens is not None:
+            raise InputError("both steps and tokens were given", fix="pass one of them")
+        _check_positive("steps", 1 if steps is None else steps, integer=True)
+        settings = FitSettings(
+            steps=1 if steps is None else steps,
+            lr=DEFAULT_LR.get(optimizer, 1.0) if lr is None else lr,
+            optimizer=optimizer,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            warmup_steps=warmup_steps,
+            grad_clip=grad_clip,
+            seed=seed,
+            batch_size=batch_size,
+        )
+        _check_settings(settings, tokens)
+        _check_head(model)
+        batches = model.prepare(data, batch_size)
+        order = batch_order(batches, seed, steps=steps, tokens=tokens)
+        settings.steps = len(order)
+        _check_settings(settings, tokens)
+        lens = cls.zeros(model)
+        losses = lens._train(model, batches, order, settings, progress)
+        hashes = sequence_hashes(batches)
+        lens.fit_sequences = hashes
+        lens.fit_info.update(
+            settings=asdict(settings),
+            data=data_record(batches, hashes, data_label),
+            final_loss=losses[-1],
+            loss_history=[sum(x) for x in losses],
+        )
+        return lens
+
+    def _train(
+        self,
+        model: Model,
+        batches: list[Batch],
+        order: list[int],
+        s: FitSettings,
+        progress: bool,
+    ) -> list[list[float]]:
+        """The training loop; returns the per-depth losses of every step."""
+        from tqdm.auto import tqdm
+
+        opt = make_optimizer(list(self.parameters()), s)
+        losses = []
+        for step, index in enumerate(tqdm(order, desc="tuned lens", disable=not progress)):
+            for group in opt.param_groups:
+                group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps)
+            trace = model.trace(batches[index])
+            check_finite(trace.logits)
+            losses.append(self.accumulate_grads(model, trace, trace.batch.valid))
+            if s.grad_clip is not None:
+                nn.utils.clip_grad_norm_(self.parameters(), s.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return losses
+
+    def accumulate_grads(
+        self, model: Model, trace: Trace, mask: torch.Tensor, depths: list[int] | None = None
+    ) -> list[float]:
+        """Add to each translator's ``.grad`` the gradient of its loss, the mean over the
+        ``mask`` tokens of KL(p_final || p_d); returns the losses. The model gets no gradient."""
+        target = trace.logits[mask].float().log_softmax(-1)[None]
+        out = []
+        for depth in range(self.n_layers) if depths is None else depths:
+            loss = translator_loss(self, model, depth, trace.residuals[depth][mask][None], target)
+            params = list(self.translators[depth].parameters())
+            for p, g in zip(params, torch.autograd.grad(loss, params), strict=True):
+                p.grad = g if p.grad is None else p.grad + g
+            out.append(float(loss.detach()))
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the lens to the folder ``path`` (``lens.safetensors`` + ``config.json``),
+        replacing what was there as a whole; :meth:`load` reads it back."""
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        tensors["fit_sequences"] = self.fit_sequences.cpu().contiguous()
+        config = {
+            "format": FORMAT,
+            "version": 1,
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "d_vocab": self.d_vocab,
+            "fit_info": self.fit_info,
+        }
+        with swapped_directory(path) as tmp:
+            save_file(tensors, str(tmp / WEIGHTS_FILE))
+            atomic_write_text(tmp / CONFIG_FILE, json.dumps(config, indent=1))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, model: Model | None = None) -> TunedLens:
+        """Read a lens written by :meth:`save` (never unpickles); with ``model``, refuse a lens
+        made for another shape and put it on the model's device."""
+        config, tensors = _read_lens_files(Path(path))
+        lens = cls(config["n_layers"], config["d_model"], config.get("d_vocab"))
+        lens.fit_sequences = tensors.pop("fit_sequences", torch.zeros(0, dtype=torch.int64))
+        expected = {k: tuple(v.shape) for k, v in lens.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in tensors.items()}
+        if expected != found:
+            raise CheckpointError(
+                f"{path} holds tensors {found}, not the {config['n_layers']} translators of "
+                f"d_model {config['d_model']} its config declares",
+                fix="re-save the lens with TunedLens.save()",
+            )
+        lens.load_state_dict(tensors)
+        lens.fit_info = config.get("fit_info", {})
+        if model is not None:
+            model = load(model)
+            lens.check_model(model)
+            lens.to(model.device)
+        return lens
+
+
+def _read_lens_files(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The config and tensors of a saved lens, or :class:`CheckpointError`."""
+    from safetensors.torch import load_file
+
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+        if not isinstance(config, dict) or config.get("format") != FORMAT:
+            raise ValueError(f"{CONFIG_FILE} is not a {FORMAT} config")
+        for key in ("n_layers", "d_model"):
+            if not isinstance(config.get(key), int) or config[key] < 1:
+                raise ValueError(f"{key} is {config.get(key)!r}")
+        tensors = load_file(str(path / WEIGHTS_FILE))
+    except (OSError, ValueError, RuntimeError) as err:  # safetensors raises its own errors too
+        raise CheckpointError(
+            f"cannot read a tuned lens from {path} ({err})",
+            fix="pass a folder written by TunedLens.save()",
+        ) from err
+    except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError is not an OSError
+        raise CheckpointError(
+            f"cannot read a tuned lens from {path} ({type(err).__name__}: {err})",
+            fix="pass a folder written by TunedLens.save()",
+        ) from err
+    return config, tensors
+
+
+def translator_loss(
+    lens: TunedLens, model: Model, depth: int, residual: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """Mean over tokens of KL(p_final || p_depth); ``target`` holds log p_final ``[1, N, V]``."""
+    logq = lens.logits(model, depth, residual).float().log_softmax(-1)
+    return (target.exp() * (target - logq)).sum(-1).mean()
+
+
+def make_optimizer(params: list[nn.Parameter], s: FitSettings) -> torch.optim.Optimizer:
+    """SGD with Nesterov momentum, or Adam with AMSGrad (the ``tuned-lens`` package's)."""
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=s.lr,
+            momentum=s.momentum,
+            nesterov=s.momentum > 0,
+            weight_decay=s.weight_decay,
+        )
+    return torch.optim.Adam(
+        params, lr=s.lr, betas=(s.momentum, 0.999), weight_decay=s.weight_decay, amsgrad=True
+    )
+
+
+def batch_order(
+    batches: list[Batch], seed: int, *, steps: int | None = None, tokens: int | None = None
+) -> list[int]:
+    """The batch index of every step: passes over the data, each in an order drawn from
+    ``seed``; ``steps`` of them, or until ``tokens`` real tokens, or one pass.
+
+    Example:
+        >>> from probekit.data import as_batches
+        >>> batch_order(as_batches(torch.ones(4, 3, dtype=torch.long), 1), 0, tokens=7)
+        [0, 1, 3]
+    """
+    g = torch.Generator().manual_seed(seed)
+    sizes = [int(b.valid.sum()) for b in batches]
+    order: list[int] = []
+    seen = 0
+    while True:
+        for i in torch.randperm(len(batches), generator=g).tolist():
+            done = (
+                len(order) >= steps
+                if steps is not None
+                else seen >= tokens
+                if tokens is not None
+                else len(order) == len(batches)
+            )
+            if done:
+                return order
+            order.append(i)
+            seen += sizes[i]
+
+
+LENS_MEASURES = ("kl", "topk_overlap", "top1_agreement", "kl_final_first")
+"""Per token, averaged over the selected positions: ``kl`` = KL(p_d || p_final) and
+``topk_overlap`` as in the logit lens; ``top1_agreement`` = 1 where the lens's top-1 token is
+the model's; ``kl_final_first`` = KL(p_final || p_d), the objective the lens is fit on."""
+
+
+class TunedLensResult(LogitLensResult):
+    """A :class:`~probekit.analyses.depth.lens.LogitLensResult` of the tuned lens.
+
+    ``df`` columns: ``depth``, ``measure`` (:data:`LENS_MEASURES`), ``value``. ``summary``: the
+    logit lens's keys (``k``, ``kl_threshold``, ``formed_at_depth``, ``mean_kl_second_half``,
+    ``n_layers``) plus ``agreement_threshold``, ``top1_formed_at_depth`` (first depth whose
+    top-1 agrees with the final one on at least that share of the tokens) and ``mean_kl``
+    (mean of ``kl`` over depths 0 .. L-1). ``meta``: ``fit_data`` / ``eval_data`` (label,
+    sequences, tokens, fingerprint), ``overlap_sequences`` (evaluated sequences the lens was
+    fit on), ``fit_settings``.
+    """
+
+    kind = "tuned_lens"
+    title = "Tuned lens"
+
+    def profile(self, measure: str = "kl") -> pd.Series:
+        """One measure per depth, indexed by depth."""
+        if measure not in set(self.df.measure):
+            raise InputError(f"unknown measure {measure!r}", fix=f"use one of {LENS_MEASURES}")
+        part = self.df[self.df.measure == measure]
+        return part.set_index("depth")["value"].sort_index()
+
+    def kl_per_layer(self, direction: str = "lens_first") -> pd.Series:
+        """Mean KL per depth: ``"lens_first"`` KL(p_d || p_final) (the logit lens's ``kl``)
+        or ``"final_first"`` KL(p_final || p_d) (the fitted objective)."""
+        if direction not in ("lens_first", "final_first"):
+            raise InputError(f"unknown direction {direction!r}", fix="'lens_first'/'final_first'")
+        return self.profile("kl" if direction == "lens_first" else "kl_final_first")
+
+    def figure(self) -> go.Figure:
+        fig = super().figure()
+        fig.update_layout(title={"text": self.title})
+        return fig
+
+
+def lens_summary(df: pd.DataFrame, n_layers: int, k: int, kl_threshold: float) -> dict:
+    """The logit lens's summary keys, computed from a lens ``df`` the way ``logit_lens`` does."""
+    kl = df[df.measure == "kl"].set_index("depth")["value"]
+    formed = kl[kl < kl_threshold]
+    half = (n_layers + 1) // 2
+    second = kl[(kl.index > half) & (kl.index < n_layers)]
+    return {
+        "k": k,
+        "kl_threshold": kl_threshold,
+        "formed_at_depth": int(formed.index.min()) if len(formed) else n_layers,
+        "mean_kl_second_half": float(second.mean()) if n_layers - half > 1 else float("nan"),
+        "n_layers": n_layers,
+    }
+
+
+def first_agreeing_depth(df: pd.DataFrame, n_layers: int, threshold: float = 0.5) -> int:
+    """First depth whose ``top1_agreement`` is at least ``threshold`` (n_layers at worst)."""
+    agree = df[df.measure == "top1_agreement"].set_index("depth")["value"].sort_index()
+    hits = agree[agree >= threshold]
+    return int(hits.index.min()) if len(hits) else n_layers
+
+
+def _measure_batch(
+    acc: TokenMeans, lens: TunedLens, model: Model, trace: Trace, mask: torch.Tensor, k: int
+) -> None:
+    final = trace.logits
+    logp_final = final.double().log_softmax(-1)
+    for depth, residual in enumerate(trace.residuals):
+        logits = lens.logits(model, depth, residual)
+        measures = lens_measures(logits, final, k)
+        measures["top1_agreement"] = (logits.argmax(-1) == final.argmax(-1)).double()
+        logq = logits.double().log_softmax(-1)
+        measures["kl_final_first"] = (logp_final.exp() * (logp_final - logq)).sum(-1)
+        for name, values in measures.items():
+            acc.add((depth, name), values, mask)
+
+
+def _as_lens(lens: TunedLens | str | os.PathLike, model: Model) -> TunedLens:
+    if isinstance(lens, str | os.PathLike):
+        return TunedLens.load(lens, model)
+    if not isinstance(lens, TunedLens):
+        raise InputError(
+            f"lens is a {type(lens).__name__}, not a TunedLens",
+            fix="pass TunedLens.fit(model, data) or the folder of a saved lens",
+        )
+    lens.check_model(model)
+    return lens.to(model.device)
+
+
+@torch.no_grad()
+def tuned_lens(
+    model: Model,
+    data: Data,
+    *,
+    lens: TunedLens | str | os.PathLike,
+    k: int = 5,
+    positions: str = "all",
+    kl_threshold: float = 0.1,
+    agreement_threshold: float = 0.5,
+    batch_size: int | None = None,
+    data_label: str | None = None,
+) -> TunedLensResult:
+    """Decode every depth through ``lens`` (a :class:`TunedLens` or its saved folder) and
+    compare with the final output; ``data`` should be held out from the data it was fit on.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> model = toy_model(n_layers=2)
+        >>> res = tuned_lens(model, toy_tokens(), lens=TunedLens.zeros(model))  # = logit lens
+        >>> res.summary["top1_formed_at_depth"] <= 2, res.kl_per_layer().index.tolist()
+        (True, [0, 1, 2])
+    """
+    model = load(model)
+    lens = _as_lens(lens, model)
+    if not 1 <= k <= model.d_vocab:
+        raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
+    acc = TokenMeans()
+    batches = model.prepare(data, batch_size)
+    for batch in batches:
+        trace = model.trace(batch)
+        check_finite(trace.logits)
+        _measure_batch(acc, lens, model, trace, position_mask(batch, positions), k)
+    depths = range(model.n_layers + 1)
+    rows = [
+        {"depth": d, "measure": m, "value": acc.mean((d, m))} for d in depths for m in LENS_MEASURES
+    ]
+    df = pd.DataFrame(rows)
+    summary = lens_summary(df, model.n_layers, k, kl_threshold)
+    kl = df[(df.measure == "kl") & (df.depth < model.n_layers)].value
+    summary.update(
+        agreement_threshold=agreement_threshold,
+        top1_formed_at_depth=first_agreeing_depth(df, model.n_layers, agreement_threshold),
+        mean_kl=float(kl.mean()),
+    )
+    hashes = sequence_hashes(batches)
+    meta = {
+        "positions": positions,
+        "model": repr(model),
+        "fit_data": lens.fit_info.get("data"),
+        "fit_settings": lens.fit_info.get("settings"),
+        "eval_data": data_record(batches, hashes, data_label),
+        "overlap_sequences": int(torch.isin(hashes, lens.fit_sequences.cpu()).sum()),
+    }
+    return TunedLensResult(df, summary, meta)
+
+
+def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) -> go.Figure:
+    """Overlay lens results (logit and tuned lens, several models, ...) in one figure: mean
+    KL(p_d || p_final) per depth on the left axis, top-k overlap (dotted) on the right.
+
+    Example:
+        >>> from probekit.analyses.depth.lens import logit_lens
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> model = toy_model(n_layers=2)
+        >>> plain = logit_lens(model, toy_tokens())
+        >>> tuned = tuned_lens(model, toy_tokens(), lens=TunedLens.zeros(model))
+        >>> len(compare_lenses(plain, tuned).data)
+        4
+    """
+    from plotly.subplots import make_subplots
+
+    names = names or [r.kind.replace("_", " ") for r in results]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for i, (res, name) in enumerate(zip(results, names, strict=True)):
+        color = figures.PALETTE[i % len(figures.PALETTE)]
+        for measure, dash, secondary in (("kl", None, False), ("topk_overlap", "dot", True)):
+            part = res.df[res.df.measure == measure].sort_values("depth")
+            label = f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']}"
+            fig.add_trace(
+                go.Scatter(
+                    x=part.depth,
+                    y=part.value,
+                    name=label,
+                    mode="lines+markers",
+                    line={"color": color, "dash": dash},
+                ),
+                secondary_y=secondary,
+            )
+    fig.update_yaxes(title_text="KL(p_l || p_final), nats", secondary_y=False)
+    fig.update_yaxes(title_text="top-k overlap", range=[0, 1.05], secondary_y=True)
+    fig.update_xaxes(title_text="blocks applied (0 = embeddings)")
+    return figures.base_layout(fig, "Logit lens and tuned lens")
