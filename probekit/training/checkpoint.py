@@ -18,9 +18,12 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,10 @@ from probekit.io import atomic_write_text
 
 RUN_CONFIG = "run_config.json"
 KINDS = ("anchor", "lm")
+#: the way out of a damaged resume state
+FIX = "pass resume=False / --no-resume to start over, or delete the run folder"
+#: what a resumed checkpoint's trainer_state.json must hold, and the types of its values
+_STATE = {"step": int, "loss_sum": (int, float), "loss_count": int}
 
 
 def write_run_config(folder: str | os.PathLike, kind: str, settings: dict[str, Any]) -> Path:
@@ -94,12 +101,16 @@ def save_moments(
 
 def load_moments(
     path: str | os.PathLike,
+    loader: Callable[[Path], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Inverse of :func:`save_moments`: ``(exp_avg, exp_avg_sq, other tensors)`` by name."""
+    """Inverse of :func:`save_moments`: ``(exp_avg, exp_avg_sq, other tensors)`` by name.
+
+    ``loader`` reads the file (default ``safetensors.torch.load_file``)."""
     from safetensors.torch import load_file
 
     exp_avg, exp_avg_sq, other = {}, {}, {}
-    for key, value in load_file(str(path)).items():
+    tensors = loader(Path(path)) if loader else load_file(str(path))
+    for key, value in tensors.items():
         if key.startswith("exp_avg."):
             exp_avg[key[len("exp_avg.") :]] = value
         elif key.startswith("exp_avg_sq."):
@@ -144,12 +155,59 @@ def set_rng_state(tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> No
         random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
 
 
+def previous_of(root: Path) -> Path:
+    """Where the checkpoint before ``root`` is kept: ``<root>.previous`` beside it."""
+    return root.with_name(root.name + ".previous")
+
+
+def umask_mode() -> int:
+    """The mode bits a new folder gets under the process's umask (``0o777 & ~umask``)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def new_temp_folder(root: Path) -> Path:
+    """An empty ``.<name>.*.tmp`` folder beside ``root``, with the user's umask permissions."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    os.chmod(tmp, umask_mode())  # mkdtemp makes 0700
+    return tmp
+
+
+def swap_in(tmp: Path, root: Path) -> None:
+    """Make the complete folder ``tmp`` the checkpoint ``root``; the old ``root`` becomes
+    ``<root>.previous`` (the one before that is deleted).
+
+    A kill between the renames leaves no ``root`` but a complete ``<root>.previous``, which
+    :func:`recover_checkpoint` puts back on the next start.
+    """
+    prev = previous_of(root)
+    if root.exists():
+        if prev.exists():
+            trash = new_temp_folder(root)
+            os.replace(prev, trash / "old")
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(root, prev)
+    os.replace(tmp, root)
+
+
+def set_aside(root: Path) -> Path:
+    """Move a damaged checkpoint ``root`` to ``<root>.corrupt`` (replacing an older one)."""
+    corrupt = root.with_name(root.name + ".corrupt")
+    if corrupt.exists():
+        shutil.rmtree(corrupt, ignore_errors=True)
+    os.replace(root, corrupt)
+    return corrupt
+
+
 def recover_checkpoint(root: Path) -> None:
-    """Undo what a kill in the middle of an atomic checkpoint swap leaves behind.
+    """Undo what a kill in the middle of a checkpoint swap leaves behind.
 
     ``atomic_directory`` moves the old checkpoint aside (``.checkpoint.*.old/old``) before it
-    renames the new one into place; a kill between the two renames leaves no ``checkpoint``.
-    Put the old one back, and remove half-written ``.checkpoint.*.tmp`` folders.
+    renames the new one into place, :func:`swap_in` moves it to ``<root>.previous``; a kill
+    between the two renames leaves no ``checkpoint``. Put the old one back, and remove
+    half-written ``.checkpoint.*.tmp`` folders.
     """
     parent = root.parent
     if not parent.is_dir():
@@ -161,6 +219,75 @@ def recover_checkpoint(root: Path) -> None:
         if not root.exists() and (old / "old").is_dir():
             os.replace(old / "old", root)
         shutil.rmtree(old, ignore_errors=True)
+    prev = previous_of(root)
+    if not root.exists() and prev.is_dir():
+        os.replace(prev, root)
+
+
+def remove_leftovers(folder: Path, names: tuple[str, ...]) -> None:
+    """Delete the ``.<name>.*.tmp`` files a kill during an atomic write left in ``folder``."""
+    for name in names:
+        for tmp in folder.glob(f".{name}.*.tmp"):
+            if tmp.is_file():
+                tmp.unlink(missing_ok=True)
+
+
+def read_trainer_state(folder: Path, steps: int) -> dict[str, Any]:
+    """``folder/trainer_state.json``, checked: a JSON object whose step lies in [0, steps]."""
+    path = folder / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is missing or unreadable ({err})", fix=FIX) from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds {type(state).__name__}, not an object", fix=FIX)
+    for key, kind in _STATE.items():
+        value = state.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"{path}: {key} is {value!r}", fix=FIX)
+    if not 0 <= state["step"] <= steps:
+        raise CheckpointError(
+            f"{path}: step {state['step']} is outside the run's [0, {steps}] steps", fix=FIX
+        )
+    if not math.isfinite(state["loss_sum"]) or state["loss_count"] < 0:
+        raise CheckpointError(f"{path}: the loss sums are not finite counts", fix=FIX)
+    diverged = state.get("diverged_at")
+    if diverged is not None and not (isinstance(diverged, int) and 0 < diverged <= steps):
+        raise CheckpointError(f"{path}: diverged_at is {diverged!r}", fix=FIX)
+    return state
+
+
+def check_tensors(
+    path: Path,
+    tensors: dict[str, torch.Tensor],
+    shapes: dict[str, tuple[int, ...]],
+    prefix: str = "",
+    optional: tuple[str, ...] = (),
+) -> None:
+    """Every name of ``shapes`` is in ``tensors`` (as ``prefix + name``) with that shape."""
+    missing = [k for k in shapes if prefix + k not in tensors and k not in optional]
+    wrong = [
+        f"{k} {tuple(tensors[prefix + k].shape)} (want {shapes[k]})"
+        for k in shapes
+        if prefix + k in tensors and tuple(tensors[prefix + k].shape) != shapes[k]
+    ]
+    if missing or wrong:
+        parts = [f"missing {missing[:6]}"] if missing else []
+        parts += [f"wrong shapes {wrong[:6]}"] if wrong else []
+        raise CheckpointError(f"{path} does not match the run: {'; '.join(parts)}", fix=FIX)
+
+
+def check_moments(path: Path, moments: tuple[dict, dict, dict], shapes: dict) -> None:
+    """The AdamW moments of every parameter and the RNG tensors are in the optimizer file."""
+    exp_avg, exp_avg_sq, other = moments
+    check_tensors(path, {"exp_avg." + k: v for k, v in exp_avg.items()}, shapes, "exp_avg.")
+    check_tensors(
+        path, {"exp_avg_sq." + k: v for k, v in exp_avg_sq.items()}, shapes, "exp_avg_sq."
+    )
+    for key, like in rng_state()[0].items():
+        value = other.get(key)
+        if value is None or value.shape != like.shape or value.dtype != like.dtype:
+            raise CheckpointError(f"{path} lacks an intact RNG state {key!r}", fix=FIX)
 
 
 def save_quietly(model: Any, path: Path) -> None:
@@ -184,10 +311,35 @@ def unreadable(folder: Path, err: Exception) -> CheckpointError:
     )
 
 
-def check_same_settings(folder: Path, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Refuse to resume from a checkpoint written with other settings."""
+def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
+    """Dotted names of the settings that differ between two nested dicts."""
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        out = []
+        for key in sorted(set(saved) | set(wanted), key=str):
+            out += _differences(saved.get(key), wanted.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == wanted else [prefix.rstrip(".") or "the settings"]
+
+
+def check_same_settings(folder: Path, saved: Any, wanted: dict[str, Any]) -> None:
+    """Refuse to resume from a checkpoint written with other settings, naming them."""
     if saved != wanted:
+        diff = _differences(saved, wanted)
+        shown = ", ".join(
+            f"{d} (saved {_lookup(saved, d)!r}, now {_lookup(wanted, d)!r})" for d in diff[:5]
+        )
         raise ConfigError(
-            f"the checkpoint in {folder} was written by a run with other settings",
+            f"the checkpoint in {folder} was written by a run with other settings: {shown}"
+            + (f" and {len(diff) - 5} more" if len(diff) > 5 else ""),
             fix="use a new output folder, the original settings, or --no-resume",
         )
+
+
+def _lookup(settings: Any, dotted: str) -> Any:
+    if dotted == "the settings":
+        return settings
+    for key in dotted.split("."):
+        if not isinstance(settings, dict):
+            return settings
+        settings = settings.get(key)
+    return settings

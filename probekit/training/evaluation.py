@@ -133,9 +133,27 @@ def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
 def read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
     """The rows of ``path`` up to ``up_to_step`` (a resumed run drops the rows after its
     checkpoint); none when there is no file."""
+    from probekit.errors import CheckpointError
+
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    fix = "pass resume=False / --no-resume to train again, or delete the run folder"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is unreadable ({err})", fix=fix) from err
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise CheckpointError(f"{path} line {number} is not JSON ({err})", fix=fix) from err
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise CheckpointError(f"{path} line {number} has no integer step", fix=fix)
+        rows.append(row)
     return [r for r in rows if r["step"] <= up_to_step]
 
 

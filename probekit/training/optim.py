@@ -10,6 +10,7 @@ Example:
     >>> params = {"w": torch.ones(2, 3)}
     >>> opt = StackedAdamW(params, lr=[0.1, 0.0], weight_decay=[0.0, 0.0], grad_clip=[0.0, 0.0])
     >>> opt.step([torch.ones(2, 3)], step=0, multiplier=1.0, active=torch.tensor([True, True]))
+    tensor([True, True])
     >>> [round(v, 4) for v in params["w"][:, 0].tolist()]
     [0.9, 1.0]
     >>> sorted(opt.state_dict(index=0)["exp_avg"])
@@ -62,34 +63,34 @@ class StackedAdamW:
             self.clip > 0, (self.clip / (norm + 1e-6)).clamp(max=1.0), torch.ones_like(norm)
         )
 
-    def _snapshot(self, runs: list[int]) -> dict[int, list[tuple[torch.Tensor, ...]]]:
-        return {
-            m: [
-                (
-                    self.params[k][m].clone(),
-                    self.exp_avg[k][m].clone(),
-                    self.exp_avg_sq[k][m].clone(),
-                )
-                for k in self.params
-            ]
-            for m in runs
-        }
-
-    def _restore(self, saved: dict[int, list[tuple[torch.Tensor, ...]]]) -> None:
-        for m, values in saved.items():
-            for (pv, av, bv), k in zip(values, self.params, strict=True):
-                self.params[k][m] = pv
-                self.exp_avg[k][m] = av
-                self.exp_avg_sq[k][m] = bv
-
     @torch.no_grad()
     def step(
         self, grads: list[torch.Tensor], step: int, multiplier: float, active: torch.Tensor
-    ) -> None:
+    ) -> torch.Tensor:
         """Update ``step`` (0-based) with ``grads`` (in the order of ``params``) at
-        ``lr * multiplier``; runs where ``active`` is False are left as they were."""
-        frozen = [m for m in range(self.n_runs) if not bool(active[m])]
-        saved = self._snapshot(frozen)
+        ``lr * multiplier``; runs where ``active`` is False are left as they were.
+
+        A run whose update would make a weight or moment non-finite is left as it was too.
+        Returns, per run, whether its update was applied."""
+        before = {
+            k: (p.clone(), self.exp_avg[k].clone(), self.exp_avg_sq[k].clone())
+            for k, p in self.params.items()
+        }
+        self._update(grads, step, multiplier)
+        finite = torch.ones(self.n_runs, dtype=torch.bool, device=self.lr.device)
+        for k, p in self.params.items():
+            for t in (p, self.exp_avg[k], self.exp_avg_sq[k]):
+                finite &= torch.isfinite(t.reshape(self.n_runs, -1)).all(1)
+        applied = finite & active.to(finite.device)
+        for m in [m for m in range(self.n_runs) if not bool(applied[m])]:
+            for k, (p, ea, eas) in before.items():
+                self.params[k][m] = p[m]
+                self.exp_avg[k][m] = ea[m]
+                self.exp_avg_sq[k][m] = eas[m]
+        return applied
+
+    def _update(self, grads: list[torch.Tensor], step: int, multiplier: float) -> None:
+        """The AdamW update of every run, in place."""
         coef = self._clip_coefficients(grads)
         t = step + 1
         lr_t = self.lr * multiplier
@@ -107,7 +108,6 @@ class StackedAdamW:
             eas.mul_(b2).addcmul_(g, g, value=1 - b2)
             denom = (eas.sqrt() / bc2_sqrt).add_(self.eps)
             p.sub_(step_size.view(shape) * ea / denom)
-        self._restore(saved)
 
     def state_dict(self, index: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """The moments ``{"exp_avg": {name: t}, "exp_avg_sq": {...}}``, of run ``index`` only

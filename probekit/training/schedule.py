@@ -38,10 +38,20 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     """
     if name is None or name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"unknown device {name!r}", fix="use auto, cpu or cuda") from err
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {name!r}", fix="use auto, cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device cuda requested but CUDA is not available", fix="use --device cpu or auto"
+        )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {name} requested but only {torch.cuda.device_count()} CUDA device(s) exist",
+            fix="use cuda:0 .. cuda:<count - 1>, or auto",
         )
     return dev
 

@@ -21,23 +21,34 @@ Example:
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from probekit.errors import CheckpointError
-from probekit.io import atomic_directory, atomic_write_text
+from probekit.errors import CheckpointError, NumericalError
+from probekit.io import atomic_write_text
 from probekit.training.checkpoint import (
+    FIX,
+    RUN_CONFIG,
+    check_moments,
     check_same_settings,
+    check_tensors,
     load_moments,
+    new_temp_folder,
+    previous_of,
     read_run_config,
+    read_trainer_state,
     recover_checkpoint,
     rng_state,
     save_moments,
     save_quietly,
+    set_aside,
     set_rng_state,
-    unreadable,
+    swap_in,
     write_run_config,
 )
 from probekit.training.evaluation import read_metrics
@@ -83,43 +94,98 @@ def _trainer_state(stack: _Stack, m: int, rng: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def save_stack(stack: _Stack) -> None:
-    """Write every run's checkpoint folder under ``stack.out / "checkpoint"``."""
-    with atomic_directory(stack.out / "checkpoint") as tmp:
-        for m, cfg in enumerate(stack.cfgs):
-            d = stack.run_dir(tmp, m)
-            d.mkdir(parents=True, exist_ok=True)
-            stack.hf = to_hf_model(stack.mcfg, stack.params, m, model=stack.hf)
-            save_quietly(stack.hf, d)
-            rng_tensors, rng = rng_state()
-            moments = stack.optimizer.state_dict(index=m)
-            save_moments(
-                d / "optimizer.safetensors",
-                moments["exp_avg"],
-                moments["exp_avg_sq"],
-                extra=rng_tensors,
+def _write_runs(stack: _Stack, tmp: Path) -> None:
+    """Every run's checkpoint folder under ``tmp``; a run with non-finite weights is refused."""
+    for m, cfg in enumerate(stack.cfgs):
+        bad = [k for k, v in stack.params.items() if not bool(torch.isfinite(v[m]).all())]
+        if bad:
+            raise NumericalError(
+                f"run {cfg.name!r} holds non-finite weights ({', '.join(bad[:4])}) at step "
+                f"{stack.step}; no checkpoint of them is written",
+                fix="lower lr, raise gamma (smaller init) or keep grad_clip on",
             )
-            state = _trainer_state(stack, m, rng)
-            atomic_write_text(d / "trainer_state.json", json.dumps(state))
-            write_run_config(d, "anchor", cfg.to_dict())
+        d = stack.run_dir(tmp, m)
+        d.mkdir(parents=True, exist_ok=True)
+        stack.hf = to_hf_model(stack.mcfg, stack.params, m, model=stack.hf)
+        save_quietly(stack.hf, d)
+        rng_tensors, rng = rng_state()
+        moments = stack.optimizer.state_dict(index=m)
+        save_moments(
+            d / "optimizer.safetensors",
+            moments["exp_avg"],
+            moments["exp_avg_sq"],
+            extra=rng_tensors,
+        )
+        state = _trainer_state(stack, m, rng)
+        atomic_write_text(d / "trainer_state.json", json.dumps(state))
+        write_run_config(d, "anchor", cfg.to_dict())
+
+
+def save_stack(stack: _Stack) -> None:
+    """Write every run's checkpoint under ``stack.out / "checkpoint"``, keeping the one before
+    as ``checkpoint.previous`` (see :func:`probekit.training.checkpoint.swap_in`)."""
+    root = stack.out / "checkpoint"
+    tmp = new_temp_folder(root)
+    try:
+        _write_runs(stack, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, root)
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; any failure to read it is a :class:`CheckpointError`."""
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing", fix=FIX)
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error type on a damaged file
+        raise CheckpointError(f"{path} is corrupt or truncated ({err})", fix=FIX) from err
 
 
 def _read_run(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
     """One run's trainer state, weights and optimizer file, checked against its config."""
-    from safetensors.torch import load_file
-
     try:
         saved = read_run_config(d)
-        if saved is None:
-            raise OSError("no run_config.json")
-        state = json.loads((d / "trainer_state.json").read_text())
-        weights = load_file(str(d / "model.safetensors"))
-        optimizer = load_moments(d / "optimizer.safetensors")
-    except (OSError, ValueError, CheckpointError) as err:
-        raise unreadable(d, err) from err
+    except CheckpointError as err:
+        raise _incomplete(d, err) from err
+    if saved is None:
+        raise _incomplete(d, CheckpointError(f"{d / RUN_CONFIG} is missing"))
     saved = {k: v for k, v in saved.items() if k not in ("device", "kind")}
     check_same_settings(d, saved, stack.cfgs[m].comparable())
+    try:
+        return _read_files(stack, d, m)
+    except CheckpointError as err:
+        raise _incomplete(d, err) from err
+
+
+def _incomplete(d: Path, err: CheckpointError) -> CheckpointError:
+    return CheckpointError(f"checkpoint {d} is incomplete or unreadable: {err.problem}", fix=FIX)
+
+
+def _read_files(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
+    """The trainer state, weights and moments of run ``m`` in ``d``, checked complete."""
+    state = read_trainer_state(d, stack.cfgs[m].steps)
+    weights = _load_tensors(d / "model.safetensors")
+    shapes = {k: tuple(v.shape[1:]) for k, v in stack.params.items()}
+    tied = ("lm_head.weight",) if "lm_head.weight" not in weights else ()
+    check_tensors(d / "model.safetensors", weights, shapes, optional=tied)
+    optimizer = load_moments(d / "optimizer.safetensors", _load_tensors)
+    check_moments(d / "optimizer.safetensors", optimizer, shapes)
     return state, weights, optimizer
+
+
+def _read_all(stack: _Stack, root: Path) -> list[tuple[dict, dict, tuple]]:
+    states = [_read_run(stack, stack.run_dir(root, m), m) for m in range(stack.M)]
+    steps = {state["step"] for state, _, _ in states}
+    if len(steps) != 1:
+        raise CheckpointError(
+            f"checkpoints under {root} are at different steps {sorted(steps)}", fix=FIX
+        )
+    return states
 
 
 @torch.no_grad()
@@ -140,22 +206,65 @@ def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
     set_rng_state(rng_tensors, state)
 
 
+def _metrics(stack: _Stack) -> list[dict[str, Any]]:
+    """The metrics rows up to the resumed step, checked to hold the last evaluation."""
+    c0, step = stack.cfgs[0], stack.step
+    path = stack.out / "metrics.jsonl"
+    rows = read_metrics(path, step)
+    last_eval = step if step == c0.steps else step - step % c0.eval_every
+    if last_eval == 0 and not c0.eval_at_start:
+        return rows
+    have = {r.get("run") for r in rows if r["step"] == last_eval}
+    lost = [c.name for c in stack.cfgs if c.name not in have]
+    if lost:
+        what = "is missing" if not path.exists() else f"lacks the rows of step {last_eval}"
+        raise CheckpointError(
+            f"{path} {what} (runs {lost}) although the checkpoint is at step {step}",
+            fix=f"pass resume=False / --no-resume to train again, or delete {stack.out}",
+        )
+    return rows
+
+
 def resume_stack(stack: _Stack) -> bool:
-    """Load the stack's last checkpoint, if any; True when it resumed."""
+    """Load the stack's last complete checkpoint, if any; True when it resumed.
+
+    A checkpoint that cannot be read is moved to ``checkpoint.corrupt`` (with a warning naming
+    the damaged file) and the previous one is used; when none is left, :class:`CheckpointError`.
+    """
     root = stack.out / "checkpoint"
     recover_checkpoint(root)
     if not root.exists():
         return False
-    states = [_read_run(stack, stack.run_dir(root, m), m) for m in range(stack.M)]
-    steps = {state["step"] for state, _, _ in states}
-    if len(steps) != 1:
-        raise CheckpointError(
-            f"checkpoints under {root} are at different steps {steps}",
-            fix="delete the folder and train again",
-        )
+    try:
+        states = _read_all(stack, root)
+    except CheckpointError as err:
+        states = _fall_back(stack, root, err)
     _restore(stack, states)
-    stack.metrics = read_metrics(stack.out / "metrics.jsonl", stack.step)
+    stack.metrics = _metrics(stack)
     return True
+
+
+def _fall_back(stack: _Stack, root: Path, err: CheckpointError) -> list:
+    """Resume from ``checkpoint.previous`` after ``root`` failed to read with ``err``."""
+    prev = previous_of(root)
+    if not prev.is_dir():
+        raise err
+    try:
+        states = _read_all(stack, prev)
+    except CheckpointError as second:
+        raise CheckpointError(
+            f"{err.problem}; the previous checkpoint is unreadable too ({second.problem})",
+            fix=FIX,
+        ) from second
+    step = states[0][0]["step"]
+    set_aside(root)
+    os.replace(prev, root)
+    warnings.warn(
+        f"{err.problem}; resuming from the previous checkpoint (step {step}); the damaged one "
+        f"is kept in {root.with_name('checkpoint.corrupt')}",
+        stacklevel=3,
+    )
+    return _read_all(stack, root)
 
 
 __all__ = ["resume_stack", "save_stack"]

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 from probekit.errors import ConfigError, NumericalError, check_known_keys
 from probekit.io import atomic_write_text
 from probekit.tasks.anchor import AnchorTask
+from probekit.training.checkpoint import previous_of, recover_checkpoint, remove_leftovers
 from probekit.training.checks import (
     check_device_name,
     check_flag,
@@ -60,6 +63,8 @@ from probekit.training.checks import (
     is_real,
 )
 from probekit.training.evaluation import Evaluator, autocast, write_metrics
+from probekit.training.lock import run_folder_lock
+from probekit.training.memory import anchor_run_bytes, check_fits
 from probekit.training.models import (
     ModelConfig,
     decays,
@@ -326,7 +331,8 @@ class _Stack:
             for m in range(M):
                 if self.diverged[m] is not None:
                     active[m] = False
-            self.optimizer.step(list(grads), s, self.c0.schedule(s), active)
+            applied = self.optimizer.step(list(grads), s, self.c0.schedule(s), active)
+            finite &= applied | ~active  # an update that made weights non-finite was undone
         self.step += 1
         lcpu = loss.detach().float().cpu()
         self._account(lcpu, finite)
@@ -399,11 +405,20 @@ def _postfix(rows: list[dict[str, Any]], loss: torch.Tensor) -> dict[str, str]:
     )
 
 
+def _kept_checkpoint(root: Path) -> str:
+    """What checkpoint a stopped run leaves: which step, or that there is none."""
+    try:
+        step = json.loads((root / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no checkpoint was written before it"
+    return f"the checkpoint of step {step} in {root} is kept"
+
+
 def _diverged_error(stack: _Stack, loss: torch.Tensor) -> NumericalError:
+    what = "loss" if not math.isfinite(float(loss[0])) else "updated weights"
     return NumericalError(
-        f"run {stack.cfgs[0].name!r}: the loss became NaN/inf at step {stack.step}"
-        f" (loss {float(loss[0])}); the last good checkpoint under "
-        f"{stack.out / 'checkpoint'} is kept",
+        f"run {stack.cfgs[0].name!r}: the {what} became NaN/inf at step {stack.step}"
+        f" (loss {float(loss[0])}); {_kept_checkpoint(stack.out / 'checkpoint')}",
         fix="lower lr, raise gamma (smaller init) or keep grad_clip on",
     )
 
@@ -472,7 +487,9 @@ def train_stack(
     """Train runs of one shape together as one stacked model; each gets its own checkpoint.
 
     Checkpoints go to ``out_dir/checkpoint/<run name>/`` (or ``out_dir/checkpoint/`` when
-    ``single``), metrics of all runs to ``out_dir/metrics.jsonl`` (column ``run``).
+    ``single``), metrics of all runs to ``out_dir/metrics.jsonl`` (column ``run``). The
+    settings, the device and the memory the run needs are checked before anything is built; the
+    folder is locked against a second writer while the run trains.
 
     Example:
         >>> import tempfile
@@ -483,17 +500,43 @@ def train_stack(
         >>> [o.name for o in train_stack(cfgs, tempfile.mkdtemp(), progress=False)]
         ['g0.3', 'g0.8']
     """
+    configs = list(configs)
+    check_stack_fits(configs)
     out = Path(out_dir)
-    stack = _Stack(list(configs), out, single=single)
-    if resume:
-        resume_stack(stack)
-    elif (out / "checkpoint").exists() or (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    settings = configs[0].to_dict() if single else [c.to_dict() for c in configs]
-    atomic_write_text(out / "config.json", json.dumps(settings, indent=1))
-    if stack.step < stack.c0.steps or not stack.metrics:
-        _loop(stack, progress=progress)
-    return _outputs(stack, out)
+    with run_folder_lock(out):
+        recover_checkpoint(out / "checkpoint")
+        remove_leftovers(out, LEFTOVERS)
+        if not resume:
+            _start_over(out)
+        stack = _Stack(configs, out, single=single)
+        if resume:
+            resume_stack(stack)
+        settings = configs[0].to_dict() if single else [c.to_dict() for c in configs]
+        atomic_write_text(out / "config.json", json.dumps(settings, indent=1))
+        if stack.step < stack.c0.steps or not stack.metrics:
+            _loop(stack, progress=progress)
+        shutil.rmtree(previous_of(out / "checkpoint"), ignore_errors=True)
+        return _outputs(stack, out)
+
+
+#: files written atomically into a run folder, whose ``.<name>.*.tmp`` a kill may leave
+LEFTOVERS = ("metrics.jsonl", "config.json", "run_config.json")
+
+
+def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
+    """The stack's device, once its settings and memory are checked (nothing is built)."""
+    _check_stack(configs)
+    device = resolve_device(configs[0].device)
+    what = f"training {len(configs)} stacked run(s) of {configs[0].model.n_params()} parameters"
+    check_fits(anchor_run_bytes(configs), device, what)
+    return device
+
+
+def _start_over(out: Path) -> None:
+    """``resume=False``: remove the folder's checkpoints and metrics before training."""
+    for name in ("checkpoint", "checkpoint.previous"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
 
 
 def train(

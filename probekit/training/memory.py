@@ -1,0 +1,95 @@
+"""Memory estimates of training runs, checked before anything is built.
+
+A run needs its parameters, their gradients and two AdamW moments (4 float32 copies), the task's
+token tensors and the activations of one batch. :func:`check_fits` compares that estimate with
+the memory available on the run's device (``MemAvailable`` of ``/proc/meminfo`` on CPU, the free
+memory on CUDA) and refuses what cannot fit, naming both numbers.
+
+Example:
+    >>> check_fits(1000, torch.device("cpu"), "a tiny run")
+    >>> try:
+    ...     check_fits(2**80, torch.device("cpu"), "an impossible run")
+    ... except ConfigError as err:
+    ...     print(str(err)[:40])
+    an impossible run needs about 1208925819
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from probekit.errors import ConfigError
+
+#: bytes per parameter while training: float32 weights, gradients and two AdamW moments
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now; None when it cannot be read."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):  # pragma: no cover - CUDA broken
+            return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_fits(needed: int, device: torch.device, what: str) -> None:
+    """Raise :class:`ConfigError` when ``needed`` bytes exceed what ``device`` has free."""
+    free = available_memory(device)
+    if free is not None and needed > free:
+        raise ConfigError(
+            f"{what} needs about {needed} bytes ({_gib(needed)}) on {device}, but only "
+            f"{free} bytes ({_gib(free)}) are available",
+            fix="use a smaller model, fewer or shorter sequences, a smaller batch or fewer "
+            "stacked runs (--max-stack)",
+        )
+
+
+def anchor_run_bytes(configs: list) -> int:
+    """Estimated bytes of training ``configs`` (TrainConfigs of one shape) as one stack."""
+    c0 = configs[0]
+    m, task = c0.model, c0.task
+    M = len(configs)
+    params = M * m.n_params() * TRAIN_BYTES_PER_PARAM
+    # tokens, targets and six bookkeeping tensors per sequence, int64, plus numpy's copy
+    data = 2 * (task.n_train + 2 * task.n_test) * (task.seq_len + 8) * 8
+    per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
+    acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
+    logits = M * c0.batch_size * m.vocab_size * 4 * 3
+    return params + data + acts + logits
+
+
+def lm_params(n_layers: int, d_model: int, d_mlp: int, vocab: int, n_positions: int) -> int:
+    """Parameters of a GPT-2 with tied embeddings (the LM trainer's models)."""
+    per_layer = 4 * d_model * d_model + 2 * d_model * d_mlp + 9 * d_model + d_mlp
+    return n_layers * per_layer + (vocab + n_positions) * d_model + 2 * d_model
+
+
+def lm_run_bytes(cfg, vocab: int) -> int:
+    """Estimated bytes of training the LM run ``cfg`` (an LMConfig) at its final depth."""
+    d_mlp = cfg.d_mlp or 4 * cfg.d_model
+    params = lm_params(cfg.n_layers, cfg.d_model, d_mlp, vocab, cfg.seq_len)
+    tokens = cfg.batch_size * cfg.seq_len
+    per_token = 16 * cfg.d_model + 2 * d_mlp + cfg.n_heads * cfg.seq_len
+    acts = tokens * cfg.n_layers * per_token * 4 + tokens * vocab * 4 * 3
+    return params * TRAIN_BYTES_PER_PARAM + acts
+
+
+__all__ = ["anchor_run_bytes", "available_memory", "check_fits", "lm_params", "lm_run_bytes"]
