@@ -2,8 +2,14 @@
 
 For each layer l, its whole update is removed (the block's output := its input), and separately
 its attention and its MLP update are zeroed. The output change is measured per token (see
-:data:`probekit.analyses._common.OUTPUT_MEASURES`) and averaged over the selected positions.
-Each layer's *share* is its whole-layer measure divided by the sum over layers; the
+:data:`probekit.analyses._common.OUTPUT_MEASURES`) and reduced per ``convention`` (see
+:mod:`probekit.analyses.depth.conventions`): ``"probekit"`` (default, probekit's own choice)
+averages over all selected tokens of all prompts; ``"csordas2025"`` takes the max over the
+measured tokens, then positions t, then prompts, never ablates position 0, and is the
+reference code's reduction for ``prob_l2`` (its ``analyze_*_effects.py`` report only that
+measure; the others are reduced the same way). ``mode="future"`` ablates at positions < t and
+measures at positions >= t; ``keep_first`` leaves position 0 (a BOS token) untouched. Each
+layer's *share* is its whole-layer measure divided by the sum over layers; the
 *second-half share* (layers l >= L/2) is the depth-curse headline number: static pre-LN models
 put little of their output in the second half.
 
@@ -32,16 +38,26 @@ from probekit import figures
 from probekit.analyses._common import (
     OUTPUT_MEASURES,
     TokenMeans,
-    add_output_change,
     check_finite,
     loss_mask,
+    output_change,
     second_half,
     token_loss,
+)
+from probekit.analyses.depth.conventions import (
+    Reduction,
+    Setup,
+    Windows,
+    make_setup,
+    masked_ablate_hooks,
+    merge,
+    plan_windows,
+    slot_masks,
 )
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import ablate_hooks
-from probekit.model import Model, load
+from probekit.model import Model, Trace, load
 from probekit.result import Result
 
 COMPONENTS = ("layer", "attn", "mlp")
@@ -96,15 +112,29 @@ def contributions(
     positions: str = "all",
     components: Sequence[str] = COMPONENTS,
     batch_size: int | None = None,
+    convention: str = "probekit",
+    mode: str = "current",
+    keep_first: bool | None = None,
+    n_future: int = 4,
+    seed: int = 123,
+    answer_start: Sequence[int] | None = None,
 ) -> ContributionResult:
     """Zero-ablate every layer and sublayer and measure the change of the output.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: token data (see :mod:`probekit.data`); padding never enters the averages.
+        data: token data (see :mod:`probekit.data`); padding never enters the reductions.
         positions: 'all' real tokens, or only the 'last' real token of each sequence.
         components: any of 'layer' (whole block), 'attn', 'mlp'.
         batch_size: split the data into batches of at most this many sequences.
+        convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
+            and prompts); see :mod:`probekit.analyses.depth.conventions`.
+        mode: 'current' (ablate at every position) or 'future' (ablate at positions < t,
+            measure at positions >= t).
+        keep_first: never ablate position 0 (default: when the tokenizer adds a BOS token, and
+            always under 'csordas2025').
+        n_future, seed: how many positions t per prompt future mode draws, and its seed.
+        answer_start: future mode at one given position per prompt (e.g. the answer start).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -116,13 +146,16 @@ def contributions(
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    acc = _ablation_means(model, model.prepare(data, batch_size), positions, components)
+    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+    batches = model.prepare(data, batch_size)
+    windows = plan_windows(setup, batches)
+    red, clean_loss = _ablation_means(model, batches, windows, setup, positions, components)
     rows = [
         {
             "layer": layer,
             "component": component,
             "measure": measure,
-            "value": acc.mean((layer, component, measure)),
+            "value": red.value((layer, component, measure)),
         }
         for component in components
         for layer in range(model.n_layers)
@@ -130,32 +163,68 @@ def contributions(
     ]
     df = pd.DataFrame(rows)
     df["share"] = np.nan
-    summary: dict = {"n_layers": model.n_layers, "clean_loss": acc.mean("clean_loss")}
+    summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss}
+    summary.update(windows.summary())
     if "layer" in components:
         summary.update(_add_shares(df, model.n_layers))
     meta = {"positions": positions, "components": list(components), "model": repr(model)}
+    meta.update(setup.meta())
+    if setup.mode == "future":
+        meta["future_t"] = windows.positions()
     return ContributionResult(df, summary, meta)
 
 
 @torch.no_grad()
 def _ablation_means(
-    model: Model, batches: list, positions: str, components: Sequence[str]
-) -> TokenMeans:
-    """Token means of every output measure per (layer, component), and the clean loss."""
-    acc = TokenMeans()
-    for batch in batches:
+    model: Model,
+    batches: list,
+    windows: Windows,
+    setup: Setup,
+    positions: str,
+    components: Sequence[str],
+) -> tuple[Reduction, float]:
+    """Every output measure per (layer, component), reduced per the convention, and the
+    clean loss (token mean over the selected positions)."""
+    red, clean = Reduction(setup.reduction), TokenMeans()
+    first = 0
+    for batch, ts in zip(batches, windows.ts, strict=True):
+        ids = list(range(first, first + batch.tokens.shape[0]))
+        first += len(ids)
         trace = model.trace(batch)
         check_finite(trace.logits)
         mask = position_mask(batch, positions)
-        acc.add("clean_loss", token_loss(trace.logits, batch.labels), loss_mask(batch.labels, mask))
-        for layer in range(model.n_layers):
-            for component in components:
-                if component == "layer":
-                    logits = trace.resume(layer + 1, trace.residuals[layer])
-                else:
-                    logits = trace.resume(layer, fwd_hooks=ablate_hooks(model, layer, component))
-                add_output_change(acc, (layer, component), trace.logits, logits, batch.labels, mask)
-    return acc
+        loss = token_loss(trace.logits, batch.labels)
+        clean.add("clean_loss", loss, loss_mask(batch.labels, mask))
+        for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
+            for layer in range(model.n_layers):
+                for component in components:
+                    logits = _ablated(trace, layer, component, inter)
+                    _add_change(red, (layer, component), trace, logits, measure, ids)
+    return red, clean.mean("clean_loss")
+
+
+def _ablated(trace: Trace, layer: int, component: str, inter: torch.Tensor | None) -> torch.Tensor:
+    """Logits with ``component`` of ``layer`` removed at the positions in ``inter`` (all: None)."""
+    if component == "layer":
+        residual = merge(inter, trace.residuals[layer], trace.residuals[layer + 1])
+        return trace.resume(layer + 1, residual)
+    model = trace.model
+    if inter is None:
+        hooks = ablate_hooks(model, layer, component)
+    else:
+        hooks = masked_ablate_hooks(model, layer, component, inter)
+    return trace.resume(layer, fwd_hooks=hooks)
+
+
+def _add_change(
+    red: Reduction, key: tuple, trace: Trace, logits: torch.Tensor, mask: torch.Tensor, ids: list
+) -> None:
+    """Add every output measure of one variant under ``key + (measure,)``."""
+    check_finite(logits, "the outputs of an intervened forward")
+    labels = trace.batch.labels
+    for name, values in output_change(trace.logits, logits, labels).items():
+        where = loss_mask(labels, mask) if name == "loss_delta" else mask
+        red.add(key + (name,), values, where, ids)
 
 
 def _add_shares(df: pd.DataFrame, n_layers: int) -> dict:

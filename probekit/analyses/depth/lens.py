@@ -3,7 +3,10 @@
 For depth d = 0 .. L (d = number of blocks applied; 0 is the embedding), p_d is the softmax of
 the final norm + unembedding applied to the residual after d blocks. Per token, averaged over
 the selected positions: ``kl`` = KL(p_d || p_final) and ``topk_overlap`` = |top-k(p_d) ∩
-top-k(p_final)| / k. The summary gives the first depth at which the mean KL falls below
+top-k(p_final)| / k. With ``convention="probekit"`` (default) both are averaged over all
+selected tokens of all prompts pooled; with ``"csordas2025"`` over the tokens of each prompt,
+then over the prompts (the reference's ``logitlens.py``; identical for equal-length prompts).
+The summary gives the first depth at which the mean KL falls below
 ``kl_threshold`` (the layer where the prediction is essentially formed).
 
 Example:
@@ -20,7 +23,8 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses._common import check_finite
+from probekit.analyses.depth.conventions import Reduction, check_convention
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -81,22 +85,37 @@ def logit_lens(
     positions: str = "all",
     kl_threshold: float = 0.1,
     batch_size: int | None = None,
+    convention: str = "probekit",
 ) -> LogitLensResult:
-    """Decode every layer's residual with the final head and compare with the final output."""
+    """Decode every layer's residual with the final head and compare with the final output.
+
+    ``convention``: 'probekit' (token mean over all prompts) or 'csordas2025' (mean per
+    prompt, then over prompts).
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> res = logit_lens(toy_model(), toy_tokens(), convention="csordas2025")
+        >>> res.meta["convention"]
+        'csordas2025'
+    """
     model = load(model)
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
-    acc = TokenMeans()
+    check_convention(convention)
+    red = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
+    first = 0
     for batch in model.prepare(data, batch_size):
+        ids = list(range(first, first + batch.tokens.shape[0]))
+        first += len(ids)
         trace = model.trace(batch)
         check_finite(trace.logits)
         mask = position_mask(batch, positions)
         for depth, residual in enumerate(trace.residuals):
             measures = lens_measures(model.head(residual), trace.logits, k)
             for name, values in measures.items():
-                acc.add((depth, name), values, mask)
+                red.add((depth, name), values, mask, ids)
     rows = [
-        {"depth": d, "measure": m, "value": acc.mean((d, m))}
+        {"depth": d, "measure": m, "value": red.value((d, m))}
         for d in range(model.n_layers + 1)
         for m in ("kl", "topk_overlap")
     ]
@@ -113,4 +132,5 @@ def logit_lens(
         else float("nan"),
         "n_layers": model.n_layers,
     }
-    return LogitLensResult(df, summary, {"positions": positions, "model": repr(model)})
+    meta = {"positions": positions, "model": repr(model), "convention": convention}
+    return LogitLensResult(df, summary, meta)

@@ -1,11 +1,14 @@
 """Residual-stream similarity and relative norms per layer.
 
 Write h_{l+1} = h_l + a_l + m_l with a_l the attention update and m_l the MLP update of layer l.
-Per token, then averaged over the selected positions:
+Per token, then averaged over all selected tokens of all prompts pooled (both conventions:
+the reference code of Csordas et al. 2025, ``analyze_norms.py``, pools tokens the same way, so
+``convention="csordas2025"`` gives the same numbers):
 
 - ``cos_out_in``   cos(h_{l+1}, h_l)         how much a layer turns the stream,
 - ``cos_attn_in``  cos(a_l, h_l)             whether attention writes along or against it,
 - ``cos_mlp_mid``  cos(m_l, h_l + a_l),
+- ``cos_update_in`` cos(a_l + m_l, h_l)     whether the whole update writes along the stream,
 - ``attn_rel``     ||a_l|| / ||h_l||,
 - ``mlp_rel``      ||m_l|| / ||h_l + a_l||,
 - ``update_rel``   ||a_l + m_l|| / ||h_l||   the layer's relative update size.
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_finite, second_half
+from probekit.analyses.depth.conventions import check_convention
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.result import Result
@@ -43,6 +47,7 @@ RESIDUAL_MEASURES = (
     "attn_rel",
     "mlp_rel",
     "update_rel",
+    "cos_update_in",
 )
 _EPS = 1e-12
 
@@ -61,6 +66,7 @@ def residual_measures(
         "attn_rel": norm(attn) / (norm(h_in) + _EPS),
         "mlp_rel": norm(mlp) / (norm(mid) + _EPS),
         "update_rel": norm(attn + mlp) / (norm(h_in) + _EPS),
+        "cos_update_in": F.cosine_similarity(attn + mlp, h_in, dim=-1, eps=_EPS),
     }
 
 
@@ -101,14 +107,21 @@ class ResidualResult(Result):
 
 @torch.no_grad()
 def residual_stats(
-    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
+    model: Model,
+    data: Data,
+    *,
+    positions: str = "all",
+    batch_size: int | None = None,
+    convention: str = "probekit",
 ) -> ResidualResult:
     """Measure the residual-stream similarities and relative norms of every layer.
 
     Only the tensors of the layer being run are held; each layer's measures are reduced to
-    token sums inside its output hook.
+    token sums inside its output hook. ``convention`` ('probekit' or 'csordas2025') is
+    accepted for symmetry with the other depth analyses; both pool tokens.
     """
     model = load(model)
+    check_convention(convention)
     acc = TokenMeans()
     for batch in model.prepare(data, batch_size):
         mask = position_mask(batch, positions)
@@ -136,4 +149,5 @@ def residual_stats(
         part = df.measure == m
         summary[f"{m}_first_half"] = float(df[part & ~late].value.mean())
         summary[f"{m}_second_half"] = float(df[part & late].value.mean())
-    return ResidualResult(df, summary, {"positions": positions, "model": repr(model)})
+    meta = {"positions": positions, "model": repr(model), "convention": convention}
+    return ResidualResult(df, summary, meta)

@@ -1,16 +1,29 @@
 """Skip-effect matrix: how does skipping layer s change what every later layer writes?
 
 With D_l = h_{l+1} - h_l the update of layer l in the clean forward and D'_l the same update
-when layer s is skipped (its output := its input), the matrix entry is the per-token
-``||D_l - D'_l||_2 / ||D_l||_2`` averaged over the selected positions, for l > s (Csordas et al.
-2025). Large values below the diagonal mean later layers build on layer s; a matrix that is
-near zero after the first few layers means the late layers compute independently of the early
-ones' details. The output effect of skipping s is the mean ``||softmax(z') - softmax(z)||_2``.
+when layer s is skipped (its output := its input), the per-token relative change is
+``||D_l - D'_l||_2 / ||D_l||_2`` for l > s (the measure of Csordas, Manning & Potts 2025), and
+the output effect of skipping s is the per-token ``||softmax(z') - softmax(z)||_2``. How the
+per-token values are reduced depends on ``convention`` (see
+:mod:`probekit.analyses.depth.conventions`):
 
-Depth score: ``sum_l l * m_l / sum_l m_l`` with m_l the output effect of skipping layer l, the
-centre of mass of the output's dependence over depth (0-based layer index; also reported
-divided by L - 1). Per source layer, :meth:`SkipEffectResult.influence_centers` gives the same
-centre of mass over the layers it influences.
+- ``"probekit"`` (default): the mean over all selected tokens of all prompts pooled. This is
+  probekit's own choice; the paper's figures use the max below.
+- ``"csordas2025"``: the max over the measured tokens, then over the positions t, then over the
+  prompts, as in the reference code (denominator clamped at 1e-6, position 0 never skipped).
+
+``mode="current"`` skips the layer at every position (>= 1 with ``keep_first``);
+``mode="future"`` skips it at positions < t only and measures at positions >= t, the paper's
+"future effects". Large values below the diagonal mean later layers build on layer s.
+
+Depth scores (the summary; all centres of mass over the 0-based skipped layer, also divided
+by L - 1 as ``*_normalized``): ``depth_score`` from the output effects m_s,
+``sum_s s * m_s / sum_s m_s``; ``depth_score_layer`` from the layer effects
+``sum_{l>s} M[s, l] / max(L-1-s, 1)`` (``skip_max_depth.py``; use ``mode="future"`` with
+``answer_start`` for the paper's score). Under ``"csordas2025"`` the ``*_prompt_mean`` variants
+average the per-prompt maxima over prompts instead of taking their max. Per source layer,
+:meth:`SkipEffectResult.influence_centers` gives the centre of mass over the layers it
+influences.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -21,24 +34,34 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite, output_change
-from probekit.data import Data, position_mask
-from probekit.model import Model, load
+from probekit.analyses._common import check_finite, output_change
+from probekit.analyses.depth.conventions import (
+    Reduction,
+    make_setup,
+    merge,
+    plan_windows,
+    relative_change,
+    slot_masks,
+)
+from probekit.data import Data
+from probekit.model import Model, Trace, load
 from probekit.result import Result
-
-_EPS = 1e-12
 
 
 class SkipEffectResult(Result):
     """``df`` columns: ``skipped_layer``, ``target`` ('layer' or 'output'), ``target_layer``
-    (the later layer, or -1 for the output), ``value``. ``summary``: ``depth_score``,
-    ``depth_score_normalized``, ``n_layers``, ``max_downstream_effect``.
+    (the later layer, or -1 for the output), ``value`` (reduced as ``meta['convention']``
+    says). ``summary``: ``depth_score``, ``depth_score_layer`` (each also ``_normalized``, and
+    ``_prompt_mean`` under 'csordas2025'), ``n_layers``, ``n_prompts``, ``n_prompts_skipped``,
+    ``max_downstream_effect``.
     """
 
     kind = "skip_effects"
@@ -51,7 +74,7 @@ class SkipEffectResult(Result):
         return mat.reindex(index=range(n), columns=range(n))
 
     def output_effect(self) -> pd.Series:
-        """Output effect (mean ||softmax' - softmax||) of skipping each layer."""
+        """Output effect (||softmax' - softmax||, reduced per the convention) per layer."""
         part = self.df[self.df.target == "output"]
         return part.set_index("skipped_layer")["value"].sort_index()
 
@@ -82,39 +105,98 @@ class SkipEffectResult(Result):
 
 @torch.no_grad()
 def skip_effects(
-    model: Model, data: Data, *, positions: str = "all", batch_size: int | None = None
+    model: Model,
+    data: Data,
+    *,
+    positions: str = "all",
+    batch_size: int | None = None,
+    convention: str = "probekit",
+    mode: str = "current",
+    keep_first: bool | None = None,
+    n_future: int = 4,
+    seed: int = 123,
+    answer_start: Sequence[int] | None = None,
 ) -> SkipEffectResult:
     """Skip every layer in turn and measure the change of each later layer's update.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: token data; padding never enters the averages.
+        data: token data; padding never enters the reductions.
         positions: 'all' real tokens or the 'last' real token of each sequence.
         batch_size: split the data into batches of at most this many sequences.
+        convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
+            and prompts); see :mod:`probekit.analyses.depth.conventions`.
+        mode: 'current' (skip at every position) or 'future' (skip at positions < t, measure
+            at positions >= t).
+        keep_first: never skip position 0 (default: when the tokenizer adds a BOS token, and
+            always under 'csordas2025').
+        n_future, seed: how many positions t per prompt future mode draws, and its seed.
+        answer_start: future mode at one given position per prompt (e.g. the answer start).
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> res = skip_effects(toy_model(), toy_tokens(length=16), mode="future",
+        ...                    convention="csordas2025")
+        >>> res.summary["n_prompts_skipped"], 0 <= res.summary["depth_score_layer"] <= 1
+        (0, True)
     """
     model = load(model)
-    n = model.n_layers
-    acc = TokenMeans()
-    for batch in model.prepare(data, batch_size):
+    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+    batches = model.prepare(data, batch_size)
+    windows = plan_windows(setup, batches)
+    red = Reduction(setup.reduction)
+    first = 0
+    for batch, ts in zip(batches, windows.ts, strict=True):
+        ids = list(range(first, first + batch.tokens.shape[0]))
+        first += len(ids)
         trace = model.trace(batch)
         check_finite(trace.logits)
-        mask = position_mask(batch, positions)
-        clean_updates = [trace.residuals[i + 1] - trace.residuals[i] for i in range(n)]
-        for skipped in range(n):
+        for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
+            _skip_all(trace, red, setup.convention, inter, measure, ids)
+    df = _rows(red, model.n_layers)
+    summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
+    if setup.reduction == "max":
+        summary.update(_prompt_mean_scores(red, model.n_layers))
+    within = df[df.target == "layer"]["value"]
+    summary["max_downstream_effect"] = float(within.max()) if len(within) else np.nan
+    meta = {"positions": positions, "model": repr(model), **setup.meta()}
+    if setup.mode == "future":
+        meta["future_t"] = windows.positions()
+    return SkipEffectResult(df, summary, meta)
 
-            def observe(
-                layer: int, h_in, h_out, skipped=skipped, updates=clean_updates, mask=mask
-            ) -> None:
-                clean = updates[layer]
-                change = (h_out - h_in - clean).double().norm(dim=-1)
-                acc.add((skipped, layer), change / (clean.double().norm(dim=-1) + _EPS), mask)
 
-            logits = trace.resume(skipped + 1, trace.residuals[skipped], observe=observe)
-            check_finite(logits, "the outputs of a skipped-layer forward")
-            prob_l2 = output_change(trace.logits, logits, batch.labels)["prob_l2"]
-            acc.add((skipped, "output"), prob_l2, mask)
+def _skip_all(
+    trace: Trace,
+    red: Reduction,
+    convention: str,
+    inter: torch.Tensor | None,
+    measure: torch.Tensor,
+    ids: list[int],
+) -> None:
+    """Skip each layer at the positions in ``inter``; reduce the effects over ``measure``."""
+    n = trace.model.n_layers
+    clean_updates = [trace.residuals[i + 1] - trace.residuals[i] for i in range(n)]
+    for skipped in range(n):
+
+        def observe(layer: int, h_in, h_out, skipped=skipped) -> None:
+            change = relative_change(clean_updates[layer], h_out - h_in, convention)
+            red.add((skipped, layer), change, measure, ids)
+
+        residual = merge(inter, trace.residuals[skipped], trace.residuals[skipped + 1])
+        logits = trace.resume(skipped + 1, residual, observe=observe)
+        check_finite(logits, "the outputs of a skipped-layer forward")
+        prob_l2 = output_change(trace.logits, logits, trace.batch.labels)["prob_l2"]
+        red.add((skipped, "output"), prob_l2, measure, ids)
+
+
+def _rows(red: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:
     rows = [
-        {"skipped_layer": s, "target": "layer", "target_layer": t, "value": acc.mean((s, t))}
+        {
+            "skipped_layer": s,
+            "target": "layer",
+            "target_layer": t,
+            "value": red.value((s, t), over_prompts),
+        }
         for s in range(n)
         for t in range(s + 1, n)
     ]
@@ -123,19 +205,39 @@ def skip_effects(
             "skipped_layer": s,
             "target": "output",
             "target_layer": -1,
-            "value": acc.mean((s, "output")),
+            "value": red.value((s, "output"), over_prompts),
         }
         for s in range(n)
     ]
-    df = pd.DataFrame(rows)
-    out = df[df.target == "output"]
-    m = out["value"].to_numpy()
-    score = float((out["skipped_layer"].to_numpy() * m).sum() / m.sum()) if m.sum() > 0 else np.nan
-    within = df[df.target == "layer"]["value"]
-    summary = {
-        "n_layers": n,
-        "depth_score": score,
-        "depth_score_normalized": score / (n - 1) if n > 1 else np.nan,
-        "max_downstream_effect": float(within.max()) if len(within) else np.nan,
+    return pd.DataFrame(rows)
+
+
+def _center(weights: np.ndarray) -> float:
+    """``sum_i i * w_i / sum_i w_i`` (NaN when the weights sum to 0)."""
+    total = weights.sum()
+    return float((np.arange(len(weights)) * weights).sum() / total) if total > 0 else np.nan
+
+
+def layer_effects(df: pd.DataFrame, n: int) -> np.ndarray:
+    """Per skipped layer s: ``sum_{l>s} M[s, l] / max(L-1-s, 1)`` (``skip_max_depth.py``)."""
+    part = df[df.target == "layer"]
+    sums = part.groupby("skipped_layer")["value"].sum().reindex(range(n), fill_value=0.0)
+    return sums.to_numpy() / np.maximum(n - 1 - np.arange(n), 1)
+
+
+def _scores(df: pd.DataFrame, n: int, suffix: str = "") -> dict:
+    """Depth scores from the output effect and from the layer effect."""
+    out = df[df.target == "output"].sort_values("skipped_layer")["value"].to_numpy()
+    score, layer_score = _center(out), _center(layer_effects(df, n))
+    norm = n - 1 if n > 1 else np.nan
+    return {
+        f"depth_score{suffix}": score,
+        f"depth_score_normalized{suffix}": score / norm,
+        f"depth_score_layer{suffix}": layer_score,
+        f"depth_score_layer_normalized{suffix}": layer_score / norm,
     }
-    return SkipEffectResult(df, summary, {"positions": positions, "model": repr(model)})
+
+
+def _prompt_mean_scores(red: Reduction, n: int) -> dict:
+    """The depth scores from per-prompt maxima averaged over prompts (the "mean" variant)."""
+    return _scores(_rows(red, n, over_prompts="mean"), n, suffix="_prompt_mean")

@@ -1,0 +1,293 @@
+"""Reduction conventions of the depth analyses and the positions an intervention touches.
+
+Two conventions (the ``convention`` argument of :func:`~probekit.skip_effects`,
+:func:`~probekit.contributions`, :func:`~probekit.logit_lens` and
+:func:`~probekit.residual_stats`):
+
+- ``"probekit"`` (default): every per-token measure is averaged over all selected tokens of all
+  prompts pooled together (a token mean); a sequence of 10 tokens weighs twice one of 5.
+- ``"csordas2025"``: the reductions of the reference code of Csordas, Manning & Potts 2025
+  (github.com/RobertCsordas/llm_effective_depth, ``analysis/``). Skip and ablation effects take
+  the **max** over the measured tokens, then over the positions t of a prompt, then over the
+  prompts (``analyze_current_effects.py``, ``analyze_future_effects.py``); relative changes
+  divide by ``max(||D_l||, 1e-6)``; position 0 is never intervened on (``keep_first=True``,
+  the reference's ``merge_io(..., no_skip_front=1)``). The logit lens averages over the tokens
+  of each prompt, then over the prompts (``logitlens.py``). Residual statistics pool tokens as
+  probekit does (``analyze_norms.py``), so both conventions give the same numbers there.
+
+Modes of the skip and ablation analyses:
+
+- ``"current"``: the intervention applies at every position (>= 1 with ``keep_first``) and the
+  effect is measured at every selected position;
+- ``"future"``: for each prompt of real length T, intervention at ``keep_first <= p < t`` and
+  measurement at ``p >= t`` (the layer itself still runs at p >= t). The positions t are
+  ``list(range(8, T - 4, 8))``, shuffled by one ``random.Random(seed)`` created per call and
+  used prompt by prompt in data order (independent of ``batch_size``), keeping the first
+  ``n_future``; or, with ``answer_start``, the one position given per prompt (the reference's
+  ``skip_max_depth.py``). A prompt too short for any t (T < 13) is skipped and counted in the
+  summary (``n_prompts_skipped``); if no prompt is long enough the analysis raises
+  :class:`~probekit.errors.InputError` before any forward.
+
+``keep_first=None`` (default) keeps position 0 untouched when the model's tokenizer adds a BOS
+token (position 0 is then the BOS, a sink whose update later layers rely on) and always under
+``"csordas2025"``; a model without a tokenizer (an in-memory Hugging Face model) gets ``False``.
+
+Example:
+    >>> from probekit.toy import toy_model
+    >>> setup = make_setup(toy_model(), "csordas2025", "future", None, 4, 123, None)
+    >>> setup.keep_first, future_positions(30, 4, random.Random(123))
+    (True, [24, 16, 8])
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from probekit.analyses._common import TokenMeans
+from probekit.data import Batch, position_mask
+from probekit.errors import InputError
+from probekit.model import Model
+
+CONVENTIONS = ("probekit", "csordas2025")
+MODES = ("current", "future")
+FUTURE_START, FUTURE_STRIDE, FUTURE_MARGIN = 8, 8, 4
+CSORDAS_EPS = 1e-6
+
+
+def check_convention(convention: str) -> None:
+    """Raise :class:`InputError` unless ``convention`` is one of :data:`CONVENTIONS`."""
+    if convention not in CONVENTIONS:
+        raise InputError(f"unknown convention {convention!r}", fix=f"use one of {CONVENTIONS}")
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` puts its BOS token first when encoding text (False if none)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenizer is None or bos is None:
+        return False
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # a tokenizer that cannot encode says nothing about BOS
+        return False
+    return len(ids) > 1 and ids[0] == bos
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The validated convention, mode and window options of one analysis call."""
+
+    convention: str
+    mode: str
+    keep_first: bool
+    n_future: int
+    seed: int
+    answer_start: tuple[int, ...] | None
+
+    @property
+    def reduction(self) -> str:
+        return "max" if self.convention == "csordas2025" else "token_mean"
+
+    def meta(self) -> dict:
+        out = {"convention": self.convention, "mode": self.mode, "keep_first": self.keep_first}
+        if self.mode == "future":
+            out.update(n_future=self.n_future, seed=self.seed)
+        return out
+
+
+def make_setup(
+    model: Model,
+    convention: str,
+    mode: str,
+    keep_first: bool | None,
+    n_future: int,
+    seed: int,
+    answer_start: Sequence[int] | None,
+) -> Setup:
+    """Validate the intervention options (before any work) and resolve ``keep_first``."""
+    check_convention(convention)
+    if mode not in MODES:
+        raise InputError(f"unknown mode {mode!r}", fix=f"use one of {MODES}")
+    if keep_first is not None and not isinstance(keep_first, bool):
+        raise InputError(f"keep_first={keep_first!r} is not a bool", fix="pass True, False or None")
+    if isinstance(n_future, bool) or not isinstance(n_future, int) or n_future < 1:
+        raise InputError(f"n_future={n_future!r} is not a positive int", fix="e.g. n_future=4")
+    if answer_start is not None and mode != "future":
+        raise InputError("answer_start needs mode='future'", fix="pass mode='future'")
+    if keep_first is None:
+        keep_first = convention == "csordas2025" or adds_bos(model.tokenizer)
+    starts = None if answer_start is None else tuple(int(t) for t in answer_start)
+    return Setup(convention, mode, keep_first, n_future, int(seed), starts)
+
+
+def future_positions(length: int, n_future: int, rng: random.Random) -> list[int]:
+    """The reference's positions t of one prompt: ``range(8, T-4, 8)`` shuffled, first n."""
+    ts = list(range(FUTURE_START, length - FUTURE_MARGIN, FUTURE_STRIDE))
+    rng.shuffle(ts)
+    return ts[:n_future]
+
+
+@dataclass
+class Windows:
+    """Per batch, per row: the positions t of that prompt (``[None]`` in current mode)."""
+
+    ts: list[list[list[int | None]]]
+    n_prompts: int
+    n_skipped: int
+
+    def summary(self) -> dict:
+        return {"n_prompts": self.n_prompts, "n_prompts_skipped": self.n_skipped}
+
+    def positions(self) -> list[list[int | None]]:
+        return [row for batch in self.ts for row in batch]
+
+
+def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
+    """Draw the positions t of every prompt; refuse data where no prompt has one."""
+    lengths = [int(n) for b in batches for n in b.valid.sum(-1).tolist()]
+    if setup.answer_start is not None and len(setup.answer_start) != len(lengths):
+        raise InputError(
+            f"answer_start has {len(setup.answer_start)} positions for {len(lengths)} prompts",
+            fix="give one answer-start position per prompt, in data order",
+        )
+    rng = random.Random(setup.seed)
+    rows: list[list[int | None]] = []
+    for i, length in enumerate(lengths):
+        if setup.mode == "current":
+            rows.append([None])
+        elif setup.answer_start is not None:
+            t = setup.answer_start[i]
+            if not int(setup.keep_first) < t < length:
+                raise InputError(
+                    f"answer_start[{i}]={t} leaves nothing to intervene on or to measure in a "
+                    f"prompt of {length} tokens",
+                    fix=f"use {int(setup.keep_first) + 1} <= answer_start < prompt length",
+                )
+            rows.append([t])
+        else:
+            rows.append(future_positions(length, setup.n_future, rng))
+    skipped = sum(not r for r in rows)
+    if skipped == len(rows):
+        raise InputError(
+            f"no prompt is long enough for mode='future' (needs at least "
+            f"{FUTURE_START + FUTURE_MARGIN + 1} real tokens; the longest has {max(lengths)})",
+            fix="pass longer prompts, or answer_start=..., or mode='current'",
+        )
+    out, start = [], 0
+    for b in batches:
+        out.append(rows[start : start + b.tokens.shape[0]])
+        start += b.tokens.shape[0]
+    return Windows(out, len(rows), skipped)
+
+
+def slot_masks(
+    batch: Batch, ts: list[list[int | None]], positions: str, keep_first: bool
+) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
+    """Per slot j (the j-th t of every prompt): the intervention mask ``[B, T]`` (``None`` =
+    every position) and the measurement mask (selected real positions ``>= t``)."""
+    selected = position_mask(batch, positions)
+    n_pos = batch.tokens.shape[1]
+    pos = torch.arange(n_pos, device=selected.device)
+    for slot in range(max(len(row) for row in ts)):
+        inter = torch.zeros_like(selected)
+        measure = torch.zeros_like(selected)
+        for b, row in enumerate(ts):
+            if slot < len(row):
+                t = n_pos if row[slot] is None else row[slot]
+                inter[b] = (pos >= int(keep_first)) & (pos < t)
+                measure[b] = selected[b] & (pos >= (0 if row[slot] is None else t))
+        yield (None if bool(inter.all()) else inter), measure
+
+
+def merge(mask: torch.Tensor | None, intervened: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """``intervened`` where ``mask`` (everywhere when ``None``), ``clean`` elsewhere."""
+    if mask is None:
+        return intervened
+    return torch.where(mask[..., None], intervened, clean)
+
+
+def masked_ablate_hooks(model: Model, layer: int, sublayer: str, mask: torch.Tensor) -> list:
+    """Hooks that zero the ``sublayer`` update of ``layer`` at the positions in ``mask`` only
+    (updates as in :meth:`probekit.Model.update_hooks`)."""
+    if not model.post_norm:
+        site = model.hook_name(layer, "attn_out" if sublayer == "attn" else "mlp_out")
+        return [(site, lambda t, hook: t.masked_fill(mask[..., None], 0.0))]
+    held: dict[str, torch.Tensor] = {}
+
+    def keep(tensor: torch.Tensor, hook: Any) -> None:
+        held["base"] = tensor
+
+    def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        return torch.where(mask[..., None], held.pop("base"), tensor)
+
+    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    return [(model.hook_name(layer, before), keep), (model.hook_name(layer, at), replace)]
+
+
+class Reduction:
+    """Reduce per-token values ``[B, T]`` per key: ``'token_mean'`` (all tokens pooled),
+    ``'max'`` (per prompt the max, then over prompts) or ``'prompt_mean'`` (per prompt the
+    mean, then the mean over prompts).
+
+    Example:
+        >>> red = Reduction("max")
+        >>> values, mask = torch.tensor([[1.0, 5.0], [2.0, 3.0]]), torch.ones(2, 2, dtype=bool)
+        >>> red.add("x", values, mask, prompt_ids=[0, 1])
+        >>> red.value("x"), red.value("x", over_prompts="mean")
+        (5.0, 4.0)
+    """
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.tokens = TokenMeans()
+        self.prompts: dict[object, dict[int, list[float]]] = defaultdict(dict)
+
+    def add(
+        self, key: object, values: torch.Tensor, mask: torch.Tensor, prompt_ids: Sequence[int]
+    ) -> None:
+        if self.how == "token_mean":
+            self.tokens.add(key, values, mask)
+            return
+        v = values.double()
+        if self.how == "max":
+            per_row = torch.where(mask, v, -math.inf).amax(-1).tolist()
+        else:
+            per_row = torch.where(mask, v, 0.0).sum(-1).tolist()
+        counts = mask.sum(-1).tolist()
+        store = self.prompts[key]
+        for pid, value, count in zip(prompt_ids, per_row, counts, strict=True):
+            if count == 0:
+                continue
+            old = store.setdefault(pid, [-math.inf if self.how == "max" else 0.0, 0])
+            old[0] = max(old[0], value) if self.how == "max" else old[0] + value
+            old[1] += count
+
+    def per_prompt(self, key: object) -> list[float]:
+        """Per prompt (in order of ids): its max, or its token mean."""
+        store = self.prompts.get(key, {})
+        return [v if self.how == "max" else v / n for _, (v, n) in sorted(store.items())]
+
+    def value(self, key: object, over_prompts: str = "default") -> float:
+        """The reduced value (``over_prompts='mean'``: mean of the per-prompt values)."""
+        if self.how == "token_mean":
+            return self.tokens.mean(key)
+        vals = self.per_prompt(key)
+        if not vals:
+            return float("nan")
+        if self.how == "max" and over_prompts != "mean":
+            return max(vals)
+        return sum(vals) / len(vals)
+
+
+def relative_change(clean: torch.Tensor, changed: torch.Tensor, convention: str) -> torch.Tensor:
+    """Per token ``||clean - changed|| / ||clean||`` (float64; the denominator clamped at 1e-6
+    under ``'csordas2025'``, plus 1e-12 under ``'probekit'``)."""
+    num = (changed - clean).double().norm(dim=-1)
+    den = clean.double().norm(dim=-1)
+    return num / (den.clamp(min=CSORDAS_EPS) if convention == "csordas2025" else den + 1e-12)
