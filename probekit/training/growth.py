@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_directory, atomic_write_text
-from probekit.training.checkpoint import RUN_CONFIG, read_run_config
+from probekit.training.checkpoint import RUN_CONFIG, read_run_config, umask_mode
+from probekit.training.checks import check_int, is_int, is_real
 
 METHODS = ("midas", "lidas", "append")
 _LAYER = re.compile(
@@ -97,6 +99,12 @@ def _renumber(tensors: dict, mapping: list[int]) -> dict:
             by_layer.setdefault(int(match["i"]), {})[f"{match['prefix']}{{}}.{match['rest']}"] = (
                 value
             )
+    lost = sorted(set(mapping) - set(by_layer))
+    if lost:
+        raise CheckpointError(
+            f"the checkpoint holds no tensors of layer(s) {lost}",
+            fix="pass an intact checkpoint (its config.json and weights must agree)",
+        )
     for new, old in enumerate(mapping):
         for template, value in by_layer[old].items():
             out[template.format(new)] = value.clone()
@@ -112,12 +120,28 @@ def _gpt2_config_of(src: Path) -> dict:
             f"no readable config.json in {src} ({err})",
             fix="pass a checkpoint folder written by probekit train",
         ) from err
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{src / 'config.json'} holds {type(config).__name__}, not a model config",
+            fix="pass a checkpoint folder written by probekit train",
+        )
     if config.get("model_type") != "gpt2":
         raise ConfigError(
             f"cannot grow a {config.get('model_type')!r} checkpoint",
             fix="growth works on probekit's GPT-2-style checkpoints (probekit train)",
         )
     return config
+
+
+def _check_distinct(src: Path, dst: Path) -> None:
+    """Refuse a destination that is the source, inside it, or holds it (the swap would
+    replace or delete the source)."""
+    a, b = src.resolve(), dst.resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise ConfigError(
+            f"the grown checkpoint {dst} would overwrite its source {src}",
+            fix="write it to a folder outside the source checkpoint, e.g. a sibling folder",
+        )
 
 
 def grow_checkpoint(
@@ -127,8 +151,14 @@ def grow_checkpoint(
     from safetensors.torch import load_file, save_file
 
     src, dst = Path(src), Path(dst)
+    _check_distinct(src, dst)
     config = _gpt2_config_of(src)
-    n_layers = int(config["n_layer"])
+    n_layers = config.get("n_layer")
+    if not is_int(n_layers) or n_layers < 1:
+        raise CheckpointError(
+            f"{src / 'config.json'} gives n_layer {n_layers!r}",
+            fix="pass a checkpoint folder written by probekit train",
+        )
     mapping = layer_map(n_layers, method, block_size)
     try:
         weights = load_file(str(src / "model.safetensors"))
@@ -137,12 +167,13 @@ def grow_checkpoint(
             if (src / "optimizer.safetensors").exists()
             else None
         )
-    except (OSError, ValueError) as err:
+    except Exception as err:  # safetensors raises its own error type on a damaged file
         raise CheckpointError(
             f"unreadable weights in {src} ({err})", fix="pass an intact checkpoint"
         ) from err
     config["n_layer"] = len(mapping)
     with atomic_directory(dst) as tmp:
+        os.chmod(tmp, umask_mode())  # a checkpoint folder gets the user's umask, not 0700
         save_file(
             _renumber(weights, mapping), str(tmp / "model.safetensors"), metadata={"format": "pt"}
         )
@@ -174,16 +205,26 @@ def grow_checkpoint(
 
 def prop_alpha_stages(total_steps: int, n_stages: int, alpha: float) -> list[int]:
     """Stage lengths proportional to ``i^alpha`` (i = 1..n_stages), summing to ``total_steps``."""
-    if n_stages < 1:
-        raise ConfigError(f"{n_stages} stages", fix="use at least one stage")
-    if not alpha > 0:
-        raise ConfigError(f"alpha = {alpha} must be > 0", fix="use e.g. alpha = 1 (Prop-1)")
+    if not is_int(n_stages) or n_stages < 1:
+        raise ConfigError(f"{n_stages!r} stages", fix="use at least one stage")
+    check_int("total_steps", total_steps)
+    if not (is_real(alpha) and alpha > 0):
+        raise ConfigError(f"alpha = {alpha!r} must be > 0", fix="use e.g. alpha = 1 (Prop-1)")
     if total_steps < n_stages:
         raise ConfigError(
             f"{total_steps} training steps cannot hold {n_stages} stages",
             fix="train longer or use fewer stages",
         )
-    weights = [(i + 1) ** alpha for i in range(n_stages)]
+    try:
+        weights = [float((i + 1) ** alpha) for i in range(n_stages)]
+        if not math.isfinite(sum(weights)):
+            raise OverflowError
+    except OverflowError as err:
+        raise ConfigError(
+            f"alpha = {alpha} is too large: {n_stages} ** alpha overflows and every stage but "
+            "the last would be empty",
+            fix="use a moderate alpha, e.g. 0.5 .. 3",
+        ) from err
     ends, running = [], 0.0
     for w in weights:
         running += w
@@ -225,6 +266,9 @@ def growth_plan(
     alpha: float = 1.0,
 ) -> GrowthPlan:
     """Plan growth from ``initial_layers`` to ``final_layers`` in blocks of ``block_size``."""
+    check_int("initial_layers", initial_layers)
+    check_int("final_layers", final_layers)
+    check_int("block_size", block_size)
     grown = final_layers - initial_layers
     if grown < 0 or grown % block_size:
         raise ConfigError(
@@ -242,6 +286,11 @@ def training_flops(
     n_params_per_stage: list[int], tokens_per_step: int, stage_lengths: list[int]
 ) -> float:
     """Training FLOPs by the 6·N·D rule, summed over stages of different sizes."""
+    if len(n_params_per_stage) != len(stage_lengths) or not stage_lengths:
+        raise ConfigError(
+            f"{len(n_params_per_stage)} parameter counts for {len(stage_lengths)} stages",
+            fix="give one parameter count per stage (at least one stage)",
+        )
     return float(
         sum(
             6 * n * tokens_per_step * s

@@ -36,7 +36,9 @@ import json
 import math
 import os
 import re
+import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,23 +47,53 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import ConfigError, NumericalError
+from probekit.errors import CheckpointError, ConfigError, NumericalError
 from probekit.io import atomic_directory, atomic_write_text
 from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
 from probekit.training.checkpoint import (
+    FIX,
+    RUN_CONFIG,
     check_same_settings,
+    check_tensors,
     load_moments,
     read_run_config,
     recover_checkpoint,
+    remove_leftovers,
     save_moments,
     save_quietly,
-    unreadable,
+    umask_mode,
     write_run_config,
+)
+from probekit.training.checks import (
+    check_int,
+    check_optional_int,
+    check_real,
+    check_seed,
+    check_str,
+    is_int,
+    is_real,
 )
 from probekit.training.evaluation import read_metrics, write_metrics
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
+from probekit.training.lock import run_folder_lock
+from probekit.training.memory import check_fits, lm_params, lm_run_bytes
 from probekit.training.models import gpt2_config
 from probekit.training.schedule import resolve_device, warmup_cosine
+
+#: LMConfig settings that must be positive integers
+_POSITIVE = (
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "seq_len",
+    "batch_size",
+    "steps",
+    "eval_every",
+    "eval_sequences",
+    "initial_layers",
+    "block_size",
+    "residual_scale_steps",
+)
 
 
 @dataclass
@@ -96,30 +128,31 @@ class LMConfig:
     save_every: int | None = None
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` on settings that cannot be trained."""
-        if self.growth not in ("static",) + METHODS:
+        """Raise :class:`ConfigError` on settings that cannot be trained (types, ranges,
+        finiteness, the growth schedule), before anything is read or built."""
+        if not isinstance(self.growth, str) or self.growth not in ("static",) + METHODS:
             raise ConfigError(
                 f"unknown growth {self.growth!r}", fix=f"use 'static' or one of {list(METHODS)}"
             )
-        for name in (
-            "n_layers",
-            "d_model",
-            "n_heads",
-            "seq_len",
-            "batch_size",
-            "steps",
-            "eval_every",
-            "eval_sequences",
-        ):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be positive", fix=f"set {name} >= 1")
+        for name in _POSITIVE:
+            check_int(name, getattr(self, name))
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_seed("seed", self.seed)
+        for name in ("d_mlp", "save_every", "corpus_max_files"):
+            check_optional_int(name, getattr(self, name))
+        check_str("corpus_root", self.corpus_root, optional=True)
+        check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
+        check_real("weight_decay", self.weight_decay, 0, example="0 or e.g. 0.1")
+        check_real("grad_clip", self.grad_clip, example="e.g. 1.0 (<= 0 turns clipping off)")
+        check_real("min_lr_ratio", self.min_lr_ratio, 0, 1, example="e.g. 0.1")
+        check_real("alpha", self.alpha, positive=True, example="e.g. 1.0 (Prop-1)")
+        if self.residual_scale_start is not None:
+            check_real("residual_scale_start", self.residual_scale_start, 0, 1, example="e.g. 0.1")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}",
                 fix="choose n_heads dividing d_model",
             )
-        if self.residual_scale_start is not None and not 0 <= self.residual_scale_start <= 1:
-            raise ConfigError("residual_scale_start must be in [0, 1]", fix="use e.g. 0.1")
         self.plan()
 
     def plan(self):
@@ -181,6 +214,7 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
         if st:
             exp_avg[name], exp_avg_sq[name] = st["exp_avg"], st["exp_avg_sq"]
     with atomic_directory(path) as tmp:
+        os.chmod(tmp, umask_mode())  # a checkpoint folder gets the user's umask, not 0700
         save_quietly(model, tmp)
         if exp_avg:
             save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
@@ -190,7 +224,8 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
 
 
 def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
-    """Model and optimizer from a checkpoint, the AdamW moments restored."""
+    """Model and optimizer from a checkpoint, the AdamW moments restored (and checked there
+    for every parameter once training has begun)."""
     import transformers
 
     from probekit.model import from_pretrained_complete
@@ -198,16 +233,37 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
     model = from_pretrained_complete(transformers.GPT2LMHeadModel, path).to(device)
     model.train()
     optimizer = _optimizer(model, cfg)
-    if (path / "optimizer.safetensors").exists():
-        exp_avg, exp_avg_sq, _ = load_moments(path / "optimizer.safetensors")
-        for name, p in model.named_parameters():
-            if name in exp_avg:
-                optimizer.state[p] = {
-                    "step": torch.tensor(float(step)),
-                    "exp_avg": exp_avg[name].to(device),
-                    "exp_avg_sq": exp_avg_sq[name].to(device),
-                }
+    moments = path / "optimizer.safetensors"
+    if not moments.exists():
+        if step > 0:
+            raise CheckpointError(f"{moments} is missing", fix=FIX)
+        return model, optimizer
+    try:
+        exp_avg, exp_avg_sq, _ = load_moments(moments)
+    except Exception as err:  # safetensors raises its own error type on a damaged file
+        raise CheckpointError(f"{moments} is corrupt or truncated ({err})", fix=FIX) from err
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    check_tensors(moments, {"exp_avg." + k: v for k, v in exp_avg.items()}, shapes, "exp_avg.")
+    check_tensors(
+        moments, {"exp_avg_sq." + k: v for k, v in exp_avg_sq.items()}, shapes, "exp_avg_sq."
+    )
+    for name, p in model.named_parameters():
+        optimizer.state[p] = {
+            "step": torch.tensor(float(step)),
+            "exp_avg": exp_avg[name].to(device),
+            "exp_avg_sq": exp_avg_sq[name].to(device),
+        }
     return model, optimizer
+
+
+def _checked_metrics(path: Path, step: int, cfg: LMConfig) -> list[dict[str, Any]]:
+    """The metrics rows up to ``step``; the row of the last evaluation must be there."""
+    rows = read_metrics(path, step)
+    last_eval = step if step == cfg.steps else step - step % cfg.eval_every
+    if last_eval > 0 and not any(r["step"] == last_eval for r in rows):
+        what = "is missing" if not path.exists() else f"lacks the row of step {last_eval}"
+        raise CheckpointError(f"{path} {what} although a checkpoint is at step {step}", fix=FIX)
+    return rows
 
 
 #: checkpoint folders a killed run resumes from, and their order at one step
@@ -215,20 +271,35 @@ _RESUMABLE = {"step": 0, "before": 1, "after": 2, "final": 3}
 _FOLDER = re.compile(r"^(?:step(?P<n>\d+)|stage(?P<k>\d+)-(?P<when>before|after)|final)$")
 
 
-def _checkpoints(out: Path) -> list[tuple[int, int, Path]]:
-    """The intact checkpoints under ``out`` as (step, order, folder), oldest first."""
-    found = []
+def _checkpoints(out: Path, steps: int) -> tuple[list[tuple[int, int, Path]], list[str]]:
+    """The checkpoints under ``out`` as (step, order, folder), oldest first, and the problems
+    of those whose trainer_state.json is unreadable or holds an impossible step."""
+    found, damaged = [], []
     for folder in out.iterdir() if out.is_dir() else ():
         match = _FOLDER.match(folder.name)
         if match is None or not (folder / "trainer_state.json").is_file():
             continue
         try:
-            step = json.loads((folder / "trainer_state.json").read_text())["step"]
+            state = json.loads((folder / "trainer_state.json").read_text())
+            step = state["step"] if isinstance(state, dict) else None
         except (OSError, ValueError, KeyError) as err:
-            raise unreadable(folder, err) from err
+            damaged.append(f"{folder / 'trainer_state.json'} is unreadable ({err})")
+            continue
+        if not is_int(step) or not 0 <= step <= steps:
+            damaged.append(f"{folder / 'trainer_state.json'} gives step {step!r}")
+            continue
         kind = "step" if match["n"] else match["when"] or "final"
         found.append((int(step), _RESUMABLE[kind], folder))
-    return sorted(found)
+    return sorted(found), damaged
+
+
+def _last_step(out: Path, steps: int) -> str:
+    """What a stopped run leaves: its newest checkpoint, or that there is none."""
+    found, _ = _checkpoints(out, steps)
+    if not found:
+        return "no checkpoint was written before it"
+    step, _, folder = found[-1]
+    return f"the checkpoint of step {step} in {folder} is kept"
 
 
 def _after_step(trainer: _LMTrainer) -> None:
@@ -262,23 +333,62 @@ class _LMTrainer:
         state = {"step": self.step, "flops": self.flops}
         return _save(self.model, self.optimizer, path, self.cfg, state)
 
-    def resume(self) -> None:
-        """Go on from the last checkpoint under ``out`` (none: start from step 0)."""
+    def clean(self) -> None:
+        """Undo what a kill left: half-swapped checkpoints and ``.*.tmp`` leftovers."""
+        if not self.out.is_dir():
+            return
         for name in {p.name.split(".")[1] for p in self.out.glob(".*.*.*")}:
             if _FOLDER.match(name):  # a kill during an atomic checkpoint swap
                 recover_checkpoint(self.out / name)
-        found = _checkpoints(self.out)
-        if not found:
+        remove_leftovers(self.out, ("metrics.jsonl", RUN_CONFIG))
+
+    def start_over(self) -> None:
+        """``resume=False``: remove the checkpoints and metrics of an earlier run in ``out``."""
+        for folder in self.out.iterdir() if self.out.is_dir() else ():
+            if _FOLDER.match(folder.name) and (folder / RUN_CONFIG).is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+        (self.out / "metrics.jsonl").unlink(missing_ok=True)
+
+    def resume(self) -> None:
+        """Go on from the last complete checkpoint under ``out`` (none: start from step 0).
+
+        A damaged checkpoint is skipped with a warning naming it, and the one before it used;
+        :class:`CheckpointError` when none is left."""
+        found, problems = _checkpoints(self.out, self.cfg.steps)
+        for step, order, folder in reversed(found):
+            try:
+                self._resume_from(folder, step)
+            except CheckpointError as err:
+                problems.append(err.problem)
+                continue
+            if problems:
+                warnings.warn(
+                    f"{'; '.join(problems)}; resuming from {folder} (step {step})", stacklevel=3
+                )
+            self.checkpoints = [
+                p for s, o, p in found if (s, o) <= (step, order) and p.name != "final"
+            ]
             return
-        step, _, last = found[-1]
-        saved = read_run_config(last) or {}
-        check_same_settings(last, saved.get("lm"), asdict(self.cfg))
-        state = json.loads((last / "trainer_state.json").read_text())
-        self.model, self.optimizer = _load(last, self.cfg, step, self.dev)
-        self.step, self.flops = step, float(state["flops"])
-        self.rows = read_metrics(self.out / "metrics.jsonl", step)
-        self.seconds = self.rows[-1]["seconds"] if self.rows else 0.0
-        self.checkpoints = [p for _, _, p in found if p.name != "final"]
+        if problems:
+            raise CheckpointError(
+                f"no checkpoint in {self.out} can be resumed: {'; '.join(problems)}", fix=FIX
+            )
+
+    def _resume_from(self, folder: Path, step: int) -> None:
+        """Load the checkpoint ``folder`` (at ``step``) and the metrics up to it."""
+        saved = read_run_config(folder) or {}
+        check_same_settings(folder, saved.get("lm"), asdict(self.cfg))
+        state = json.loads((folder / "trainer_state.json").read_text())
+        flops = state.get("flops")
+        if not is_real(flops) or flops < 0:
+            raise CheckpointError(f"{folder / 'trainer_state.json'} gives flops {flops!r}", fix=FIX)
+        rows = _checked_metrics(self.out / "metrics.jsonl", step, self.cfg)
+        model, optimizer = _load(folder, self.cfg, step, self.dev)
+        self.model, self.optimizer = model, optimizer
+        self.step, self.flops = step, float(flops)
+        self.rows = rows
+        seconds = self.rows[-1].get("seconds") if self.rows else 0.0
+        self.seconds = float(seconds) if is_real(seconds) else 0.0
         self._rescale_after_resume()
 
     def _rescale_after_resume(self) -> None:
@@ -293,7 +403,14 @@ class _LMTrainer:
             self._attach_scale(self.out / f"stage{k}-after", b)
 
     def _attach_scale(self, after: Path, step: int) -> None:
-        inserted = json.loads((after / "growth.json").read_text())["inserted"]
+        try:
+            inserted = json.loads((after / "growth.json").read_text())["inserted"]
+            if not all(is_int(i) and 0 <= i < self.model.config.n_layer for i in inserted):
+                raise ValueError(f"inserted layers {inserted}")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{after / 'growth.json'} is unreadable ({err})", fix=FIX
+            ) from err
         self.scaler = _ResidualScale(self.model.transformer.h, inserted)
         self.scale_start_step = step
 
@@ -328,18 +445,24 @@ class _LMTrainer:
         logits = self.model(batch, use_cache=False).logits
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
         if not torch.isfinite(loss):
-            raise NumericalError(
-                f"the training loss became {float(loss)} at step {step}",
-                fix="lower the learning rate or raise the warmup; earlier checkpoints are kept",
-            )
+            raise self._diverged(f"the training loss became {float(loss)} at step {step}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
+        if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
+            raise self._diverged(f"the update of step {step} made weights NaN/inf")
         self.flops += 6.0 * self.model.num_parameters() * cfg.batch_size * cfg.seq_len
         self.step += 1
         return loss
+
+    def _diverged(self, what: str) -> NumericalError:
+        """The error of a run that diverged, naming the checkpoint it leaves."""
+        return NumericalError(
+            f"{what}; {_last_step(self.out, self.cfg.steps)}",
+            fix="lower the learning rate, raise the warmup or keep grad_clip on",
+        )
 
     def evaluate(self, loss: torch.Tensor, start: float) -> float:
         """Append a metrics row, rewrite ``metrics.jsonl``; returns the validation loss."""
@@ -400,15 +523,23 @@ def train_lm(
     growth stages. ``device``: None or "auto" for CUDA when present, else e.g. "cpu".
     """
     cfg.validate()
+    dev = resolve_device(device)
+    n_params = lm_params(
+        cfg.n_layers, cfg.d_model, cfg.d_mlp or 4 * cfg.d_model, VOCAB_SIZE, cfg.seq_len
+    )
+    check_fits(lm_run_bytes(cfg, VOCAB_SIZE), dev, f"training an LM of {n_params} parameters")
     out = Path(out_dir)
-    trainer = _LMTrainer(cfg, out, device)  # reads the corpus: raises before anything is written
-    if resume:
-        trainer.resume()
-    out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, "lm", {"lm": asdict(cfg)})
-    if trainer.step < cfg.steps or not (out / "final").is_dir():
-        trainer.run(progress)
-        trainer.save(out / "final")
+    trainer = _LMTrainer(cfg, out, dev)  # reads the corpus: raises before anything is written
+    with run_folder_lock(out):
+        trainer.clean()
+        if resume:
+            trainer.resume()
+        else:
+            trainer.start_over()
+        write_run_config(out, "lm", {"lm": asdict(cfg)})
+        if trainer.step < cfg.steps or not (out / "final").is_dir():
+            trainer.run(progress)
+            trainer.save(out / "final")
     return LMRun(pd.DataFrame(trainer.rows), out / "final", trainer.flops, trainer.checkpoints)
 
 
