@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from probekit.errors import ConfigError
+from probekit.errors import ConfigError, check_known_keys
 from probekit.tasks.anchor import AnchorTask
+from probekit.training.checks import check_mapping, is_int
 from probekit.training.models import ACTIVATIONS, ModelConfig
 from probekit.training.trainer import TrainConfig
 
@@ -51,11 +53,16 @@ def _ints(text: str) -> list[int]:
 
 def _anchors(text: str) -> dict[int, int]:
     try:
-        return {int(k): int(v) for k, v in (item.split(":") for item in text.split(","))}
+        items = [(int(k), int(v)) for k, v in (item.split(":") for item in text.split(","))]
     except ValueError as err:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a list ID:SHIFT,ID:SHIFT (e.g. 1:5,2:1,3:-2,4:-8)"
         ) from err
+    ids = [k for k, _ in items]
+    repeated = sorted({k for k in ids if ids.count(k) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} gives anchor id(s) {repeated} twice")
+    return dict(items)
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -315,19 +322,40 @@ _RUN_FLAGS = (
 )
 
 
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused."""
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ConfigError(f"the config file gives {repeated} twice", fix="give every setting once")
+    return dict(pairs)
+
+
 def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings of ``--config`` (a run's config.json or run_config.json), or none."""
     if getattr(args, "config", None) is None:
         return {}
     try:
-        base = json.loads(Path(args.config).read_text())
+        base = json.loads(Path(args.config).read_text(), object_pairs_hook=_no_repeats)
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"cannot read the config file {args.config} ({err})",
             fix="pass a JSON file such as a run's config.json",
         ) from err
-    base = base[0] if isinstance(base, list) else base  # a stack's config.json lists its runs
-    return {k: v for k, v in base.items() if k != "kind"}
+    if isinstance(base, list) and base and all(isinstance(b, dict) for b in base):
+        base = base[0]  # a stack's config.json lists its runs
+    if not isinstance(base, dict):
+        raise ConfigError(
+            f"the config file {args.config} holds {type(base).__name__}, not an object of "
+            "TrainConfig settings",
+            fix='write {"steps": 100, "model": {...}, "task": {...}} (as in a run\'s config.json)',
+        )
+    base = {k: v for k, v in base.items() if k != "kind"}
+    check_known_keys(base, {f.name for f in fields(TrainConfig)}, "training")
+    for key in ("model", "task"):
+        if key in base:
+            base[key] = check_mapping(key, base[key])
+    return base
 
 
 class _Picker:
@@ -367,7 +395,9 @@ def _model_settings(base: dict, task: dict, pick: _Picker, sweep: bool) -> dict[
     model.setdefault("vocab_size", task.get("vocab_size", _A.vocab_size))
     if pick.explicit("vocab_size"):
         model["vocab_size"] = task["vocab_size"]
-    model["n_positions"] = max(int(model.get("n_positions", 0)), int(task["seq_len"]))
+    n_positions, seq_len = model.get("n_positions", 0), task["seq_len"]
+    if is_int(n_positions) and is_int(seq_len):  # anything else: ModelConfig names it
+        model["n_positions"] = max(n_positions, seq_len)
     return model
 
 

@@ -40,8 +40,15 @@ from plotly.subplots import make_subplots
 from probekit.errors import ConfigError
 from probekit.io import atomic_write_text
 from probekit.result import Result
+from probekit.training.checks import check_int, check_real, check_seed, is_int, is_real
 from probekit.training.models import ModelConfig
-from probekit.training.trainer import RunOutput, TrainConfig, train, train_stack
+from probekit.training.trainer import (
+    RunOutput,
+    TrainConfig,
+    check_stack_fits,
+    train,
+    train_stack,
+)
 
 ACC_METRICS = (
     "train_acc",
@@ -66,6 +73,14 @@ def _fraction_heatmap(table: pd.DataFrame, **style: Any) -> go.Heatmap:
         texttemplate="%{text}",
         **style,
     )
+
+
+def _grid_table(df: pd.DataFrame, y: str, x: str, col: str) -> pd.DataFrame:
+    """Mean of ``col`` over ``y`` x ``x``, diverged runs left out: a cell whose runs all
+    diverged is NaN (no colour) instead of taking the numbers of a broken run."""
+    kept = df if "solution" not in df else df[df["solution"] != "diverged"]
+    table = kept.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
+    return table.reindex(index=sorted(df[y].unique()), columns=sorted(df[x].unique()))
 
 
 @dataclass
@@ -109,6 +124,11 @@ class SweepConfig:
         if self.depths is None:
             self.depths = [self.base.model.n_layers]
         for name in ("gammas", "weight_decays", "depths", "seeds"):
+            if not isinstance(getattr(self, name), list | tuple):
+                raise ConfigError(
+                    f"the sweep's {name} {getattr(self, name)!r} are not a list",
+                    fix="give a list of values, e.g. [0.3, 0.8]",
+                )
             values = list(getattr(self, name))
             if not values:
                 raise ConfigError(f"the sweep's {name} list is empty", fix="give at least one")
@@ -117,8 +137,23 @@ class SweepConfig:
                     f"the sweep's {name} repeat: {values}", fix="list each value once"
                 )
             setattr(self, name, values)
-        if self.max_stack is not None and self.max_stack < 1:
-            raise ConfigError(f"max_stack {self.max_stack} < 1", fix="use None or >= 1")
+        self._check_values()
+        if self.max_stack is not None and (not is_int(self.max_stack) or self.max_stack < 1):
+            raise ConfigError(f"max_stack {self.max_stack!r} < 1", fix="use None or >= 1")
+
+    def _check_values(self) -> None:
+        """Every grid value is of the right type and range (before any run is built)."""
+        for g in self.gammas:
+            if not is_real(g):
+                raise ConfigError(
+                    f"the sweep's gamma {g!r} is not a finite number", fix="use e.g. 0.3,0.5,0.8"
+                )
+        for wd in self.weight_decays:
+            check_real("weight decay", wd, 0, example="0 or e.g. 0.01")
+        for depth in self.depths:
+            check_int("depth", depth)
+        for seed in self.seeds:
+            check_seed("seed", seed)
 
     def _shape(self, depth: int) -> dict[str, int]:
         """The family's widths at ``depth`` (nothing without a family)."""
@@ -169,6 +204,8 @@ class SweepConfig:
 
 
 def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
+    if row.get("status", "ok") != "ok":
+        return "diverged"
     if not np.isfinite(row["final_test_data_acc"]) or row["final_test_data_acc"] < threshold:
         return "memorizing"
     fr = {k: row[f"final_test_task_{k}"] for k in ("inferential", "symmetric", "other")}
@@ -223,7 +260,7 @@ class SweepResult(Result):
                 f"no column {col!r} in the sweep table",
                 fix=f"use one of {list(ACC_METRICS)} with which=final|best",
             )
-        table = self.df.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
+        table = _grid_table(self.df, y, x, col)
         fig = go.Figure(_fraction_heatmap(table, colorbar={"title": metric}))
         fig.update_layout(
             title=f"{which} {metric} over {x} x {y} (mean over other settings)",
@@ -250,9 +287,7 @@ class SweepResult(Result):
             subplot_titles=[f"held-out {m.split('_')[-1]}: gamma x {y}" for m, y in specs],
         )
         for i, (metric, y) in enumerate(specs):
-            table = self.df.pivot_table(
-                index=y, columns="gamma", values=f"final_{metric}", aggfunc="mean"
-            )
+            table = _grid_table(self.df, y, "gamma", f"final_{metric}")
             fig.add_trace(
                 _fraction_heatmap(table, showscale=i == 0, colorbar={"title": "fraction"}),
                 row=i // 2 + 1,
@@ -270,6 +305,21 @@ class SweepResult(Result):
         return fig
 
 
+def _summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Counts per solution, the diverged runs by name, and means over the runs that did not
+    diverge."""
+    by = df.groupby("solution")["run"].count().to_dict()
+    kept = df[df["solution"] != "diverged"]
+    diverged = df[df["solution"] == "diverged"]
+    summary: dict[str, Any] = {"n_runs": len(df), **{f"n_{k}": int(v) for k, v in by.items()}}
+    if len(diverged):
+        summary["diverged"] = {r.run: r.status for r in diverged.itertuples()}
+    for k in ("inferential", "symmetric"):
+        col = f"final_test_task_{k}"
+        summary[f"mean_{col}"] = float(kept[col].mean()) if len(kept) else float("nan")
+    return summary
+
+
 def run_sweep(
     sweep: SweepConfig,
     out_dir: str | os.PathLike,
@@ -281,6 +331,9 @@ def run_sweep(
     Resumable: run it again with the same arguments after a kill.
     """
     out = Path(out_dir)
+    groups = sweep.groups() if sweep.stack else [(r.name, [r]) for r in sweep.runs()]
+    for _, runs in groups:  # every stack fits, before the first one trains
+        check_stack_fits(runs)
     rows = []
     if sweep.stack:
         for gname, runs in sweep.groups():
@@ -300,13 +353,7 @@ def run_sweep(
         "stack": sweep.stack,
         "family": None if sweep.family is None else sweep.family.df.to_dict("records"),
     }
-    by = df.groupby("solution")["run"].count().to_dict()
-    summary = {
-        "n_runs": len(df),
-        **{f"n_{k}": int(v) for k, v in by.items()},
-        "mean_final_test_task_inferential": float(df["final_test_task_inferential"].mean()),
-        "mean_final_test_task_symmetric": float(df["final_test_task_symmetric"].mean()),
-    }
+    summary = _summary(df)
     result = SweepResult(df, summary, meta)
     atomic_write_text(out / "results.csv", df.to_csv(index=False))
     result.save(out / "sweep.json")
