@@ -143,3 +143,217 @@ def measures(clean, changed, labels):
         "prob_l2": torch.sqrt(((q - p) ** 2).sum(-1)),
         "loss_delta": loss_changed - loss_clean,
     }
+
+
+# ---- Csordas, Manning & Potts 2025 conventions (issue 11) ----------------------------------
+# A port of the formulas of github.com/RobertCsordas/llm_effective_depth, analysis/
+# (analyze_future_effects.py: merge_io, intervene_layer, test_effect, test_future_max_effect;
+# skip_max_depth.py: the depth scores; logitlens.py; analyze_norms.py), run one prompt at a
+# time (no padding) on a plain HF model with hand-written torch hooks.
+
+
+def _merge_front(intervened, orig, t, no_skip_front: int = 1):
+    """merge_io: orig before no_skip_front, intervened up to t, orig from t on."""
+    outs = [orig[:, :no_skip_front]]
+    if t is not None:
+        outs += [intervened[:, no_skip_front:t], orig[:, t:]]
+    else:
+        outs.append(intervened[:, no_skip_front:])
+    return torch.cat(outs, dim=1)
+
+
+def _csordas_hook(hf, layer: int, part: str, t, no_skip_front: int):
+    """intervene_layer as a torch forward hook; returns the handle."""
+    block = hf_blocks(hf)[layer]
+    if part == "layer":
+        module = block
+
+        def hook(mod, args, kwargs, output):
+            inp = args[0] if args else kwargs["hidden_states"]
+            out = output[0] if isinstance(output, tuple) else output
+            new = _merge_front(inp, out, t, no_skip_front)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+    else:
+        if part == "mlp":
+            module = block.mlp
+        else:
+            module = getattr(block, "attn", None) or getattr(block, "self_attn", None)
+
+        def hook(mod, args, kwargs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            new = _merge_front(torch.zeros_like(out), out, t, no_skip_front)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    return module.register_forward_hook(hook, with_kwargs=True)
+
+
+def _updates(hf, ids):
+    """D_l = block output - block input for every layer, [L, T, d], and the logits [T, V]."""
+    ins, outs, z = block_io(hf, ids, torch.ones_like(ids))
+    return torch.cat([outs[i] - ins[i] for i in range(len(ins))], dim=0), z[0]
+
+
+def csordas_test_effect(hf, ids, ts, part: str = "layer", no_skip_front: int = 1):
+    """test_effect for one prompt ``ids`` [1, T]: per skipped layer and affected layer the max
+    over t in ``ts`` (None = current mode) of the max over positions >= t of
+    ||D_l - D'_l|| / max(||D_l||, 1e-6); and per skipped layer the same max of
+    ||softmax(z') - softmax(z)||."""
+    clean, z = _updates(hf, ids)
+    probs = z.double().softmax(-1)
+    all_diffs, all_out = [], []
+    for t in ts:
+        s = 0 if t is None else t
+        diffs, out_diffs = [], []
+        for lskip in range(clean.shape[0]):
+            handle = _csordas_hook(hf, lskip, part, t, no_skip_front)
+            try:
+                new, z_new = _updates(hf, ids)
+            finally:
+                handle.remove()
+            num = (clean[:, s:] - new[:, s:]).double().norm(dim=-1)
+            rel = num / clean[:, s:].double().norm(dim=-1).clamp(min=1e-6)
+            diffs.append(rel.max(dim=-1).values)
+            change = (z_new[s:].double().softmax(-1) - probs[s:]).norm(dim=-1)
+            out_diffs.append(change.max())
+        all_diffs.append(torch.stack(diffs))
+        all_out.append(torch.stack(out_diffs))
+    return torch.stack(all_diffs).max(dim=0).values, torch.stack(all_out).max(dim=0).values
+
+
+def csordas_future_positions(length: int, rng, n_chunks: int = 4):
+    """test_future_max_effect's positions: range(8, T-4, 8) shuffled, the first n_chunks."""
+    positions = list(range(8, length - 4, 8))
+    rng.shuffle(positions)
+    return positions[:n_chunks]
+
+
+def csordas_effects(hf, prompts, mode: str, part: str = "layer", seed: int = 123, starts=None):
+    """Per prompt (1-D token tensors, no padding): (matrix [L, L], output [L]) or None for a
+    prompt too short for future mode; the reference crashes on those, probekit skips them."""
+    import random
+
+    rng = random.Random(seed)
+    per_prompt = []
+    for i, prompt in enumerate(prompts):
+        if mode == "current":
+            ts = [None]
+        elif starts is not None:
+            ts = [starts[i]]
+        else:
+            ts = csordas_future_positions(len(prompt), rng)
+        per_prompt.append(csordas_test_effect(hf, prompt[None], ts, part) if ts else None)
+    return per_prompt
+
+
+def csordas_max_over_prompts(per_prompt):
+    """run(): d_max = max(d_max, diff_now) from zeros, for the matrix and the output effect."""
+    kept = [p for p in per_prompt if p is not None]
+    d_max = torch.stack([p[0] for p in kept]).max(dim=0).values.clamp(min=0)
+    out_max = torch.stack([p[1] for p in kept]).max(dim=0).values.clamp(min=0)
+    return d_max, out_max
+
+
+def csordas_depth_scores(d_all, out_all):
+    """skip_max_depth.py: dall_reduce = d.sum(-1) / arange(L-1, -1, -1).clamp(min=1), and
+    effect_layer_score (centre of mass) of it and of the output effect."""
+    n = d_all.shape[0]
+    reduce = d_all.sum(-1) / torch.arange(n - 1, -1, -1).clamp(min=1)
+
+    def score(m):
+        return float((torch.arange(m.shape[0]) * m).sum() / m.sum())
+
+    return score(reduce), score(out_all)
+
+
+def csordas_logit_lens(hf, arch: str, prompts, k: int = 5):
+    """logitlens.py: per prompt the token mean of KL(p_l || p_final) and of the top-k overlap
+    (one-hot products), for the input of every layer and the final residual; then the mean
+    over prompts. Returns ([L+1] KL, [L+1] overlap)."""
+    kls, overlaps = [], []
+    for prompt in prompts:
+        ids = prompt[None]
+        ins, outs, z = block_io(hf, ids, torch.ones_like(ids))
+        taps = [ins[i] for i in range(len(ins))] + [outs[len(ins) - 1]]
+        lout = z.double().log_softmax(-1)
+        real_oh = torch.nn.functional.one_hot(lout.topk(k, -1).indices, z.shape[-1]).sum(-2)
+        kl_row, ov_row = [], []
+        for tap in taps:
+            llayer = final_head(hf, arch, tap).double().log_softmax(-1)
+            kl_row.append((llayer.exp() * (llayer - lout)).sum(-1).mean())
+            oh = torch.nn.functional.one_hot(llayer.topk(k, -1).indices, z.shape[-1]).sum(-2)
+            ov_row.append(((oh.unsqueeze(-2).double() @ real_oh.unsqueeze(-1).double()) / k).mean())
+        kls.append(torch.stack(kl_row))
+        overlaps.append(torch.stack(ov_row))
+    return torch.stack(kls).mean(0), torch.stack(overlaps).mean(0)
+
+
+def csordas_update_cosine(hf, prompts):
+    """analyze_norms.py's layer_cos: cos(layer output - layer input, layer input) summed over
+    the tokens of every prompt and divided by the token count. Returns [L]."""
+    total, count = 0.0, 0
+    for prompt in prompts:
+        ids = prompt[None]
+        ins, outs, _ = block_io(hf, ids, torch.ones_like(ids))
+        cos = [
+            torch.nn.functional.cosine_similarity(
+                (outs[i] - ins[i]).double(), ins[i].double(), dim=-1
+            ).sum(1)
+            for i in range(len(ins))
+        ]
+        total = total + torch.cat(cos)
+        count += ids.shape[1]
+    return total / count
+
+
+# ---- end of the Csordas et al. 2025 block ---------------------------------------------------
+
+
+# ---- tuned lens -----------------------------------------------------------------------------
+def _head_with_grad(hf, arch: str, residual):
+    """final_head without no_grad (the translators before it are being trained)."""
+    if arch == "gpt2":
+        return hf.lm_head(hf.transformer.ln_f(residual))
+    if arch == "llama":
+        return hf.lm_head(hf.model.norm(residual))
+    return hf.cls(residual)
+
+
+def tuned_lens_fit(hf, arch, batches, *, steps, lr, seed, momentum=0.9, wd=1e-3, clip=1.0):
+    """Train tuned-lens translators A_d, b_d (T_d(h) = h + h A_d^T + b_d, depths 0..L-1) of a
+    plain HF model by hand: KL(p_final || p_d) averaged over real tokens and summed over depths,
+    the joint gradient clipped to norm ``clip``, SGD with Nesterov momentum and weight decay
+    written out, learning rate ``lr * (steps - s) / steps`` at step s, and batches visited in
+    passes of ``torch.randperm`` drawn from a generator seeded with ``seed``.
+
+    ``batches`` is a list of (tokens, mask); returns [(A_d, b_d)] per depth and the summed
+    loss of every step."""
+    n, d = len(hf_blocks(hf)), hf.config.hidden_size
+    params = [p for i in range(n) for p in (torch.zeros(d, d), torch.zeros(d))]
+    momentum_buf = [None] * len(params)
+    g = torch.Generator().manual_seed(seed)
+    order = []
+    while len(order) < steps:
+        order += torch.randperm(len(batches), generator=g).tolist()
+    history = []
+    for step in range(steps):
+        tokens, mask = batches[order[step]]
+        ins, _, final = block_io(hf, tokens, mask)
+        real = mask.bool()
+        logp = final[real].float().log_softmax(-1)
+        leaves = [p.clone().requires_grad_(True) for p in params]
+        total = 0.0
+        for depth in range(n):
+            h = ins[depth][real]
+            a, b = leaves[2 * depth], leaves[2 * depth + 1]
+            logq = _head_with_grad(hf, arch, h + h @ a.T + b).float().log_softmax(-1)
+            total = total + (logp.exp() * (logp - logq)).sum(-1).mean()
+        grads = torch.autograd.grad(total, leaves)
+        norm = torch.sqrt(sum(gr.pow(2).sum() for gr in grads))
+        scale = min(1.0, float(clip / (norm + 1e-6)))
+        rate = lr * (steps - step) / steps
+        for i, (p, gr) in enumerate(zip(params, grads, strict=True)):
+            gr = gr * scale + wd * p
+            momentum_buf[i] = gr if momentum_buf[i] is None else momentum * momentum_buf[i] + gr
+            params[i] = p - rate * (gr + momentum * momentum_buf[i])
+        history.append(float(total.detach()))
+    return [(params[2 * i], params[2 * i + 1]) for i in range(n)], history
