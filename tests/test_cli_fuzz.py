@@ -69,6 +69,32 @@ def _booby_trap(ckpt: Path, marker: Path) -> None:
     (ckpt / "tokenizer_config.json").write_text(json.dumps(tok))
 
 
+def _save_tokenizer(folder: Path) -> None:
+    """A character-level tokenizer of 32 tokens (U+FFFD among them) saved into ``folder``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyz ,.\n\ufffd"))
+    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+
+
+def _damaged(good: Path, root: Path) -> dict[str, Path]:
+    """Copies of the checkpoint ``good``, each damaged one way."""
+    items = {name: root / name for name in ("fifo_config", "truncated", "bad_run", "list_config")}
+    for folder in items.values():
+        shutil.copytree(good, folder)
+    (items["fifo_config"] / "config.json").unlink()
+    os.mkfifo(items["fifo_config"] / "config.json")
+    weights = items["truncated"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (items["bad_run"] / "run_config.json").write_text('{"kind": "anchor", "task": [1]}')
+    (items["list_config"] / "config.json").write_text("[1, 2]")
+    return items
+
+
 def build_sandbox(root: Path) -> dict[str, Path]:
     """The inputs of the fuzz: checkpoints good and bad, text files, pipes, folders."""
     good = root / "ckpt"
@@ -81,9 +107,10 @@ def build_sandbox(root: Path) -> dict[str, Path]:
     items["trapped"] = root / "trapped"
     shutil.copytree(good, items["trapped"])
     _booby_trap(items["trapped"], root / "UNPICKLED")
-    items["list_config"] = root / "list_config"
-    shutil.copytree(good, items["list_config"])
-    (items["list_config"] / "config.json").write_text("[1, 2]")
+    items.update(_damaged(good, root))
+    items["tokenized"] = root / "tokenized"
+    shutil.copytree(good, items["tokenized"])
+    _save_tokenizer(items["tokenized"])
     (root / "empty").mkdir()
     items["empty"] = root / "empty"
     items["file"] = root / "file.txt"
@@ -170,12 +197,15 @@ def _outs(root: Path) -> dict[str, Path]:
     return outs
 
 
-MODELS = ["ckpt", "missing", "zoo", "trapped", "list_config", "empty", "file", "fifo", "nothing"]
+MODELS = [
+    *("ckpt", "tokenized", "missing", "zoo", "trapped", "list_config", "fifo_config"),
+    *("truncated", "bad_run", "empty", "file", "fifo", "nothing"),
+]
 OUTS = ["new", "file", "fifo", "under_file", "empty_dir", "foreign", "", ".", "/", "CKPT"]
 TEXTS = [None, "file", "binary", "utf16", "latin1", "fifo", "empty", "nothing"]
 FLAGS = {
-    "--n-sequences": ["0", "-1", "3", "nan", "1e3", "x", "100001"],
-    "--seq-len": ["0", "-5", "2", "inf", "4.5", "1048577"],
+    "--n-sequences": ["0", "-1", "1", "3", "nan", "1e3", "x", "100001"],
+    "--seq-len": ["0", "-5", "1", "2", "inf", "4.5", "1048577"],
     "--bootstrap": ["-1", "2", "10001", "nan"],
     "--batch-size": ["0", "-2", "1", "nan"],
     "--seed": ["-1", "7", "4294967296", "18446744073709551616", "inf"],
@@ -244,6 +274,13 @@ TABLE = [
     ("zoo", "new", None, []),
     ("trapped", "new", None, []),
     ("list_config", "new", None, []),
+    ("fifo_config", "new", None, []),
+    ("truncated", "new", None, []),
+    ("bad_run", "new", None, []),
+    ("tokenized", "new", "latin1", []),
+    ("tokenized", "new", "file", [("--seq-len", "8")]),
+    ("tokenized", "new", "binary", []),
+    ("tokenized", "new", "empty", []),
     ("empty", "new", None, []),
     ("file", "new", None, []),
     ("fifo", "new", None, []),
@@ -261,8 +298,8 @@ def test_hostile_argv_table(sandbox, fuzz_cwd, model, out, text, extra):
     argv = fuzz_case(sandbox, outs, model, out, text, extra)
     root = sandbox["ckpt"].parent
     code = check_case(argv, root, fuzz_cwd / "outs", argv[3])
-    good = model in ("ckpt", "trapped") and out in ("new", "empty_dir", "foreign")
-    if not good or text is not None:
+    good = model in ("ckpt", "trapped", "tokenized") and out in ("new", "empty_dir", "foreign")
+    if not good or text not in (None, "latin1", "file"):
         assert code == 2, argv
     if out == "foreign" and code == 0:
         assert not (outs["foreign"] / "thesis.tex").exists()
@@ -539,11 +576,16 @@ def test_non_utf8_text_is_read_with_replacement_and_a_warning(sandbox, tmp_path)
 
     from probekit.runs import _tokenized
 
-    argv = diagnose_argv(sandbox["ckpt"], tmp_path / "r", "--text", str(sandbox["latin1"]))
+    out = tmp_path / "r"
+    argv = diagnose_argv(sandbox["tokenized"], out, "--text", str(sandbox["latin1"]))
     code, _, err = run_cli(argv)
     warnings = [line for line in err.splitlines() if line.startswith("probekit: warning:")]
+    assert code == 0 and (out / "report.html").is_file(), err
     assert len(warnings) == 1 and "not valid UTF-8" in warnings[0] and "U+FFFD" in warnings[0]
-    assert "no tokenizer" in assert_one_error(code, err)  # this checkpoint has none
+    argv = diagnose_argv(sandbox["ckpt"], out, "--text", str(sandbox["latin1"]))
+    code, _, err = run_cli(argv)
+    assert "no tokenizer" in assert_one_error(code, err)  # the warning, then the error
+    assert len([line for line in err.splitlines() if "warning" in line]) == 1
 
     class Chars:  # a stand-in model whose tokenizer maps characters to their code points
         n_ctx = 8
