@@ -357,3 +357,54 @@ def tuned_lens_fit(hf, arch, batches, *, steps, lr, seed, momentum=0.9, wd=1e-3,
             params[i] = p - rate * (gr + momentum * momentum_buf[i])
         history.append(float(total.detach()))
     return [(params[2 * i], params[2 * i + 1]) for i in range(n)], history
+
+
+# ---- tuned lens -----------------------------------------------------------------------------
+def _head_with_grad(hf, arch: str, residual):
+    """final_head without no_grad (the translators before it are being trained)."""
+    if arch == "gpt2":
+        return hf.lm_head(hf.transformer.ln_f(residual))
+    if arch == "llama":
+        return hf.lm_head(hf.model.norm(residual))
+    return hf.cls(residual)
+
+
+def tuned_lens_fit(hf, arch, batches, *, steps, lr, seed, momentum=0.9, wd=1e-3, clip=1.0):
+    """Train tuned-lens translators A_d, b_d (T_d(h) = h + h A_d^T + b_d, depths 0..L-1) of a
+    plain HF model by hand: KL(p_final || p_d) averaged over real tokens and summed over depths,
+    the joint gradient clipped to norm ``clip``, SGD with Nesterov momentum and weight decay
+    written out, learning rate ``lr * (steps - s) / steps`` at step s, and batches visited in
+    passes of ``torch.randperm`` drawn from a generator seeded with ``seed``.
+
+    ``batches`` is a list of (tokens, mask); returns [(A_d, b_d)] per depth and the summed
+    loss of every step."""
+    n, d = len(hf_blocks(hf)), hf.config.hidden_size
+    params = [p for i in range(n) for p in (torch.zeros(d, d), torch.zeros(d))]
+    momentum_buf = [None] * len(params)
+    g = torch.Generator().manual_seed(seed)
+    order = []
+    while len(order) < steps:
+        order += torch.randperm(len(batches), generator=g).tolist()
+    history = []
+    for step in range(steps):
+        tokens, mask = batches[order[step]]
+        ins, _, final = block_io(hf, tokens, mask)
+        real = mask.bool()
+        logp = final[real].float().log_softmax(-1)
+        leaves = [p.clone().requires_grad_(True) for p in params]
+        total = 0.0
+        for depth in range(n):
+            h = ins[depth][real]
+            a, b = leaves[2 * depth], leaves[2 * depth + 1]
+            logq = _head_with_grad(hf, arch, h + h @ a.T + b).float().log_softmax(-1)
+            total = total + (logp.exp() * (logp - logq)).sum(-1).mean()
+        grads = torch.autograd.grad(total, leaves)
+        norm = torch.sqrt(sum(gr.pow(2).sum() for gr in grads))
+        scale = min(1.0, float(clip / (norm + 1e-6)))
+        rate = lr * (steps - step) / steps
+        for i, (p, gr) in enumerate(zip(params, grads, strict=True)):
+            gr = gr * scale + wd * p
+            momentum_buf[i] = gr if momentum_buf[i] is None else momentum * momentum_buf[i] + gr
+            params[i] = p - rate * (gr + momentum * momentum_buf[i])
+        history.append(float(total.detach()))
+    return [(params[2 * i], params[2 * i + 1]) for i in range(n)], history

@@ -230,6 +230,8 @@ def test_future_ablations_restore_the_model_after_an_exception(monkeypatch):
     before = _snapshot(model, tokens, mask)
     fail_midway(monkeypatch, at=3)
     with pytest.raises(RuntimeError, match="injected failure"):
-        probekit.contributions(model, (tokens, mask), convention="csordas2025", mode="future")
+        probekit.contributions(  # fails inside a resumed forward with masked ablation hooks
+            model, (tokens, mask), components=["mlp"], convention="csordas2025", mode="future"
+        )
     monkeypatch.undo()
     _assert_same(before, _snapshot(model, tokens, mask))
