@@ -140,13 +140,20 @@ def checkpoints_below(
 
 
 def check_checkpoint_folder(path: str | os.PathLike) -> None:
-    """Refuse a folder that holds no checkpoint itself but checkpoints below it, naming them.
+    """Refuse a folder that holds no checkpoint itself but checkpoints below it, naming them,
+    or only the leftovers of an interrupted checkpoint save (``.checkpoint.*``).
 
     Any other path is left to :func:`probekit.load`, which says what is wrong with it.
     """
     folder = Path(path)
     if not folder.is_dir() or (folder / "config.json").exists():
         return
+    leftovers = sorted(p.name for p in folder.glob(".checkpoint.*") if p.is_dir())
+    if leftovers and not (folder / "checkpoint").exists():
+        raise CheckpointError(
+            f"{path} holds no checkpoint/: a save was interrupted and left {leftovers}",
+            fix=f"run probekit train --out {path} again to recover its last checkpoint",
+        )
     found = checkpoints_below(folder)
     if found:
         names = ", ".join(str(p) for p in found)

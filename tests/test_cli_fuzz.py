@@ -606,6 +606,14 @@ def test_folder_with_checkpoints_below_lists_them(sandbox, tmp_path):
         assert str(sandbox["zoo"] / "runs" / run / "checkpoint") in line
 
 
+def test_run_folder_with_an_interrupted_save_says_so(sandbox, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(sandbox["ckpt"], run / ".checkpoint.abc123.old" / "old")
+    line = assert_one_error(*run_cli(diagnose_argv(run, tmp_path / "r"))[::2])
+    assert "interrupted" in line and ".checkpoint.abc123.old" in line
+    assert not (tmp_path / "r").exists()
+
+
 def test_pickles_and_remote_code_are_never_run_and_noticed(sandbox, tmp_path):
     out = tmp_path / "report"
     code, _, err = run_cli(diagnose_argv(sandbox["trapped"], out))
