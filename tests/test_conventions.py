@@ -199,6 +199,8 @@ def test_short_prompts_are_counted_or_refused():
         {"mode": "past"},
         {"keep_first": 1},
         {"n_future": 0},
+        {"seed": "a"},
+        {"mode": "future", "answer_start": [9.5, 9]},
         {"answer_start": [9, 9]},  # current mode
         {"mode": "future", "answer_start": [9]},  # one per prompt
         {"mode": "future", "answer_start": [9, 30]},  # beyond the prompt

@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -118,12 +119,27 @@ def make_setup(
         raise InputError(f"keep_first={keep_first!r} is not a bool", fix="pass True, False or None")
     if isinstance(n_future, bool) or not isinstance(n_future, int) or n_future < 1:
         raise InputError(f"n_future={n_future!r} is not a positive int", fix="e.g. n_future=4")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError(f"seed={seed!r} is not an int", fix="e.g. seed=123")
+    starts = None if answer_start is None else _positions(answer_start)
     if answer_start is not None and mode != "future":
         raise InputError("answer_start needs mode='future'", fix="pass mode='future'")
     if keep_first is None:
         keep_first = convention == "csordas2025" or adds_bos(model.tokenizer)
-    starts = None if answer_start is None else tuple(int(t) for t in answer_start)
-    return Setup(convention, mode, keep_first, n_future, int(seed), starts)
+    return Setup(convention, mode, keep_first, n_future, seed, starts)
+
+
+def _positions(values: Sequence[int]) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (a list, array or tensor of integers), else InputError."""
+    try:
+        out = tuple(operator.index(t) for t in values)
+    except TypeError:
+        raise InputError(
+            "answer_start must hold integer positions", fix="one int position per prompt"
+        ) from None
+    if any(isinstance(t, bool) for t in values):
+        raise InputError("answer_start holds booleans", fix="one int position per prompt")
+    return out
 
 
 def future_positions(length: int, n_future: int, rng: random.Random) -> list[int]:
