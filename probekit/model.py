@@ -38,6 +38,7 @@ from probekit.errors import (
     CheckpointError,
     InputError,
     NumericalError,
+    ProbekitError,
     UnsupportedModelError,
 )
 
@@ -71,6 +72,59 @@ REQUIRED_SITES = ("resid_in", "resid_out", "attn_out", "mlp_out")
 
 WEIGHT_NAMES = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out")
 """Per-layer weight matrices :meth:`Model.weights` returns (W_gate only in gated MLPs)."""
+
+_POST_NORM_SITES = {
+    "attn_post_norm": "blocks.{layer}.ln1_post.hook_out",
+    "mlp_post_norm": "blocks.{layer}.ln2_post.hook_out",
+}
+"""Outputs of the norms that sandwich-norm blocks (Gemma 2/3, OLMo 2) apply to each sublayer's
+output before adding it to the stream."""
+
+BLOCK_KINDS = ("sum", "sandwich", "stream")
+"""How a block's sublayers write to the residual stream (see :attr:`Model.structure`):
+
+- ``sum``: ``h_out = h_in + attn_out + mlp_out`` (pre-norm blocks, sequential or parallel),
+- ``sandwich``: ``h_out = h_in + norm(attn_out) + norm(mlp_out)`` (post-sublayer norms),
+- ``stream``: post-norm blocks (BERT), where the attention hook holds the normalised mid-block
+  stream ``h_mid`` and the updates are ``h_mid - h_in`` and ``h_out - h_mid``.
+"""
+
+_UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(_POST_NORM_SITES)}
+
+
+@dataclass(frozen=True)
+class BlockStructure:
+    """A model's block structure: ``kind`` (one of :data:`BLOCK_KINDS`) and ``parallel``
+    (attention and MLP both read the block input)."""
+
+    kind: str
+    parallel: bool
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of the structure checks for computations in ``dtype``."""
+    return 1e-3 if torch.finfo(dtype).bits >= 32 else 5e-2
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    """max |got - want| <= tol * max |want| (float64)."""
+    got, want = got.double(), want.double()
+    return bool((got - want).abs().max() <= tol * want.abs().max().clamp_min(1e-12))
+
+
+@contextmanager
+def _dtype_guard(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Turn torch's 'not implemented for Half/BFloat16' into one probekit error naming the fix."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError) as err:
+        if "not implemented for" not in str(err) and "not supported" not in str(err):
+            raise
+        raise UnsupportedModelError(
+            f"torch on {device.type} cannot run this model in {dtype} ({err})",
+            fix="load it in a dtype the device runs: probekit.load(..., dtype=torch.float32) "
+            "(or bfloat16), or use a GPU",
+        ) from err
 
 
 class Model:
@@ -148,30 +202,150 @@ class Model:
         return int(self.bridge.cfg.n_heads)
 
     @cached_property
-    def post_norm(self) -> bool:
-        """True for post-LayerNorm blocks (BERT-style), whose sublayer hooks hold the normalised
-        stream rather than the update added to it.
+    def structure(self) -> BlockStructure:
+        """How every block writes to the residual stream, read from the model (once).
 
-        Read from the blocks themselves, not from the architecture's name: a pre-norm block adds
-        its sublayer outputs to the stream, ``h_out = h_in + attn_out + mlp_out``; a post-norm
-        block does not. One forward of two tokens checks which, once per model.
+        One probe forward records each block's input, sublayer outputs and output; the first
+        :data:`BLOCK_KINDS` entry whose definition of the attention and MLP updates ``a``, ``m``
+        gives ``h_out = h_in + a + m`` in every layer (``sum``, ``sandwich``), or whose
+        mid-block state fully determines the block output (``stream``), is the structure, and
+        a second forward checks that replacing those updates through the hooks is honoured.
+        ``parallel`` is True when the MLP reads the block input rather than ``h_in + a``
+        (zeroing ``a`` leaves layer 0's MLP output unchanged). Raises
+        :class:`UnsupportedModelError` when no definition fits: never wrong numbers.
         """
-        held: dict[str, torch.Tensor] = {}
+        clean = self._probe_record()
+        needed = [(site, i) for site in REQUIRED_SITES for i in range(self.n_layers)]
+        if any(key not in clean for key in needed):
+            raise UnsupportedModelError(
+                f"the {self.architecture} forward does not pass through every block's "
+                "residual, attention and MLP hooks",
+                fix="use an architecture listed as supported in the README's architecture table",
+            )
+        if not all(bool(torch.isfinite(t).all()) for t in clean.values()):
+            raise NumericalError(
+                f"the {self.architecture} forward overflows (NaN or infinite activations), so "
+                "its block structure cannot be read",
+                fix="check the checkpoint's weights and the dtype (float16 overflows above "
+                "65504; load with dtype=torch.float32)",
+            )
+        tol = _tolerance(self.dtype)
+        layers = range(self.n_layers)
+        for kind in ("sum", "sandwich"):
+            attn, mlp = _UPDATE_SITES[kind]
+            if (attn, 0) not in clean or (mlp, 0) not in clean:
+                continue
+            if all(
+                _close(
+                    clean["resid_in", i] + clean[attn, i] + clean[mlp, i],
+                    clean["resid_out", i],
+                    tol,
+                )
+                for i in layers
+            ) and self._edits_honoured(kind, clean, tol):
+                return BlockStructure(kind, self._reads_block_input(kind, clean, tol))
+        if self._mid_is_state(clean, tol):
+            return BlockStructure("stream", False)
+        raise UnsupportedModelError(
+            f"the {self.architecture} blocks do not write to the residual stream in a way "
+            "probekit can read from the bridge's hooks (neither h_out = h_in + attn + mlp, nor "
+            "with post-sublayer norms, nor a post-norm mid-block state)",
+            fix="use an architecture listed as supported in the README's architecture table",
+        )
 
-        def keep(key: str) -> Callable:
+    @property
+    def post_norm(self) -> bool:
+        """True for post-LayerNorm blocks (BERT-style, ``structure.kind == 'stream'``), whose
+        attention hook holds the normalised mid-block stream rather than the update added to
+        it. Read from the blocks themselves (see :attr:`structure`), not from the name."""
+        return self.structure.kind == "stream"
+
+    @property
+    def parallel_blocks(self) -> bool:
+        """True when attention and MLP both read the block input (GPT-J, Falcon, Phi, GPT-NeoX
+        with parallel residual): ``h_out = h_in + attn(h_in) + mlp(h_in)``."""
+        return self.structure.parallel
+
+    def _probe_batch(self) -> Batch:
+        n = max(2, min(6, self.n_ctx))
+        tokens = ((torch.arange(n) * 7 + 3) % self.d_vocab).view(1, n).to(self.device)
+        return Batch(tokens, torch.ones_like(tokens))
+
+    def _probe_record(
+        self, edits: HookList = (), before: Sequence[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], torch.Tensor]:
+        """One probe forward with ``edits``; float64 copies of every update site keyed
+        ``(site, layer)``: after the edits, except the ``before`` ones (as computed)."""
+        held: dict[tuple[str, int], torch.Tensor] = {}
+
+        def keep(key: tuple[str, int]) -> Callable:
             def fn(tensor: torch.Tensor, hook: Any) -> None:
                 held[key] = tensor.detach().double()
 
             return fn
 
-        sites = ("resid_in", "attn_out", "mlp_out", "resid_out")
-        hooks = [(self.hook_name(0, site), keep(site)) for site in sites]
-        tokens = torch.ones(1, 2, dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            self.forward(Batch(tokens, torch.ones_like(tokens)), hooks)
-        pre_norm_out = held["resid_in"] + held["attn_out"] + held["mlp_out"]
-        scale = held["resid_out"].abs().max().clamp_min(1e-12)
-        return bool((pre_norm_out - held["resid_out"]).abs().max() / scale > 1e-3)
+        sites = ("resid_in", "attn_out", "mlp_out", "resid_out", *_POST_NORM_SITES)
+        names = {
+            (site, i): name
+            for site in sites
+            for i in range(self.n_layers)
+            if (name := self.hook_name(i, site)) in self.bridge.hook_dict
+        }
+        first = [(names[key], keep(key)) for key in before if key in names]
+        last = [(name, keep(key)) for key, name in names.items() if key not in before]
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with _dtype_guard(self.dtype, self.device):
+                self.forward(self._probe_batch(), first + list(edits) + last)
+        return held
+
+    def _edits_honoured(self, kind: str, clean: dict, tol: float) -> bool:
+        """Whether zeroing both updates of every block through the hooks leaves h_out = h_in."""
+        edits = [
+            hook
+            for i in range(self.n_layers)
+            for sub in ("attn", "mlp")
+            for hook in self._replace_hooks(kind, i, sub, None)
+        ]
+        got = self._probe_record(edits)
+        return all(
+            _close(got["resid_in", i], got["resid_out", i], tol) for i in range(self.n_layers)
+        )
+
+    def _reads_block_input(self, kind: str, clean: dict, tol: float) -> bool:
+        """Whether layer 0's MLP update is unchanged when its attention update is zeroed."""
+        mlp = _UPDATE_SITES[kind][1]
+        got = self._probe_record(self._replace_hooks(kind, 0, "attn", None), before=[(mlp, 0)])
+        return _close(got[mlp, 0], clean[mlp, 0], tol)
+
+    def _mid_is_state(self, clean: dict, tol: float) -> bool:
+        """Post-norm check: with every block input perturbed but the attention hook given its
+        clean value, every block output is the clean one (the hook holds the whole stream)."""
+        if ("attn_out", 0) not in clean:
+            return False
+        g = torch.Generator().manual_seed(0)
+
+        def value(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            return tensor.to(like.device, like.dtype)
+
+        edits = []
+        for i in range(self.n_layers):
+            h = clean["resid_in", i]
+            noise = torch.randn(h.shape, generator=g, dtype=h.dtype) * h.std()
+            edits += [
+                (self.hook_name(i, "resid_in"), lambda t, hook, v=h + noise: value(v, t)),
+                (
+                    self.hook_name(i, "attn_out"),
+                    lambda t, hook, v=clean["attn_out", i]: value(v, t),
+                ),
+            ]
+        before = [("attn_out", i) for i in range(self.n_layers)]
+        got = self._probe_record(edits, before=before)
+        layers = range(self.n_layers)
+        moved = all(not _close(got["attn_out", i], clean["attn_out", i], tol) for i in layers)
+        return moved and all(
+            _close(got["resid_out", i], clean["resid_out", i], tol) for i in layers
+        )
 
     @cached_property
     def supports_pattern_edits(self) -> bool:
@@ -275,33 +449,36 @@ class Model:
     ) -> list[tuple[str, Callable]]:
         """Hooks that call ``on_layer(h_in, a, m, h_out)`` once block ``layer`` has run.
 
-        ``a`` and ``m`` are the attention and MLP updates with ``h_out = h_in + a + m``: the
-        sublayer outputs in pre-norm models; in post-norm models the change each sublayer
-        (with its add-norm) makes to the stream.
+        ``a`` and ``m`` are the attention and MLP updates, ``h_out = h_in + a + m`` (see
+        :attr:`structure`): the sublayer outputs in pre-norm and parallel blocks, the
+        post-sublayer-normed outputs in sandwich-norm blocks (Gemma 2/3, OLMo 2), and in
+        post-norm blocks (BERT) the change each sublayer, with its add-norm, makes to the stream.
         """
+        kind = self.structure.kind
         held: dict[str, torch.Tensor] = {}
 
         def keep(key: str) -> Callable:
             def fn(tensor: torch.Tensor, hook: Any) -> None:
-                held[key] = tensor.detach()
+                held[key] = tensor.detach().clone()  # blocks may add to it in place (Falcon)
 
             return fn
 
         def finish(tensor: torch.Tensor, hook: Any) -> None:
             h_in, h_out = held.pop("in"), tensor.detach()
-            if self.post_norm:
+            if kind == "stream":
                 mid = held.pop("mid")
                 on_layer(h_in, mid - h_in, h_out - mid, h_out)
             else:
                 on_layer(h_in, held.pop("attn"), held.pop("mlp"), h_out)
 
         hooks = [(self.hook_name(layer, "resid_in"), keep("in"))]
-        if self.post_norm:
+        if kind == "stream":
             hooks.append((self.hook_name(layer, "attn_out"), keep("mid")))
         else:
+            attn, mlp = _UPDATE_SITES[kind]
             hooks += [
-                (self.hook_name(layer, "attn_out"), keep("attn")),
-                (self.hook_name(layer, "mlp_out"), keep("mlp")),
+                (self.hook_name(layer, attn), keep("attn")),
+                (self.hook_name(layer, mlp), keep("mlp")),
             ]
         return hooks + [(self.hook_name(layer, "resid_out"), finish)]
 
@@ -312,14 +489,18 @@ class Model:
         ``value`` (broadcast; ``None`` = zero), with updates as in :meth:`update_hooks`."""
         if sublayer not in ("attn", "mlp"):
             raise InputError(f"unknown sublayer {sublayer!r}", fix="use 'attn' or 'mlp'")
+        return self._replace_hooks(self.structure.kind, layer, sublayer, value)
 
+    def _replace_hooks(
+        self, kind: str, layer: int, sublayer: str, value: torch.Tensor | None
+    ) -> list[tuple[str, Callable]]:
         def update(like: torch.Tensor) -> torch.Tensor:
             if value is None:
                 return torch.zeros_like(like)
-            return value.to(like.dtype).expand_as(like)
+            return value.to(like.device, like.dtype).expand_as(like)
 
-        if not self.post_norm:
-            site = "attn_out" if sublayer == "attn" else "mlp_out"
+        if kind != "stream":
+            site = _UPDATE_SITES[kind][0 if sublayer == "attn" else 1]
             return [(self.hook_name(layer, site), lambda t, hook: update(t).clone())]
         held: dict[str, torch.Tensor] = {}
 
@@ -335,7 +516,7 @@ class Model:
 
     def hook_name(self, layer: int, site: str) -> str:
         """Canonical hook name of ``site`` (one of :data:`SITES`) in block ``layer``."""
-        return SITES[site].format(layer=layer)
+        return {**SITES, **_POST_NORM_SITES}[site].format(layer=layer)
 
     def layer_weights(self, layer: int) -> list[list[nn.Parameter]]:
         """The weight tensors of block ``layer`` as the original model defines them.
@@ -432,11 +613,59 @@ class Model:
         return self.forward(batch)
 
     def head(self, residual: torch.Tensor) -> torch.Tensor:
-        """Map a final-layer residual ``[B, T, d_model]`` to logits (final norm + unembedding)."""
-        prediction_head = getattr(self.hf_model, "cls", None)
-        if not self.is_causal and prediction_head is not None:
-            return prediction_head(residual)
-        return self.bridge.unembed(self.bridge.ln_final(residual))
+        """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction
+        head (BERT's ``cls``, RoBERTa's ``lm_head``) of encoders; for decoders the final norm
+        and unembedding, then the logit soft-capping (Gemma 2/3) or scaling (Granite, Cohere) the
+        model's config defines. :meth:`check_structure` checks it against the model's forward."""
+        for name in ("cls",) if self.is_causal else ("cls", "lm_head"):
+            prediction_head = getattr(self.hf_model, name, None)
+            if prediction_head is not None:
+                return prediction_head(residual)
+        logits = self.bridge.unembed(self.bridge.ln_final(residual))
+        config = self.hf_model.config
+        scale = getattr(config, "logit_scale", None)
+        if isinstance(scale, int | float) and scale != 1:
+            logits = logits * scale
+        cap = getattr(config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        scaling = getattr(config, "logits_scaling", None)
+        if scaling and scaling != 1:
+            logits = logits / scaling
+        return logits
+
+    @torch.no_grad()
+    def check_structure(self) -> None:
+        """Refuse, with :class:`UnsupportedModelError`, a model whose numbers probekit would get
+        wrong: blocks whose updates cannot be read (:attr:`structure`), or a forward that
+        resuming from the first block or applying :meth:`head` to the last residual does not
+        reproduce. Runs a few forwards of 6 tokens; :func:`load` calls it.
+        """
+        try:
+            self._check_replay()
+        except NumericalError:
+            return  # an overflowing forward: the analyses name the first non-finite layer
+        except ProbekitError:
+            raise
+        except Exception as err:  # the bridge's own forward fails on this architecture
+            raise UnsupportedModelError(
+                f"TransformerLens' bridge cannot run a {self.architecture} forward "
+                f"({type(err).__name__}: {err})",
+                fix="use an architecture listed as supported in the README's architecture table",
+            ) from err
+
+    def _check_replay(self) -> None:
+        self.structure  # noqa: B018  (raises when no block structure fits)
+        with _dtype_guard(self.dtype, self.device):
+            trace = self.trace(self._probe_batch())
+            for start, what in ((0, "the blocks replayed"), (self.n_layers, "the output head")):
+                if not _close(trace.resume(start), trace.logits, _tolerance(self.dtype)):
+                    raise UnsupportedModelError(
+                        f"probekit cannot reproduce the {self.architecture} forward from "
+                        f"{what} (resumed logits differ from the model's own)",
+                        fix="use an architecture listed as supported in the README's "
+                        "architecture table",
+                    )
 
     @torch.no_grad()
     def trace(self, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
@@ -857,9 +1086,9 @@ def _bridge(hf_model: nn.Module, arch: str, tokenizer: Any = None) -> Any:
         return build_bridge_from_module(
             hf_model, arch, hf_config=hf_model.config, tokenizer=tokenizer
         )
-    except ValueError as err:
+    except Exception as err:  # the bridge raises many types for configs it cannot wrap
         raise UnsupportedModelError(
-            f"TransformerLens could not attach to this {arch} ({err})",
+            f"TransformerLens could not attach to this {arch} ({type(err).__name__}: {err})",
             fix="use a supported architecture such as GPT2LMHeadModel or LlamaForCausalLM",
         ) from err
 
@@ -939,6 +1168,7 @@ def load(
             fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
         )
     model.check_finite()
+    model.check_structure()
     return model
 
 

@@ -85,30 +85,35 @@ def twin(hf_model):
     return copy.deepcopy(hf_model).eval()
 
 
+_BLOCK_PATHS = (
+    ("transformer", "h"),
+    ("gpt_neox", "layers"),
+    ("model", "decoder", "layers"),
+    ("model", "layers"),
+    ("bert", "encoder", "layer"),
+    ("roberta", "encoder", "layer"),
+)
+
+
+def _block_owner(hf_model):
+    """The module holding the block list of a plain HF model, and the list's attribute name."""
+    for *path, name in _BLOCK_PATHS:
+        owner = hf_model
+        for attr in path:
+            owner = getattr(owner, attr, None)
+        if owner is not None and isinstance(getattr(owner, name, None), torch.nn.ModuleList):
+            return owner, name
+    raise ValueError(f"no block list found in {type(hf_model).__name__}")
+
+
 def hf_blocks(hf_model) -> torch.nn.ModuleList:
-    if hasattr(hf_model, "transformer"):
-        return hf_model.transformer.h
-    if hasattr(hf_model, "model"):
-        return hf_model.model.layers
-    return hf_model.bert.encoder.layer
+    owner, name = _block_owner(hf_model)
+    return getattr(owner, name)
 
 
 def set_blocks(hf_model, blocks: list) -> None:
     """Replace the block list of a plain HF model (for physically deleted / swapped layers)."""
-    owner = (
-        hf_model.transformer
-        if hasattr(hf_model, "transformer")
-        else hf_model.model
-        if hasattr(hf_model, "model")
-        else hf_model.bert.encoder
-    )
-    name = (
-        "h"
-        if hasattr(hf_model, "transformer")
-        else "layers"
-        if hasattr(hf_model, "model")
-        else "layer"
-    )
+    owner, name = _block_owner(hf_model)
     setattr(owner, name, torch.nn.ModuleList(blocks))
     hf_model.config.num_hidden_layers = len(blocks)
 
@@ -128,3 +133,181 @@ def sample_tokens(batch: int = 6, length: int = 10, seed: int = 1, pad: bool = T
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param
+
+
+# ---- every architecture family (tests/test_architectures.py) ----------------------------------
+FAMILY_VOCAB = 64
+ENCODERS = ("bert", "roberta")
+"""Masked-LM families: the target of a position is its own token."""
+
+
+def _decoder(**sizes) -> dict:
+    """Llama-style sizes shared by most decoder configs."""
+    return dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        **sizes,
+    )
+
+
+FAMILIES = {
+    "gpt2": ("GPT2", dict(n_positions=16, n_embd=32, n_head=4)),
+    "gpt_neox": (
+        "GPTNeoX",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            use_parallel_residual=True,
+        ),
+    ),
+    "gpt_neox_sequential": (
+        "GPTNeoX",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            use_parallel_residual=False,
+        ),
+    ),
+    "gptj": ("GPTJ", dict(n_embd=32, n_head=4, n_positions=16, rotary_dim=4)),
+    "opt": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            ffn_dim=64,
+            max_position_embeddings=16,
+            word_embed_proj_dim=32,
+        ),
+    ),
+    "llama": ("Llama", _decoder()),
+    "mistral": ("Mistral", _decoder()),
+    "qwen2": ("Qwen2", _decoder()),
+    "qwen3": ("Qwen3", _decoder(head_dim=8)),
+    "gemma": ("Gemma", _decoder(head_dim=8)),
+    "gemma2": ("Gemma2", _decoder(head_dim=8, sliding_window=16, final_logit_softcapping=3.0)),
+    "gemma3": ("Gemma3Text", _decoder(head_dim=8, sliding_window=16, final_logit_softcapping=3.0)),
+    "phi": (
+        "Phi",
+        dict(
+            hidden_size=32, intermediate_size=64, num_attention_heads=4, max_position_embeddings=16
+        ),
+    ),
+    "phi3": ("Phi3", _decoder(pad_token_id=0)),
+    "falcon": ("Falcon", dict(hidden_size=32, num_attention_heads=4)),
+    "bert": (
+        "Bert",
+        dict(
+            hidden_size=32, intermediate_size=64, num_attention_heads=4, max_position_embeddings=16
+        ),
+    ),
+    "roberta": (
+        "Roberta",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            max_position_embeddings=20,
+            pad_token_id=1,
+        ),
+    ),
+    "gpt_neo": (
+        "GPTNeo",
+        dict(
+            hidden_size=32,
+            num_heads=4,
+            max_position_embeddings=16,
+            window_size=16,
+            attention_types=[[["global", "local"], 1], [["global"], 1]],
+        ),
+    ),
+    "bloom": ("Bloom", dict(hidden_size=32, n_head=4)),
+    "stablelm": ("StableLm", _decoder()),
+    "olmo": ("Olmo", _decoder()),
+    "olmo2": ("Olmo2", _decoder()),
+    "gpt_bigcode": ("GPTBigCode", dict(n_embd=32, n_head=4, n_positions=16)),
+    "starcoder2": ("Starcoder2", _decoder()),
+    "cohere": ("Cohere", _decoder(logit_scale=0.5)),
+    "mixtral": ("Mixtral", _decoder(num_local_experts=2, num_experts_per_tok=1)),
+}
+"""family -> (transformers class prefix, config sizes); ``{prefix}Config`` and the head class
+``{prefix}ForCausalLM`` / ``ForMaskedLM`` / ``LMHeadModel``, 3 layers unless told."""
+
+REFUSED = {
+    "codegen": ("CodeGen", dict(n_embd=32, n_head=4, n_positions=16, rotary_dim=4)),
+    "mamba": ("Mamba", dict(hidden_size=32, state_size=4)),
+    "openai_gpt": ("OpenAIGPT", dict(n_embd=32, n_head=4, n_positions=16)),
+    "mpt": ("Mpt", dict(d_model=32, n_heads=4, max_seq_len=16)),
+    "falcon_new_decoder": (
+        "Falcon",
+        dict(hidden_size=32, num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2),
+    ),
+    "opt_post_norm": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            ffn_dim=64,
+            max_position_embeddings=16,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+        ),
+    ),
+    "opt_projected": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            ffn_dim=64,
+            max_position_embeddings=16,
+            word_embed_proj_dim=16,
+        ),
+    ),
+    "granite_multipliers": ("Granite", _decoder(residual_multiplier=0.22, logits_scaling=8.0)),
+}
+"""Families the TransformerLens 4 bridge lists but probekit refuses at load (see the README)."""
+
+_HEADS = ("ForCausalLM", "ForMaskedLM", "LMHeadModel")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def family_class(prefix: str, encoder: bool):
+    """The head class of a family: masked-LM for encoders, else the causal-LM one."""
+    names = [f"{prefix}ForMaskedLM"] if encoder else [prefix + h for h in _HEADS]
+    if prefix == "Gemma3Text":
+        names = ["Gemma3ForCausalLM"]
+    return next(getattr(transformers, n) for n in names if hasattr(transformers, n))
+
+
+def make_family(name: str, n_layers: int = 3, seed: int = 0, scale: float = 1.0):
+    """A tiny random model of family ``name`` (FAMILIES or REFUSED) in eval mode, float32."""
+    prefix, sizes = FAMILIES.get(name) or REFUSED[name]
+    config_class = getattr(transformers, f"{prefix}Config")
+    layer_key = next(k for k in _LAYER_KEYS if k in config_class().to_dict())
+    ids = dict(bos_token_id=0, eos_token_id=0)
+    config = config_class(vocab_size=FAMILY_VOCAB, **{layer_key: n_layers}, **ids, **sizes)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = family_class(prefix, name in ENCODERS)(config).eval()
+    if scale != 1.0:
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if p.ndim == 2 and "embed" not in pname and "wte" not in pname:
+                    p.mul_(scale)
+    return model
+
+
+def family_tokens(batch: int = 4, length: int = 8, seed: int = 1):
+    """Random tokens of the family vocabulary (ids >= 2), right padding in rows 1 and 3."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(2, FAMILY_VOCAB, (batch, length), generator=g)
+    mask = torch.ones_like(tokens)
+    mask[1, length - 2 :] = 0
+    mask[3, length - 3 :] = 0
+    return tokens * mask, mask

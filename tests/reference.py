@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tests.conftest import hf_blocks, set_blocks
+from tests.conftest import ENCODERS, hf_blocks, set_blocks
 
 
 def logits(hf, tokens, mask):
@@ -21,11 +21,12 @@ def logits(hf, tokens, mask):
 
 
 def labels_for(arch: str, tokens, mask):
-    """Next real token for decoders, the token itself for BERT; -100 where there is none."""
+    """Next real token for decoders, the token itself for masked LMs (BERT, RoBERTa); -100
+    where there is none."""
     out = torch.full_like(tokens, -100)
     for b in range(tokens.shape[0]):
         for t in range(tokens.shape[1]):
-            if arch == "bert":
+            if arch in ENCODERS:
                 if mask[b, t]:
                     out[b, t] = tokens[b, t]
             elif t + 1 < tokens.shape[1] and mask[b, t] and mask[b, t + 1]:
@@ -48,11 +49,30 @@ def with_order(hf, order):
     return model
 
 
+SANDWICH = ("gemma2", "gemma3", "olmo2")
+"""Families whose blocks norm each sublayer's output before adding it to the stream."""
+
+STATE_SUBLAYERS = ("bloom",)
+"""Families whose attention and MLP modules return the stream with their update added."""
+
+
+def sublayer_modules(block, arch: str) -> dict:
+    """The plain HF modules whose outputs are the attention and MLP updates of a block; for
+    encoders the attention module whose output is the mid-block stream."""
+    if arch in ENCODERS:
+        return {"attn": block.attention, "mlp": block.output}
+    if arch in SANDWICH:
+        return {"attn": block.post_attention_layernorm, "mlp": block.post_feedforward_layernorm}
+    names = ("attn", "self_attn", "attention", "self_attention")
+    attn = next(getattr(block, n) for n in names if hasattr(block, n))
+    return {"attn": attn, "mlp": getattr(block, "mlp", None) or block.fc2}
+
+
 @contextmanager
 def silenced(hf, arch: str, layer: int, sublayer: str):
     """Remove one sublayer's update with a plain torch forward hook."""
     block = hf_blocks(hf)[layer]
-    if arch == "bert":
+    if arch in ENCODERS:
         if sublayer == "attn":
             module = block.attention
 
@@ -64,11 +84,14 @@ def silenced(hf, arch: str, layer: int, sublayer: str):
 
             def hook(mod, args, kwargs, output):
                 return args[1] if len(args) > 1 else kwargs["input_tensor"]
+    elif arch in STATE_SUBLAYERS:  # the module adds its own residual: return the residual
+        module = sublayer_modules(block, arch)[sublayer]
+
+        def hook(mod, args, kwargs, output):
+            residual = args[1] if len(args) > 1 else kwargs["residual"]
+            return (residual,) + tuple(output[1:]) if isinstance(output, tuple) else residual
     else:
-        module = {
-            "attn": getattr(block, "attn", None) or getattr(block, "self_attn", None),
-            "mlp": block.mlp,
-        }[sublayer]
+        module = sublayer_modules(block, arch)[sublayer]
 
         def hook(mod, args, kwargs, output):
             if isinstance(output, tuple):
@@ -80,6 +103,42 @@ def silenced(hf, arch: str, layer: int, sublayer: str):
         yield hf
     finally:
         handle.remove()
+
+
+def updates(hf, arch: str, tokens, mask):
+    """Per block: (h_in, a, m, h_out) from plain hooks on the HF sublayer modules, with
+    h_out = h_in + a + m by the definition of each family's block."""
+    outs = {}
+    handles = []
+    for i, block in enumerate(hf_blocks(hf)):
+        for key, module in sublayer_modules(block, arch).items():
+
+            def hook(mod, args, output, key=key, i=i):
+                # a copy: Falcon adds the attention output to the MLP output in place
+                outs[i, key] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        ins, block_outs, _ = block_io(hf, tokens, mask)
+    finally:
+        for h in handles:
+            h.remove()
+    result = []
+    for i in range(len(ins)):
+        h, out = ins[i].double(), block_outs[i].double()
+        if arch in ENCODERS or arch in STATE_SUBLAYERS:  # the attention output is the stream
+            mid = outs[i, "attn"].double()
+            result.append((h, mid - h, out - mid, out))
+        else:
+            a, m = (outs[i, key].double().reshape(h.shape) for key in ("attn", "mlp"))
+            result.append((h, a, m, out))
+    return result
+
+
+def truncated_logits(hf, depth: int, tokens, mask):
+    """Logits of the plain model with only its first ``depth`` blocks (the logit lens at depth
+    ``depth``: the model's own final norm and head applied to that residual)."""
+    return logits(with_order(hf, list(range(depth))), tokens, mask)
 
 
 def block_io(hf, tokens, mask):
