@@ -259,3 +259,50 @@ def test_fitted_lens_beats_the_logit_lens_on_held_out_text_of_a_trained_lm(tmp_p
 def test_fitted_lens_beats_the_logit_lens_on_a_longer_trained_lm(tmp_path):
     model = _trained_lm(LM_SLOW, tmp_path / "lm")
     _check_beats_logit_lens(model, LM_SLOW["seq_len"], fit_steps=100)
+
+
+# ---- hook hygiene (as tests/test_hygiene.py checks the other analyzers) -------------------------
+def _fit_and_read(model, data):
+    lens = TunedLens.fit(model, data, steps=2, progress=False)
+    return tuned_lens(model, data, lens=lens)
+
+
+def test_fit_and_read_leave_the_model_untouched(arch):
+    from tests.test_hygiene import _assert_same, _snapshot
+
+    model = probekit.load(make_hf(arch))
+    tokens, mask = sample_tokens()
+    before = _snapshot(model, tokens, mask)
+    _fit_and_read(model, (tokens, mask))
+    _assert_same(before, _snapshot(model, tokens, mask))
+
+
+@pytest.mark.parametrize("where", ["fit", "read"])
+def test_the_model_is_untouched_after_a_failure_midway(where, monkeypatch):
+    from probekit.analyses.depth import tuned_lens as module
+    from tests.test_hygiene import _assert_same, _snapshot, fail_midway
+
+    model = probekit.load(make_hf("gpt2"))
+    tokens, mask = sample_tokens()
+    before = _snapshot(model, tokens, mask)
+    lens = TunedLens.zeros(model)
+    if where == "fit":
+        calls = {"n": 0}
+        original = module.translator_loss
+
+        def failing(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected failure")
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "translator_loss", failing)
+    else:
+        fail_midway(monkeypatch, at=3)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        if where == "fit":
+            TunedLens.fit(model, (tokens, mask), steps=2, progress=False)
+        else:
+            tuned_lens(model, (tokens, mask), lens=lens)
+    monkeypatch.undo()
+    _assert_same(before, _snapshot(model, tokens, mask))

@@ -164,7 +164,7 @@ class TunedLens(nn.Module):
     Example:
         >>> from probekit.toy import toy_model
         >>> lens = TunedLens.zeros(toy_model(n_layers=3))
-        >>> len(lens.translators), float(lens.translators[0].weight.abs().sum())
+        >>> len(lens.translators), float(lens.translators[0].weight.detach().abs().sum())
         (3, 0.0)
     """
 
