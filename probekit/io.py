@@ -23,9 +23,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
+    os.chmod(tmp, umask_mode("file"))  # mkstemp makes 0600; give the file normal permissions
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -43,34 +41,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-@contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside ``path``; on success it replaces ``path`` whole.
+def umask_mode(kind: str = "folder") -> int:
+    """The mode bits a new ``"folder"`` (``0o777``) or ``"file"`` (``0o666``) gets under the
+    process's umask (read without changing it for long).
 
-    On an exception the temporary folder is removed and ``path`` is left as it was.
+    Example:
+        >>> umask_mode("file") & 0o600
+        384
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "old")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _umask() -> int:
-    """The process's umask (read without changing it for long)."""
     umask = os.umask(0)
     os.umask(umask)
-    return umask
+    return (0o777 if kind == "folder" else 0o666) & ~umask
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -120,8 +101,8 @@ def _swap_in(new: Path, path: Path) -> None:
 def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole.
 
-    Unlike :func:`atomic_directory`, the folder gets the permissions of the user's umask, and the
-    previous ``path`` survives a failed swap. On an exception the temporary folder is removed and
+    The folder gets the permissions of the user's umask, and the previous ``path`` survives a
+    failed swap. On an exception the temporary folder is removed and
     ``path`` is left as it was, so ``path`` always holds one complete set of files.
 
     Example:
@@ -138,7 +119,7 @@ def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         try:
-            os.chmod(tmp, 0o777 & ~_umask())
+            os.chmod(tmp, umask_mode())  # mkdtemp makes 0700
             yield tmp
             _swap_in(tmp, path)
         except BaseException:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from probekit.errors import CheckpointError, ConfigError
-from probekit.io import atomic_write_text
+from probekit.io import atomic_write_text, umask_mode
 
 RUN_CONFIG = "run_config.json"
 KINDS = ("anchor", "lm")
@@ -160,13 +160,6 @@ def previous_of(root: Path) -> Path:
     return root.with_name(root.name + ".previous")
 
 
-def umask_mode() -> int:
-    """The mode bits a new folder gets under the process's umask (``0o777 & ~umask``)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o777 & ~umask
-
-
 def new_temp_folder(root: Path) -> Path:
     """An empty ``.<name>.*.tmp`` folder beside ``root``, with the user's umask permissions."""
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +197,8 @@ def set_aside(root: Path) -> Path:
 def recover_checkpoint(root: Path) -> None:
     """Undo what a kill in the middle of a checkpoint swap leaves behind.
 
-    ``atomic_directory`` moves the old checkpoint aside (``.checkpoint.*.old/old``) before it
+    :func:`probekit.io.swapped_directory` (LM checkpoints) moves the old folder aside
+    (``.checkpoint.*.old/old``) where it cannot exchange the two atomically, before it
     renames the new one into place, :func:`swap_in` moves it to ``<root>.previous``; a kill
     between the two renames leaves no ``checkpoint``. Put the old one back, and remove
     half-written ``.checkpoint.*.tmp`` folders.

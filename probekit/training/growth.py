@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probekit.errors import CheckpointError, ConfigError
-from probekit.io import atomic_directory, atomic_write_text
-from probekit.training.checkpoint import RUN_CONFIG, read_run_config, umask_mode
+from probekit.io import atomic_write_text, swapped_directory
+from probekit.training.checkpoint import RUN_CONFIG, read_run_config
 from probekit.training.checks import check_int, is_int, is_real
 
 METHODS = ("midas", "lidas", "append")
@@ -172,8 +172,7 @@ def grow_checkpoint(
             f"unreadable weights in {src} ({err})", fix="pass an intact checkpoint"
         ) from err
     config["n_layer"] = len(mapping)
-    with atomic_directory(dst) as tmp:
-        os.chmod(tmp, umask_mode())  # a checkpoint folder gets the user's umask, not 0700
+    with swapped_directory(dst) as tmp:
         save_file(
             _renumber(weights, mapping), str(tmp / "model.safetensors"), metadata={"format": "pt"}
         )

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit.errors import CheckpointError, ConfigError, NumericalError
-from probekit.io import atomic_directory, atomic_write_text
+from probekit.io import atomic_write_text, swapped_directory
 from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
 from probekit.training.checkpoint import (
     FIX,
@@ -61,7 +61,6 @@ from probekit.training.checkpoint import (
     remove_leftovers,
     save_moments,
     save_quietly,
-    umask_mode,
     write_run_config,
 )
 from probekit.training.checks import (
@@ -213,8 +212,7 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
         st = optimizer.state.get(p)
         if st:
             exp_avg[name], exp_avg_sq[name] = st["exp_avg"], st["exp_avg_sq"]
-    with atomic_directory(path) as tmp:
-        os.chmod(tmp, umask_mode())  # a checkpoint folder gets the user's umask, not 0700
+    with swapped_directory(path) as tmp:
         save_quietly(model, tmp)
         if exp_avg:
             save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
