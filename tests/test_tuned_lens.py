@@ -190,6 +190,24 @@ def test_bad_arguments_are_refused_before_any_work(kwargs, monkeypatch):
         TunedLens.fit(model, sample_tokens(), progress=False, **{"steps": 2, **kwargs})
 
 
+def test_numpy_numbers_are_accepted_and_recorded_as_plain_numbers(tmp_path):
+    import numpy as np
+
+    model = _gpt2(n_layers=2)
+    lens = TunedLens.fit(
+        model,
+        sample_tokens(),
+        steps=np.int64(2),
+        lr=np.float32(0.1),
+        seed=np.int32(1),
+        progress=False,
+    )
+    assert (
+        lens.fit_info["settings"]["steps"] == 2 and type(lens.fit_info["settings"]["seed"]) is int
+    )
+    lens.save(tmp_path / "lens")  # the config is plain JSON
+
+
 def test_bad_evaluation_arguments_and_headless_models():
     model = _gpt2(n_layers=2)
     with pytest.raises(InputError, match="not a TunedLens"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from probekit.data import Batch, Data, position_mask
 from probekit.errors import CheckpointError, InputError, UnsupportedModelError
 from probekit.io import atomic_write_text, swapped_directory
 from probekit.model import Model, Trace, load
+from probekit.result import json_ready
 
 OPTIMIZERS = ("sgd", "adam")
 """``sgd``: SGD with Nesterov momentum (the paper's choice, the default); ``adam``: Adam with
@@ -77,7 +79,8 @@ class FitSettings:
 
 
 def _check_positive(name: str, value: Any, integer: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    kind = numbers.Integral if integer else numbers.Real
+    ok = not isinstance(value, bool) and isinstance(value, kind)
     if not ok or not math.isfinite(value) or value <= 0:
         kind = "a positive integer" if integer else "a positive finite number"
         raise InputError(f"{name}={value!r} is not {kind}", fix=f"pass {name} > 0")
@@ -99,11 +102,29 @@ def _check_settings(s: FitSettings, tokens: int | None) -> None:
         raise InputError(f"momentum={s.momentum!r} is outside [0, 1)", fix="use e.g. 0.9")
     if not (isinstance(s.weight_decay, int | float) and 0 <= s.weight_decay < math.inf):
         raise InputError(f"weight_decay={s.weight_decay!r} is negative", fix="use e.g. 1e-3")
-    if not (isinstance(s.warmup_steps, int) and 0 <= s.warmup_steps < s.steps):
+    if isinstance(s.seed, bool) or not isinstance(s.seed, numbers.Integral):
+        raise InputError(f"seed={s.seed!r} is not an integer", fix="pass e.g. seed=0")
+    if not (isinstance(s.warmup_steps, numbers.Integral) and 0 <= s.warmup_steps < s.steps):
         raise InputError(
             f"warmup_steps={s.warmup_steps!r} is not in 0..steps-1 ({s.steps - 1})",
             fix="use fewer warm-up steps than steps",
         )
+
+
+def _plain(s: FitSettings) -> FitSettings:
+    """The checked settings as plain Python numbers (numpy scalars become int / float)."""
+    maybe = lambda x, kind: None if x is None else kind(x)  # noqa: E731
+    return FitSettings(
+        steps=int(s.steps),
+        lr=float(s.lr),
+        optimizer=s.optimizer,
+        momentum=float(s.momentum),
+        weight_decay=float(s.weight_decay),
+        warmup_steps=int(s.warmup_steps),
+        grad_clip=maybe(s.grad_clip, float),
+        seed=int(s.seed),
+        batch_size=maybe(s.batch_size, int),
+    )
 
 
 def lr_factor(step: int, steps: int, warmup_steps: int) -> float:
@@ -255,22 +276,33 @@ class TunedLens(nn.Module):
             batch_size=batch_size,
         )
         _check_settings(settings, tokens)
+        settings = _plain(settings)
         _check_head(model)
-        batches = model.prepare(data, batch_size)
-        order = batch_order(batches, seed, steps=steps, tokens=tokens)
+        batches = model.prepare(data, settings.batch_size)
+        order = batch_order(
+            batches,
+            settings.seed,
+            steps=None if steps is None else settings.steps,
+            tokens=None if tokens is None else int(tokens),
+        )
         settings.steps = len(order)
         _check_settings(settings, tokens)
         lens = cls.zeros(model)
         losses = lens._train(model, batches, order, settings, progress)
-        hashes = sequence_hashes(batches)
-        lens.fit_sequences = hashes
-        lens.fit_info.update(
-            settings=asdict(settings),
-            data=data_record(batches, hashes, data_label),
+        lens._record(batches, settings, losses, data_label)
+        return lens
+
+    def _record(
+        self, batches: list[Batch], s: FitSettings, losses: list[list[float]], label: str | None
+    ) -> None:
+        """Keep what the lens was fit on: settings, data (and its sequences' hashes), losses."""
+        self.fit_sequences = sequence_hashes(batches)
+        self.fit_info.update(
+            settings=asdict(s),
+            data=data_record(batches, self.fit_sequences, label),
             final_loss=losses[-1],
             loss_history=[sum(x) for x in losses],
         )
-        return lens
 
     def _train(
         self,
@@ -329,7 +361,7 @@ class TunedLens(nn.Module):
         }
         with swapped_directory(path) as tmp:
             save_file(tensors, str(tmp / WEIGHTS_FILE))
-            atomic_write_text(tmp / CONFIG_FILE, json.dumps(config, indent=1))
+            atomic_write_text(tmp / CONFIG_FILE, json.dumps(json_ready(config), indent=1))
         return Path(path)
 
     @classmethod
