@@ -216,7 +216,10 @@ def test_bad_evaluation_arguments_and_headless_models():
         tuned_lens(model, sample_tokens(), lens=TunedLens.zeros(model), k=0)
 
     class Headless:
-        bridge, hf_model, is_causal, architecture, d_vocab = object(), object(), True, "X", 0
+        d_model, d_vocab, device, dtype, architecture = 32, 50, "cpu", torch.float32, "X"
+
+        def head(self, residual):
+            raise AttributeError("the bridge has no unembed")
 
     with pytest.raises(UnsupportedModelError, match="no unembedding"):
         _check_head(Headless())

@@ -163,11 +163,15 @@ def data_record(batches: list[Batch], hashes: torch.Tensor, label: str | None) -
 
 
 def _check_head(model: Model) -> None:
-    """Refuse a model without an output head (nothing to decode the residual with)."""
-    has_head = getattr(model.bridge, "unembed", None) is not None or (
-        not model.is_causal and getattr(model.hf_model, "cls", None) is not None
-    )
-    if not has_head or model.d_vocab < 1:
+    """Refuse a model without an output head (nothing to decode the residual with): its head
+    must map one residual to ``d_vocab`` logits."""
+    probe = torch.zeros(1, 1, model.d_model, device=model.device, dtype=model.dtype)
+    try:
+        with torch.no_grad():
+            shape = tuple(model.head(probe).shape)
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        shape = None
+    if model.d_vocab < 1 or shape != (1, 1, model.d_vocab):
         raise UnsupportedModelError(
             f"the {model.architecture} model has no unembedding (no vocabulary to decode to)",
             fix="load the model with its language-model head (e.g. *ForCausalLM)",
