@@ -939,6 +939,48 @@ def _check_checkpoint_dir(path: Path) -> tuple[dict, int]:
     return config, stored
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+def stored_dtype(path: str | os.PathLike, config: dict | None = None) -> torch.dtype:
+    """The floating dtype a checkpoint directory stores its weights in: the one holding most
+    values in the safetensors headers, else the config's ``dtype`` / ``torch_dtype``, else
+    float32.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from probekit.toy import toy_hf_model
+        >>> folder = tempfile.mkdtemp()
+        >>> toy_hf_model("llama").to(torch.bfloat16).save_pretrained(folder)
+        >>> stored_dtype(folder)
+        torch.bfloat16
+    """
+    counts: dict[torch.dtype, int] = {}
+    for weight_file in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with weight_file.open("rb") as handle:
+                (header_len,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(header_len))
+            for key, info in header.items():
+                dtype = (
+                    _SAFETENSORS_DTYPES.get(info.get("dtype")) if key != "__metadata__" else None
+                )
+                if dtype is not None:
+                    counts[dtype] = counts.get(dtype, 0) + math.prod(info["shape"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+            continue  # _check_safetensors names a corrupt file
+    if counts:
+        return max(counts, key=lambda d: counts[d])
+    named = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+    dtype = getattr(torch, named, None) if isinstance(named, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
 def _config_int(config: dict, *keys: str, default: int = 0) -> int:
     for key in keys:
         value = config.get(key)
@@ -1112,7 +1154,9 @@ def load(
     keeps its modules, parameter names, device and dtype (``save_pretrained`` still works);
     ``copy_model=False`` skips the copy for a model too large to hold twice, and then the
     bridge replaces its submodules in place: use the returned handle, not the original.
-    Directories load onto CUDA when present, else the CPU, in float32 unless ``dtype`` is set.
+    Directories load onto CUDA when present, else the CPU, in the dtype their weights are
+    stored in (bf16 / fp16 / fp32, see :func:`stored_dtype`) unless ``dtype`` is set; every
+    measure is accumulated in float64 whatever the model's dtype.
 
     Example:
         >>> import tempfile
@@ -1140,7 +1184,8 @@ def load(
     elif isinstance(source, str | os.PathLike):
         path = Path(source).expanduser()
         config, stored = _check_checkpoint_dir(path)
-        _check_fits(path, config, stored, dtype or torch.float32)
+        dtype = dtype or stored_dtype(path, config)
+        _check_fits(path, config, stored, dtype)
         archs = config.get("architectures") or []
         arch = archs[0] if archs else config.get("model_type", "<unknown>")
         if arch not in _supported_architectures():
@@ -1154,7 +1199,7 @@ def load(
             hf_model = from_pretrained_complete(
                 getattr(transformers, arch),
                 path,
-                dtype=dtype or torch.float32,
+                dtype=dtype,
                 attn_implementation="eager",
             )
         finally:
@@ -1180,4 +1225,5 @@ __all__ = [
     "estimate_parameters",
     "from_pretrained_complete",
     "load",
+    "stored_dtype",
 ]
