@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,7 @@ LIMITS = {
     "bootstrap": (0, 10_000),
     "batch_size": (1, 10**6),
     "seed": (0, 2**32 - 1),
+    "lens_steps": (1, 10**7),
 }
 """The range ``(low, high)`` each integer flag of ``probekit diagnose`` accepts."""
 
@@ -107,6 +109,10 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     from probekit import report, runs
 
     _check_paths(args.model, args.text)
+    if args.lens is not None and not os.path.isdir(args.lens):
+        raise InputError(
+            f"--lens {args.lens} is not a folder", fix="pass a folder written by TunedLens.save()"
+        )
     check_int_flags(args)
     check_device(args.device)
     path = runs.checkpoint_of(args.model)
@@ -136,6 +142,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         seed=args.seed,
         model=model,
     )
+    lens_data = None
+    if args.tuned_lens and args.lens is None:
+        lens_data, _ = runs.default_data(
+            path,
+            text=args.text or None,
+            n_sequences=args.n_sequences,
+            seq_len=args.seq_len,
+            seed=args.seed,
+            model=model,
+            purpose="fit",
+        )
+    keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
     diagnosis = report.diagnose(
         model,
         data,
@@ -144,6 +162,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         positions=positions if args.positions == "auto" else args.positions,
         batch_size=args.batch_size,
         progress=not args.quiet,
+        conventions=report.Conventions(args.convention, args.mode, keep_first),
+        lens=args.lens,
+        lens_data=lens_data,
+        lens_steps=args.lens_steps,
     )
     title = f"probekit depth diagnosis: {path}"
     page, _ = report.save_report(diagnosis, out, title=title, images=not args.no_images)
@@ -253,7 +275,47 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
         "Chrome/Chromium are present)",
     )
     diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
+    _add_depth_options(diag)
     diag.set_defaults(func=cmd_diagnose)
+
+
+def _add_depth_options(diag: argparse.ArgumentParser) -> None:
+    """The measure conventions and the tuned lens of ``probekit diagnose``."""
+    group = diag.add_argument_group("measure conventions and the tuned lens")
+    group.add_argument(
+        "--convention",
+        choices=["probekit", "csordas2025"],
+        default="probekit",
+        help="reductions: token means (default) or Csordas et al. 2025's maxima and per-prompt "
+        "means",
+    )
+    group.add_argument(
+        "--mode",
+        choices=["current", "future"],
+        default="current",
+        help="skip/ablate at every position (current, default), or at positions < t and "
+        "measure at >= t (future; needs --seq-len of at least 13)",
+    )
+    group.add_argument(
+        "--keep-first",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="never intervene at position 0 (auto, default: when the tokenizer adds a BOS)",
+    )
+    group.add_argument(
+        "--tuned-lens",
+        action="store_true",
+        help="fit a tuned lens (on data kept apart from the diagnosed data: the training "
+        "split of probekit runs, the text after the diagnosed sequences, or other drawn "
+        "tokens) and show it beside the logit lens",
+    )
+    group.add_argument("--lens", help="read this saved tuned lens (a folder) instead of fitting")
+    group.add_argument(
+        "--lens-steps",
+        type=int,
+        default=None,
+        help="optimizer steps of the tuned-lens fit, 1 to 10**7 (default: one pass)",
+    )
 
 
 def _add_demo_parser(sub: argparse._SubParsersAction) -> None:

@@ -36,6 +36,7 @@ from probekit.analyses import (
     residual_stats,
     skip_effects,
 )
+from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
 from probekit.data import Data
 from probekit.errors import InputError
 from probekit.io import atomic_write_text, swapped_directory
@@ -60,6 +61,18 @@ class Diagnosis:
     headline: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Conventions:
+    """How the depth measures are reduced (see :mod:`probekit.analyses.depth.conventions`):
+    ``convention`` ``"probekit"`` (token means) or ``"csordas2025"`` (the reference code's
+    maxima and per-prompt means), ``mode`` ``"current"`` or ``"future"``, and ``keep_first``
+    (never intervene at position 0; ``None``: when the tokenizer adds a BOS token)."""
+
+    convention: str = "probekit"
+    mode: str = "current"
+    keep_first: bool | None = None
+
+
 def diagnose(
     model: Model | Any,
     data: Data,
@@ -69,14 +82,26 @@ def diagnose(
     positions: str = "all",
     batch_size: int | None = None,
     progress: bool = False,
+    conventions: Conventions = Conventions(),
+    lens: TunedLens | str | os.PathLike | None = None,
+    lens_data: Data | None = None,
+    lens_steps: int | None = None,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
     ``pairs`` and ``n_bootstrap`` go to :func:`~probekit.analyses.layer_swaps`; ``positions``
-    and ``batch_size`` to every analyzer; ``progress`` shows a bar over the analyses.
+    and ``batch_size`` to every analyzer; ``conventions`` to the skip, ablation, residual and
+    lens analyses; ``progress`` shows a bar over the analyses. A tuned lens is read beside the
+    logit lens when ``lens`` (a fitted :class:`~probekit.analyses.depth.tuned_lens.TunedLens`
+    or its folder) or ``lens_data`` (data to fit one on, kept apart from ``data``; ``lens_steps``
+    steps, default one pass) is given.
     """
     model = load(model)
-    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size)
+    if lens is None and lens_data is not None:
+        lens = TunedLens.fit(
+            model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
+        )
+    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens)
     results = _run(steps, progress)
     headline, verdict = _verdict(model, results)
     return Diagnosis(repr(model), results, verdict, headline)
@@ -89,16 +114,22 @@ def _steps(
     n_bootstrap: int,
     positions: str,
     batch_size: int | None,
+    conventions: Conventions,
+    lens: TunedLens | str | os.PathLike | None,
 ) -> dict[str, Callable[[], Result]]:
-    """Each analysis of :data:`ANALYSES` as a call still to make."""
+    """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make."""
+    reduce = {"convention": conventions.convention}
+    intervene = {**reduce, "mode": conventions.mode, "keep_first": conventions.keep_first}
     analyzers: dict[str, Callable[..., Result]] = {
-        "contributions": contributions,
-        "skip_effects": skip_effects,
+        "contributions": partial(contributions, **intervene),
+        "skip_effects": partial(skip_effects, **intervene),
         "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap),
-        "residual": residual_stats,
-        "logit_lens": logit_lens,
+        "residual": partial(residual_stats, **reduce),
+        "logit_lens": partial(logit_lens, **reduce),
         "gradients": gradient_norms,
     }
+    if lens is not None:
+        analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
     return {
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()
@@ -146,6 +177,7 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         "permutable_blocks": blocks,
         "depth_score": results["skip_effects"].summary["depth_score"],
         "prediction_formed_at_depth": lens.summary["formed_at_depth"],
+        "convention": results["skip_effects"].meta.get("convention", "probekit"),
     }
     first_late = (n + 1) // 2
     late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
@@ -158,6 +190,15 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
         f"after {lens.summary['formed_at_depth']} of {n} blocks.",
     ]
+    if "tuned_lens" in results:
+        tuned = results["tuned_lens"].summary
+        headline["tuned_lens_formed_at_depth"] = tuned["formed_at_depth"]
+        headline["tuned_lens_top1_formed_at_depth"] = tuned["top1_formed_at_depth"]
+        verdict.append(
+            f"The tuned lens reaches it after {tuned['formed_at_depth']} of {n} blocks; its "
+            f"top-1 agrees with the final one on half the tokens from depth "
+            f"{tuned['top1_formed_at_depth']}."
+        )
     return headline, verdict
 
 
@@ -230,7 +271,7 @@ def write_report(
     for name, result in diagnosis.results.items():
         result.save(out / f"{name}.json")
         atomic_write_text(out / f"{name}.csv", result.df.to_csv(index=False))
-        figure = result.figure().to_html(full_html=False, include_plotlyjs=False)
+        figure = _figure(name, diagnosis.results).to_html(full_html=False, include_plotlyjs=False)
         sections.append(
             f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>{figure}"
             f"{_summary_table(result.summary)}</section>"
@@ -249,6 +290,14 @@ def write_report(
     }
     write_json(out / "summary.json", summary)
     return atomic_write_text(out / "report.html", page)
+
+
+def _figure(name: str, results: dict[str, Result]) -> Any:
+    """The figure of one analysis; the tuned lens is drawn over the logit lens."""
+    if name == "tuned_lens":
+        lenses = (results["logit_lens"], results["tuned_lens"])
+        return compare_lenses(*lenses, names=["logit lens", "tuned lens"])
+    return results[name].figure()
 
 
 def is_report_folder(path: str | os.PathLike) -> bool:
@@ -443,7 +492,7 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = [f"{name}.{suffix}" for name in diagnosis.results for suffix in ("png", "svg")]
-    figs = [result.figure() for result in diagnosis.results.values() for _ in ("png", "svg")]
+    figs = [_figure(name, diagnosis.results) for name in diagnosis.results for _ in ("png", "svg")]
     with tempfile.TemporaryDirectory(dir=out, prefix=".images.") as tmp:
         pio.write_images(
             fig=figs, file=[Path(tmp) / name for name in names], width=1000, height=600

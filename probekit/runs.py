@@ -251,6 +251,7 @@ def default_data(
     seq_len: int = SEQ_LEN,
     seed: int = 0,
     model: Any = None,
+    purpose: str = "diagnose",
 ) -> tuple[Any, str]:
     """The data to diagnose the checkpoint at ``path`` on, and the positions to read it at.
 
@@ -261,14 +262,23 @@ def default_data(
     that file, tokenized with the model's tokenizer and cut into at most ``n_sequences``
     sequences of ``seq_len`` tokens (``"all"``). ``model`` is the loaded checkpoint (anything
     :func:`probekit.load` accepts; default: loaded from ``path`` when needed).
+
+    ``purpose="fit"`` gives data to fit a tuned lens on, kept apart from the diagnosed data:
+    the anchor task's training split, the corpus's training split, the ``text`` sequences
+    after the diagnosed ones, or tokens drawn with ``seed + 1``.
     """
     from probekit.training.runs import load_run
 
+    if purpose not in ("diagnose", "fit"):
+        raise InputError(f"unknown purpose {purpose!r}", fix="use 'diagnose' or 'fit'")
+    fit = purpose == "fit"
     if text is not None:
         check_text_file(text)
     run = None if text is not None else load_run(checkpoint_of(path))
     if run is not None and run.kind == "anchor":
-        return _answer_labelled(run.task.dataset("test_data")), "last"
+        task = run.task
+        data = task.generate("train", min(task.n_train, 2000)) if fit else task.dataset("test_data")
+        return _answer_labelled(data), "last"
     from probekit.model import load
 
     model = load(path if model is None else model)
@@ -276,10 +286,11 @@ def default_data(
         from probekit.tasks.corpus import ByteCorpus
 
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
-        return corpus.sequences("validation", min(seq_len, model.n_ctx), n=n_sequences), "all"
+        split = "train" if fit else "validation"
+        return corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences), "all"
     if text is not None:
-        return _tokenized(path, model, text, n_sequences, seq_len), "all"
-    return random_tokens(model, n_sequences, seq_len, seed=seed), "all"
+        return _tokenized(path, model, text, n_sequences, seq_len, after=fit), "all"
+    return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
 
 
 def _answer_labelled(data: Any) -> dict[str, Any]:
@@ -292,9 +303,15 @@ def _answer_labelled(data: Any) -> dict[str, Any]:
 
 
 def _tokenized(
-    path: str | os.PathLike, model: Any, text: str | os.PathLike, n_sequences: int, seq_len: int
+    path: str | os.PathLike,
+    model: Any,
+    text: str | os.PathLike,
+    n_sequences: int,
+    seq_len: int,
+    after: bool = False,
 ) -> Any:
-    """``text`` tokenized with the model's tokenizer, as ``[n, length]`` token ids."""
+    """``text`` tokenized with the model's tokenizer, as ``[n, length]`` token ids; with
+    ``after``, the sequences that follow the first ``n_sequences`` (for fitting a lens)."""
     import torch
 
     if model.tokenizer is None:
@@ -307,11 +324,14 @@ def _tokenized(
     with open(text, encoding="utf-8", errors="replace") as handle:
         ids = model.tokenizer(handle.read())["input_ids"]
     length = min(seq_len, model.n_ctx)
+    if after:
+        ids = ids[min(n_sequences, len(ids) // length) * length :]
     n = min(n_sequences, len(ids) // length)
     if n == 0:
+        what = "after the diagnosed sequences, to fit a lens on" if after else ""
         raise InputError(
-            f"{text} has only {len(ids)} tokens, fewer than one sequence of {length}",
-            fix="pass a longer text or a smaller --seq-len",
+            f"{text} has only {len(ids)} tokens {what}, fewer than one sequence of {length}",
+            fix="pass a longer text or a smaller --seq-len (or --lens DIR)",
         )
     return torch.tensor(ids[: n * length]).view(n, length)
 

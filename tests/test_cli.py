@@ -180,3 +180,61 @@ def test_diagnose_a_run_folder(tmp_path, capsys):
     assert meta["positions"] == "last"  # the answer position of the anchor task
     assert main([*argv, "--positions", "all", "--quiet"]) == 0
     assert json.loads((out / "contributions.json").read_text())["meta"]["positions"] == "all"
+
+
+def test_diagnose_with_conventions_and_a_tuned_lens(checkpoint, tmp_path, capsys):
+    """--tuned-lens fits a lens on other data and shows it beside the logit lens; the
+    convention flags reach the analyses and the headline."""
+    out = tmp_path / "report"
+    argv = [
+        "diagnose",
+        str(checkpoint),
+        "--out",
+        str(out),
+        "--n-sequences",
+        "4",
+        "--seq-len",
+        "8",
+        "--bootstrap",
+        "0",
+        "--device",
+        "cpu",
+        "--no-images",
+        "--quiet",
+        "--convention",
+        "csordas2025",
+        "--keep-first",
+        "yes",
+        "--tuned-lens",
+        "--lens-steps",
+        "3",
+    ]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["headline"]["convention"] == "csordas2025"
+    assert "tuned_lens_formed_at_depth" in summary["headline"]
+    assert any("tuned lens" in line for line in summary["verdict"])
+    tuned = json.loads((out / "tuned_lens.json").read_text())
+    assert tuned["meta"]["overlap_sequences"] == 0  # fitted on other tokens than it read
+    skips = json.loads((out / "skip_effects.json").read_text())
+    assert skips["meta"]["convention"] == "csordas2025"
+    assert "logit lens" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--lens", "/no/such/lens"], "is not a folder"),
+        (["--lens-steps", "0"], "--lens-steps 0 is outside"),
+        (["--convention", "paper"], "invalid choice"),
+    ],
+)
+def test_bad_lens_and_convention_flags(extra, match, checkpoint, tmp_path, capsys):
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "o"), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own choices check
+        code = exc.code
+    assert code == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
