@@ -134,6 +134,23 @@ class Model:
     (the wrapped Hugging Face module), ``n_layers``, ``d_model``, ``d_vocab``, ``n_ctx``,
     ``device``, ``dtype``, ``architecture``, ``is_causal``, ``blocks``. The wrapped model is
     put in eval mode (no dropout): every analysis needs a deterministic forward.
+
+    Every block is read as h_{l+1} = h_l + a_l + m_l, with a_l the attention and m_l the MLP
+    update (see :attr:`structure`, read from the model at load, and :data:`BLOCK_KINDS`):
+
+    - pre-norm blocks (GPT-2, Llama, ...): a_l = attn(norm(h_l)), m_l = mlp(norm(h_l + a_l));
+    - parallel blocks (GPT-J, GPT-NeoX with parallel residual, Falcon, Phi; detected because
+      zeroing a_l leaves m_l unchanged, :attr:`parallel_blocks`): both read the same h_l,
+      a_l = attn(norm(h_l)), m_l = mlp(norm'(h_l)), so ablating one leaves the other as it was;
+    - sandwich-norm blocks (Gemma 2/3, OLMo 2): a_l and m_l are the normed sublayer outputs;
+    - post-norm blocks (BERT, RoBERTa): a_l = h_mid - h_l and m_l = h_{l+1} - h_mid, with h_mid
+      the stream after the attention's add-norm.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> model = toy_model("bert")
+        >>> model.structure.kind, model.post_norm, model.parallel_blocks
+        ('stream', True, False)
     """
 
     def __init__(self, bridge: Any, source: str | None = None) -> None:
