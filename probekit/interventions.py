@@ -82,7 +82,8 @@ def hooks(model: Model, fwd_hooks: HookList) -> Iterator[Model]:
 @contextmanager
 def skip_layer(model: Model, layers: int | Sequence[int]) -> Iterator[Model]:
     """Skip one or more layers: each block's output is set to its input."""
-    layers = [layers] if isinstance(layers, int) else list(layers)
+    if isinstance(layers, str) or not isinstance(layers, Sequence | range):
+        layers = [layers]  # one layer; model.check_layer refuses what is not an integer
     fwd = [h for layer in layers for h in skip_layer_hooks(model, layer)]
     with model.hooks(fwd):
         yield model

@@ -1132,9 +1132,10 @@ def _tokenizer(path: Path) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:  # a broken tokenizer must not block the analyses
-        log.warning("ignoring the tokenizer in %s: %s", path, err)
+        reason = " ".join(str(err).split())[:300]  # one line on the CLI
+        log.warning("ignoring the tokenizer in %s: %s: %s", path, type(err).__name__, reason)
         return None
 
 

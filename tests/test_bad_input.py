@@ -242,3 +242,19 @@ def test_parameter_estimate_is_close_for_real_configs():
     ):
         real = sum(p.numel() for p in klass(config).parameters())
         assert 0.8 * real <= estimate_parameters(config.to_dict()) <= real
+
+
+# ---- intervention and analyzer arguments --------------------------------------------------
+@pytest.mark.parametrize("layer", [True, 1.0, "1", None, [0, False]])
+def test_interventions_refuse_layers_that_are_not_integers(gpt2, layer):
+    from probekit import interventions
+
+    with pytest.raises(InputError, match="not an integer"):
+        with interventions.skip_layer(gpt2, layer):
+            pass
+
+
+def test_a_huge_bootstrap_is_refused_before_work(gpt2, monkeypatch):
+    monkeypatch.setattr(type(gpt2), "trace", lambda *a, **k: pytest.fail("ran a forward"))
+    with pytest.raises(InputError, match="more than 10000 replicates"):
+        probekit.layer_swaps(gpt2, _tokens(), n_bootstrap=10**7)

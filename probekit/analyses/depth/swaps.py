@@ -45,6 +45,10 @@ from probekit.result import Result
 
 Range = tuple[int, int]
 
+MAX_BOOTSTRAP = 10_000
+"""The most bootstrap replicates :func:`layer_swaps` runs (about a second per thousand on a
+24-layer model with adjacent swaps; each replicate reclusters)."""
+
 
 def contiguous_blocks(
     distance: np.ndarray, n_blocks: int | None = None, tolerance: float | None = None
@@ -272,6 +276,12 @@ def _check_swap_options(bootstrap_unit: str, blocks: object, n_bootstrap: int) -
         raise InputError(
             f"n_bootstrap={n_bootstrap!r} is not a non-negative integer",
             fix="pass a count such as 200 (0: no bootstrap)",
+        )
+    if n_bootstrap > MAX_BOOTSTRAP:
+        raise InputError(
+            f"n_bootstrap={n_bootstrap} is more than {MAX_BOOTSTRAP} replicates (each reclusters "
+            "the layers; 10**7 would take hours)",
+            fix=f"pass at most {MAX_BOOTSTRAP}; 200-1000 give boundary confidences to a percent",
         )
 
 
