@@ -1027,8 +1027,19 @@ def estimate_parameters(config: dict) -> int:
     return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
 
 
-def _available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (MemAvailable), or None if unknown."""
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes free on ``device`` now (CPU: MemAvailable of the host); None when unknown.
+
+    Example:
+        >>> (available_memory() or 1) > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):  # pragma: no cover - CUDA broken
+            return None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -1037,7 +1048,7 @@ def _available_memory() -> int | None:
         pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
         return None
 
 
@@ -1051,7 +1062,7 @@ def _check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> No
             fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
         )
     need = estimate * torch.empty((), dtype=dtype).element_size()
-    available = _available_memory()
+    available = available_memory("cpu")  # weights are read into host memory first
     if available is not None and need > available:
         raise CheckpointError(
             f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
@@ -1240,6 +1251,7 @@ __all__ = [
     "WEIGHT_NAMES",
     "Model",
     "Trace",
+    "available_memory",
     "estimate_parameters",
     "from_pretrained_complete",
     "load",

@@ -16,34 +16,13 @@ Example:
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 
 from probekit.errors import ConfigError
+from probekit.model import available_memory
 
 #: bytes per parameter while training: float32 weights, gradients and two AdamW moments
 TRAIN_BYTES_PER_PARAM = 16
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free on ``device`` now; None when it cannot be read."""
-    if device.type == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except (RuntimeError, AssertionError):  # pragma: no cover - CUDA broken
-            return None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
-        return None
 
 
 def _gib(n: float) -> str:
