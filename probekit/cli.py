@@ -134,25 +134,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
     path, out = _prepare_diagnose(args)  # before the (slow) load
     model = probekit.load(path, device=args.device)
-    data, positions = runs.default_data(
-        path,
+    source = dict(
         text=args.text or None,
         n_sequences=args.n_sequences,
         seq_len=args.seq_len,
         seed=args.seed,
         model=model,
     )
+    data, positions = runs.default_data(path, **source)
     lens_data = None
-    if args.tuned_lens and args.lens is None:
-        lens_data, _ = runs.default_data(
-            path,
-            text=args.text or None,
-            n_sequences=args.n_sequences,
-            seq_len=args.seq_len,
-            seed=args.seed,
-            model=model,
-            purpose="fit",
-        )
+    if args.tuned_lens and args.lens is None:  # a lens is fitted on other data than it reads
+        lens_data, _ = runs.default_data(path, **source, purpose="fit")
     keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
     diagnosis = report.diagnose(
         model,
