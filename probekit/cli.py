@@ -133,7 +133,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from probekit import report, runs
 
     path, out = _prepare_diagnose(args)  # before the (slow) load
-    model = probekit.load(path, device=args.device)
+    import torch
+
+    dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
+    model = probekit.load(path, device=args.device, dtype=dtype)
     source = dict(
         text=args.text or None,
         n_sequences=args.n_sequences,
@@ -256,6 +259,13 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
     )
     diag.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)"
+    )
+    diag.add_argument(
+        "--dtype",
+        choices=["stored", "float32", "bfloat16", "float16"],
+        default="stored",
+        help="load the weights in this dtype (default: as stored in the checkpoint); every "
+        "measure accumulates in float32 or float64",
     )
     diag.add_argument(
         "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"

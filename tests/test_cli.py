@@ -238,3 +238,30 @@ def test_bad_lens_and_convention_flags(extra, match, checkpoint, tmp_path, capsy
     assert code == 2
     assert match in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_diagnose_in_another_dtype(checkpoint, tmp_path):
+    """--dtype loads the weights in that dtype; the report names it in the model line."""
+    out = tmp_path / "report"
+    argv = [
+        "diagnose",
+        str(checkpoint),
+        "--out",
+        str(out),
+        "--n-sequences",
+        "2",
+        "--seq-len",
+        "6",
+        "--bootstrap",
+        "0",
+        "--device",
+        "cpu",
+        "--no-images",
+        "--quiet",
+        "--dtype",
+        "bfloat16",
+    ]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert "torch.bfloat16" in summary["model"]
+    assert 0 <= summary["headline"]["second_half_share"] <= 1
