@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from probekit.errors import ConfigError, InputError, ProbekitError
+from probekit.errors import CheckpointError, ConfigError, InputError, ProbekitError
 from probekit.runs import N_SEQUENCES, SEQ_LEN
 
 
@@ -106,9 +106,14 @@ def _check_paths(*paths: str | None) -> None:
 def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     """Every check of ``probekit diagnose`` that needs no model: the checkpoint path and
     ``--out``. Prints a warning for a non-UTF-8 ``--text`` and a notice per ignored file."""
-    from probekit import report, runs
+    from probekit import runs
 
     _check_paths(args.model, args.text)
+    if not os.path.lexists(args.model):  # before anything slow is imported
+        raise CheckpointError(
+            f"checkpoint path {args.model} does not exist",
+            fix="pass a Hugging Face model directory",
+        )
     if args.lens is not None and not os.path.isdir(args.lens):
         raise InputError(
             f"--lens {args.lens} is not a folder", fix="pass a folder written by TunedLens.save()"
@@ -118,6 +123,8 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     path = runs.checkpoint_of(args.model)
     runs.check_checkpoint_folder(path)
     warning = runs.check_text_file(args.text) if args.text is not None else None
+    from probekit import report  # the analyses, plotly and torch
+
     out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
     if warning:
         print(f"probekit: warning: {warning}", file=sys.stderr)
@@ -129,11 +136,11 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """``probekit diagnose``: check every flag, load the checkpoint, pick its data, write the
     report (into a temporary folder swapped in whole)."""
+    path, out = _prepare_diagnose(args)  # before the slow imports and the load
+    import torch
+
     import probekit
     from probekit import report, runs
-
-    path, out = _prepare_diagnose(args)  # before the (slow) load
-    import torch
 
     dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
     model = probekit.load(path, device=args.device, dtype=dtype)
@@ -255,6 +262,20 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
         "token for probekit anchor runs, all tokens otherwise)",
     )
     diag.add_argument(
+        "--no-images",
+        action="store_true",
+        help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
+        "Chrome/Chromium are present)",
+    )
+    diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
+    _add_run_options(diag)
+    _add_depth_options(diag)
+    diag.set_defaults(func=cmd_diagnose)
+
+
+def _add_run_options(diag: argparse.ArgumentParser) -> None:
+    """Where and how ``probekit diagnose`` runs the model."""
+    diag.add_argument(
         "--batch-size", type=int, default=None, help="sequences per forward (default: all at once)"
     )
     diag.add_argument(
@@ -270,15 +291,6 @@ def _add_diagnose_parser(sub: argparse._SubParsersAction) -> None:
     diag.add_argument(
         "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"
     )
-    diag.add_argument(
-        "--no-images",
-        action="store_true",
-        help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
-        "Chrome/Chromium are present)",
-    )
-    diag.add_argument("--quiet", action="store_true", help="no progress bar or verdict output")
-    _add_depth_options(diag)
-    diag.set_defaults(func=cmd_diagnose)
 
 
 def _add_depth_options(diag: argparse.ArgumentParser) -> None:

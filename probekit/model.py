@@ -1195,55 +1195,61 @@ def load(
         >>> load(folder, device="cpu").architecture
         'LlamaForCausalLM'
     """
+    if isinstance(source, Model):
+        return source
+    if isinstance(source, str | os.PathLike):  # checked before transformers is imported
+        model = _load_folder(Path(source).expanduser(), device, dtype)
+    else:
+        model = _load_object(source, device, dtype, copy_model)
+    model.check_finite()
+    model.check_structure()
+    return model
+
+
+def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model: bool) -> Model:
+    """A handle on an in-memory Hugging Face model (copied unless told not to) or a bridge."""
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import PreTrainedModel
 
-    if isinstance(source, Model):
-        return source
     if isinstance(source, TransformerBridge):
-        model = Model(source)
-    elif isinstance(source, PreTrainedModel):
-        arch = type(source).__name__
-        if arch not in _supported_architectures():
-            raise _unsupported(arch)
-        hf_model = copy.deepcopy(source) if copy_model else source
-        if device is not None or dtype is not None:
-            hf_model.to(device=device, dtype=dtype)
-        model = Model(_bridge(hf_model, arch))
-    elif isinstance(source, str | os.PathLike):
-        path = Path(source).expanduser()
-        config, stored = _check_checkpoint_dir(path)
-        dtype = dtype or stored_dtype(path, config)
-        _check_fits(path, config, stored, dtype)
-        archs = config.get("architectures") or []
-        arch = archs[0] if archs else config.get("model_type", "<unknown>")
-        if arch not in _supported_architectures():
-            raise _unsupported(arch)
-        import transformers
-        from transformers.utils import logging as hf_logging
-
-        bar_was_on = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
-        try:
-            hf_model = from_pretrained_complete(
-                getattr(transformers, arch),
-                path,
-                dtype=dtype,
-                attn_implementation="eager",
-            )
-        finally:
-            if bar_was_on:
-                hf_logging.enable_progress_bar()
-        hf_model.to(device or _default_device())
-        model = Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
-    else:
+        return Model(source)
+    if not isinstance(source, PreTrainedModel):
         raise InputError(
             f"cannot load a model from a {type(source).__name__}",
             fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
         )
-    model.check_finite()
-    model.check_structure()
-    return model
+    arch = type(source).__name__
+    if arch not in _supported_architectures():
+        raise _unsupported(arch)
+    hf_model = copy.deepcopy(source) if copy_model else source
+    if device is not None or dtype is not None:
+        hf_model.to(device=device, dtype=dtype)
+    return Model(_bridge(hf_model, arch))
+
+
+def _load_folder(path: Path, device: Any, dtype: torch.dtype | None) -> Model:
+    """A handle on the checkpoint folder ``path``, every file checked before it is read."""
+    config, stored = _check_checkpoint_dir(path)
+    dtype = dtype or stored_dtype(path, config)
+    _check_fits(path, config, stored, dtype)
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else config.get("model_type", "<unknown>")
+    if arch not in _supported_architectures():
+        raise _unsupported(arch)
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
+    try:
+        hf_model = from_pretrained_complete(
+            getattr(transformers, arch), path, dtype=dtype, attn_implementation="eager"
+        )
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
+    hf_model.to(device or _default_device())
+    return Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
 
 
 __all__ = [
