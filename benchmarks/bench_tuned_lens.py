@@ -33,27 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def build(args):
-    import torch
-    import transformers
+    """The benchmark model of ``bench_depth.py`` and two batches of its tokens."""
+    from bench_depth import build as build_depth_benchmark  # the sibling script
 
-    import probekit
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=args.vocab,
-        n_positions=max(args.seq, 64),
-        n_embd=args.d_model,
-        n_layer=args.layers,
-        n_head=8,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
+    model, tokens = build_depth_benchmark(
+        argparse.Namespace(**{**vars(args), "batch": 2 * args.batch})
     )
-    model = probekit.load(transformers.GPT2LMHeadModel(config).eval(), device=args.device)
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(1, args.vocab, (2 * args.batch, args.seq), generator=g)
     return model, [tokens[: args.batch], tokens[args.batch :]]
 
 
