@@ -8,11 +8,17 @@ checkpoint, numerically the run trained alone (within float tolerance; tested).
 Output folder::
 
     out/stacks/<group>/checkpoint/<run>/   one HF checkpoint per run (stacked mode)
-    out/stacks/<group>/metrics.jsonl       metrics of every run of the group (column ``run``)
+    out/stacks/<group>/metrics.jsonl       metrics of every run of the group (column ``run``),
+                                           appended at every evaluation while it trains
+    out/stacks/<group>/result.json         the group's table rows, once all its runs finished
     out/runs/<run>/checkpoint/             (with ``stack=False``: one folder per run)
     out/results.csv                        one row per run: best and final accuracies
     out/sweep.json                         the :class:`SweepResult` (reload with Result.load)
     out/phase_diagrams.html                the phase-diagram heatmaps
+
+The stacks are independent: ``executor="ray"`` trains each as one Ray task, on a cluster or
+a local Ray (:mod:`probekit.training.executor`; tasks rather than Ray Tune, and why, are
+explained there), with the same table and numbers as the local executor.
 
 Example:
     >>> import tempfile
@@ -27,7 +33,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,14 +49,14 @@ from probekit.errors import ConfigError
 from probekit.io import atomic_write_text
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, check_seed, is_int, is_real
+from probekit.training.executor import Failed, check_executor, log, run_tasks
+from probekit.training.lock import LOCK_NAME, run_folder_lock
+from probekit.training.lock import _owner as lock_owner
+from probekit.training.lock import _pid_alive as pid_alive
 from probekit.training.models import ModelConfig
-from probekit.training.trainer import (
-    RunOutput,
-    TrainConfig,
-    check_stack_fits,
-    train,
-    train_stack,
-)
+from probekit.training.trainer import RunOutput, TrainConfig, check_stack_fits, train_stack
+from probekit.training.trainer import _check_stack as check_stack
+from probekit.training.trainer import _start_over as start_over
 
 ACC_METRICS = (
     "train_acc",
@@ -78,7 +86,7 @@ def _fraction_heatmap(table: pd.DataFrame, **style: Any) -> go.Heatmap:
 def _grid_table(df: pd.DataFrame, y: str, x: str, col: str) -> pd.DataFrame:
     """Mean of ``col`` over ``y`` x ``x``, diverged runs left out: a cell whose runs all
     diverged is NaN (no colour) instead of taking the numbers of a broken run."""
-    kept = df if "solution" not in df else df[df["solution"] != "diverged"]
+    kept = df if "solution" not in df else df[~df["solution"].isin(["diverged", "failed"])]
     table = kept.pivot_table(index=y, columns=x, values=col, aggfunc="mean")
     return table.reindex(index=sorted(df[y].unique()), columns=sorted(df[x].unique()))
 
@@ -306,18 +314,136 @@ class SweepResult(Result):
 
 
 def _summary(df: pd.DataFrame) -> dict[str, Any]:
-    """Counts per solution, the diverged runs by name, and means over the runs that did not
-    diverge."""
+    """Counts per solution, the diverged and failed runs by name, and means over the other
+    runs."""
     by = df.groupby("solution")["run"].count().to_dict()
-    kept = df[df["solution"] != "diverged"]
+    kept = df[~df["solution"].isin(["diverged", "failed"])]
     diverged = df[df["solution"] == "diverged"]
+    failed = df[df["solution"] == "failed"]
     summary: dict[str, Any] = {"n_runs": len(df), **{f"n_{k}": int(v) for k, v in by.items()}}
     if len(diverged):
         summary["diverged"] = {r.run: r.status for r in diverged.itertuples()}
+    if len(failed):
+        summary["failed"] = {r.run: r.status for r in failed.itertuples()}
     for k in ("inferential", "symmetric"):
         col = f"final_test_task_{k}"
         summary[f"mean_{col}"] = float(kept[col].mean()) if len(kept) else float("nan")
     return summary
+
+
+@dataclass
+class _Group:
+    """One stack of a sweep, the unit of work of an executor: its runs and its folder."""
+
+    name: str
+    runs: list[TrainConfig]
+    folder: Path
+    single: bool
+    progress: bool = False
+
+    def settings(self) -> dict[str, Any]:
+        """What a finished group's ``result.json`` must match to be reused as it is."""
+        configs = [c.comparable() for c in self.runs]
+        return json.loads(json.dumps({"folder": str(self.folder), "runs": configs}))
+
+
+#: a finished group's rows, written when its last run ends; a restarted sweep reuses them
+DONE_NAME = "result.json"
+
+
+def _checkpoint_step(folder: Path) -> int | None:
+    """The step of the checkpoint in ``folder`` (a run or stack folder), None if none."""
+    try:
+        return int(json.loads((folder / "checkpoint" / "trainer_state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _wait_for_writer(folder: Path, timeout: float = 60.0) -> None:
+    """Wait while another live process holds ``folder``'s lock: the task of a killed driver
+    may still be ending when a restarted driver retries it. After ``timeout`` the trainer's own
+    lock check refuses with the owner's pid."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = lock_owner(folder / LOCK_NAME)
+        if pid is None or pid == os.getpid() or not pid_alive(pid):
+            return
+        time.sleep(0.25)
+
+
+def _train_group(group: _Group) -> dict[str, Any]:
+    """Train (or resume) one group; its rows, and the step it resumed from. Runs in the
+    driver (local executor) or in a Ray worker (a retried task resumes the same way)."""
+    resumed = _checkpoint_step(group.folder)
+    _wait_for_writer(group.folder)
+    check_stack_fits(group.runs)  # the device and memory, checked where the stack trains
+    outs = train_stack(
+        group.runs, group.folder, resume=True, progress=group.progress, single=group.single
+    )
+    rows = [_summarize(o, c) for o, c in zip(outs, group.runs, strict=True)]
+    done = {"settings": group.settings(), "rows": rows}
+    atomic_write_text(group.folder / DONE_NAME, json.dumps(done, indent=1))
+    return {"rows": rows, "resumed_from": resumed}
+
+
+def _finished_rows(group: _Group) -> list[dict[str, Any]] | None:
+    """The rows of a group that already finished with these settings, else None."""
+    try:
+        done = json.loads((group.folder / DONE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or done.get("settings") != group.settings():
+        return None
+    rows = done.get("rows")
+    return rows if isinstance(rows, list) and len(rows) == len(group.runs) else None
+
+
+def _failed_rows(group: _Group, error: str) -> list[dict[str, Any]]:
+    """Rows of a group that raised: the run's settings, status ``failed: <error>``, no numbers."""
+    nan = float("nan")
+    rows = []
+    for cfg in group.runs:
+        row: dict[str, Any] = {
+            "run": cfg.name,
+            "depth": cfg.model.n_layers,
+            "gamma": cfg.model.gamma,
+            "weight_decay": cfg.weight_decay,
+            "seed": cfg.seed,
+            "lr": cfg.lr,
+            "steps": nan,
+            "status": f"failed: {error}",
+            "checkpoint": "",
+        }
+        for k in ACC_METRICS:
+            row[f"final_{k}"] = row[f"best_{k}"] = nan
+        row.update(final_test_data_loss=nan, solution="failed")
+        rows.append(row)
+    return rows
+
+
+def _groups(sweep: SweepConfig, out: Path, progress: bool) -> list[_Group]:
+    if sweep.stack:
+        return [_Group(g, runs, out / "stacks" / g, False, progress) for g, runs in sweep.groups()]
+    return [_Group(r.name, [r], out / "runs" / r.name, True, progress) for r in sweep.runs()]
+
+
+def _start_over_all(groups: list[_Group]) -> None:
+    """``resume=False``: every group's checkpoints, metrics and result removed (under its
+    lock) before any task starts, so that a retried task resumes its own work."""
+    for group in groups:
+        with run_folder_lock(group.folder):
+            start_over(group.folder)
+            (group.folder / DONE_NAME).unlink(missing_ok=True)
+
+
+def _run_line(row: dict[str, Any]) -> str:
+    if row["solution"] == "failed":
+        return f"{row['run']}: {row['status']}"
+    return (
+        f"{row['run']}: {row['solution']} ({row['status']}), held-out inferential "
+        f"{row['final_test_task_inferential']:.2f}, symmetric "
+        f"{row['final_test_task_symmetric']:.2f}, test data {row['final_test_data_acc']:.2f}"
+    )
 
 
 def run_sweep(
@@ -325,24 +451,75 @@ def run_sweep(
     out_dir: str | os.PathLike,
     resume: bool = True,
     progress: bool = True,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> SweepResult:
     """Train every run of ``sweep`` (stacked by shape) and write the table and phase diagrams.
 
-    Resumable: run it again with the same arguments after a kill.
+    ``executor="local"`` trains the stacks one after another in this process;
+    ``executor="ray"`` trains each stack as one Ray task (:mod:`probekit.training.executor`)
+    on the cluster at ``ray_address``, or on a local Ray sized to this machine when None.
+    Under Ray ``out_dir`` must be an absolute path that every node sees (a shared
+    filesystem). Both give the same table, numbers and files.
+
+    Resumable: run it again with the same arguments after a kill (of the driver or of a
+    worker): finished stacks are skipped, unfinished ones resume from their last checkpoint.
+    A stack that raises (a run whose loss became NaN when trained alone, one that does not fit
+    its device) gives rows with status ``failed: <error>`` and solution ``failed``; the other
+    stacks go on, and running the sweep again retries it.
     """
+    check_executor(executor, out_dir)
     out = Path(out_dir)
-    groups = sweep.groups() if sweep.stack else [(r.name, [r]) for r in sweep.runs()]
-    for _, runs in groups:  # every stack fits, before the first one trains
-        check_stack_fits(runs)
-    rows = []
-    if sweep.stack:
-        for gname, runs in sweep.groups():
-            outs = train_stack(runs, out / "stacks" / gname, resume=resume, progress=progress)
-            rows += [_summarize(o, c) for o, c in zip(outs, runs, strict=True)]
-    else:
-        for run in sweep.runs():
-            o = train(run, out / "runs" / run.name, resume=resume, progress=progress)
-            rows.append(_summarize(o, run))
+    groups = _groups(sweep, out, progress and executor == "local")
+    for group in groups:  # every stack is valid (and, locally, fits), before any trains
+        (check_stack_fits if executor == "local" else check_stack)(group.runs)
+    if not resume:
+        _start_over_all(groups)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for group in groups:
+        finished = _finished_rows(group)
+        if finished is not None:
+            rows[group.name] = finished
+    todo = [g for g in groups if g.name not in rows]
+    info: dict[str, Any] = {g: {"skipped": True} for g in rows}
+    if progress and rows:
+        log(f"{sum(len(r) for r in rows.values())} run(s) already finished, skipped")
+
+    def done(i: int, value: Any) -> None:
+        group = todo[i]
+        if isinstance(value, Failed):
+            rows[group.name] = _failed_rows(group, value.error)
+            info[group.name] = {"failed": value.error}
+        else:
+            rows[group.name] = value["rows"]
+            info[group.name] = {"resumed_from": value["resumed_from"]}
+        if progress:
+            for row in rows[group.name]:
+                log(_run_line(row))
+
+    run_tasks(
+        _train_group,
+        todo,
+        executor=executor,
+        ray_address=ray_address,
+        device=sweep.base.device,
+        on_done=done,
+        progress=progress,
+        desc="sweep runs",
+        sizes=[len(g.runs) for g in todo],
+        done_before=sum(len(r) for r in rows.values()),
+    )
+    return _write_outputs(sweep, out, [r for g in groups for r in rows[g.name]], executor, info)
+
+
+def _write_outputs(
+    sweep: SweepConfig,
+    out: Path,
+    rows: list[dict[str, Any]],
+    executor: str,
+    groups: dict[str, Any],
+) -> SweepResult:
+    """The sweep's table, saved result and phase diagrams, each written atomically."""
     df = pd.DataFrame(rows)
     meta = {
         "base": sweep.base.to_dict(),
@@ -352,6 +529,8 @@ def run_sweep(
         "seeds": sweep.seeds,
         "stack": sweep.stack,
         "family": None if sweep.family is None else sweep.family.df.to_dict("records"),
+        "executor": executor,
+        "groups": groups,
     }
     summary = _summary(df)
     result = SweepResult(df, summary, meta)
