@@ -1,0 +1,214 @@
+"""Many checkpoints at once: a depth timeline and many diagnoses, each checkpoint one task.
+
+The same executors as a sweep (:mod:`probekit.training.executor`): ``"local"`` measures the
+checkpoints one after another in this process, ``"ray"`` runs each as one Ray task on a
+cluster (``ray_address``) or a local Ray. The fault rules are the sweep's: a task whose worker
+dies is run again by Ray; a checkpoint that fails for its own reason (an unreadable folder, a
+model probekit does not support) is recorded as failed with its error, and the others go on.
+Under Ray the checkpoints and ``out_dir`` must be paths every node sees (a shared filesystem).
+
+:func:`depth_timeline` returns what :func:`probekit.analyses.timeline.depth_timeline` returns
+for the same checkpoints (equal numbers; tested). :func:`diagnose_many` writes one report
+folder per checkpoint (:func:`probekit.report.save_report`, swapped in whole, so no folder is
+ever half-written) and a table of their headline numbers; run again, it skips the reports
+already written.
+
+Example:
+    >>> from probekit.toy import toy_hf_model, toy_tokens
+    >>> series = [("static", step, toy_hf_model(seed=step)) for step in (100, 200)]
+    >>> tl = depth_timeline(series, toy_tokens(), executor="local")
+    >>> tl.table()["second_half_share"].shape
+    (2,)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from probekit.analyses.timeline import (
+    Checkpoint,
+    DepthTimelineResult,
+    _checked,
+    depth_headlines,
+    timeline,
+)
+from probekit.data import Data
+from probekit.errors import InputError
+from probekit.io import atomic_write_text
+from probekit.report import diagnose, save_report
+from probekit.result import Result
+from probekit.training.executor import Failed, check_executor, log, run_tasks
+
+
+def _one_timeline(job: tuple[Checkpoint, Any, dict[str, Any]]) -> pd.DataFrame:
+    """The depth headlines of one checkpoint, as :func:`timeline` rows (one task)."""
+    entry, data, options = job
+    return timeline([entry], depth_headlines, data, **options).df
+
+
+def depth_timeline(
+    checkpoints: Iterable[Checkpoint],
+    data: Data | Callable[[Any], Data],
+    *,
+    positions: str = "all",
+    n_bootstrap: int = 0,
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress: bool = False,
+) -> DepthTimelineResult:
+    """:func:`probekit.analyses.timeline.depth_timeline`, each checkpoint one task.
+
+    The result is that function's; checkpoints that failed are left out of the table and
+    listed in ``summary["failed"]`` (``"run@step": error``). All failing is an
+    :class:`~probekit.errors.InputError` naming the first error.
+    """
+    entries = _checked(checkpoints)
+    check_executor(executor)
+    options = {"positions": positions, "n_bootstrap": n_bootstrap}
+    jobs = [(entry, data, options) for entry in entries]
+
+    def done(i: int, value: Any) -> None:
+        if progress and isinstance(value, Failed):
+            log(f"{entries[i][0]}@{entries[i][1]}: failed: {value.error}")
+
+    frames = run_tasks(_one_timeline, jobs, executor=executor, ray_address=ray_address,
+                       on_done=done, progress=progress, desc="timeline checkpoints")
+    failed = {f"{e[0]}@{e[1]}": v.error for e, v in zip(entries, frames, strict=True)
+              if isinstance(v, Failed)}
+    kept = [(e, v) for e, v in zip(entries, frames, strict=True) if not isinstance(v, Failed)]
+    if not kept:
+        raise InputError(
+            f"every checkpoint failed; the first: {next(iter(failed.values()))}",
+            fix="check the checkpoint paths (every node must see them under Ray)",
+        )
+    df = pd.concat([v for _, v in kept], ignore_index=True)
+    summary: dict[str, Any] = {
+        "n_checkpoints": len(kept),
+        "runs": sorted({str(e[0]) for e, _ in kept}),
+    }
+    if failed:
+        summary["failed"] = failed
+    meta = {"analyzer": "depth_headlines", "options": options, "executor": executor}
+    return DepthTimelineResult(df, summary, meta)
+
+
+class DiagnosesResult(Result):
+    """:func:`diagnose_many`'s table: one row per checkpoint (``name``, ``source``,
+    ``status``, ``report``, the headline numbers); ``summary``: ``n_ok``, ``n_failed``,
+    ``failed`` (name: error)."""
+
+    kind = "diagnoses"
+
+    def figure(self, measure: str = "second_half_share") -> go.Figure:
+        ok = self.df[self.df["status"] == "ok"]
+        fig = go.Figure(go.Bar(x=ok["name"], y=ok[measure]))
+        fig.update_layout(title=f"{measure} per checkpoint", xaxis_title="checkpoint",
+                          yaxis_title=measure.replace("_", " "), template="plotly_white")
+        return fig
+
+
+def _one_diagnosis(job: tuple[str, Any, Any, Path, dict[str, Any]]) -> dict[str, Any]:
+    """Diagnose one checkpoint and swap its report in whole (one task)."""
+    name, source, data, folder, options = job
+    diagnosis = diagnose(source, data, **options)
+    save_report(diagnosis, folder, title=f"probekit depth diagnosis: {name}", images=False)
+    return diagnosis.headline
+
+
+def _written_headline(folder: Path) -> dict[str, Any] | None:
+    """The headline of a report already written in ``folder``, else None."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    headline = summary.get("headline") if isinstance(summary, dict) else None
+    return headline if isinstance(headline, dict) and (folder / "report.html").is_file() else None
+
+
+def _check_names(checkpoints: Mapping[str, Any]) -> None:
+    if not checkpoints:
+        raise InputError("no checkpoints given", fix="pass {name: checkpoint path, ...}")
+    for name in checkpoints:
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise InputError(
+                f"checkpoint name {name!r} is not a plain folder name",
+                fix="name each checkpoint with letters, digits, '-', '_' and '.'",
+            )
+
+
+def diagnose_many(
+    checkpoints: Mapping[str, Any],
+    data: Data,
+    out_dir: str | os.PathLike,
+    *,
+    executor: str = "local",
+    ray_address: str | None = None,
+    resume: bool = True,
+    progress: bool = False,
+    **options: Any,
+) -> DiagnosesResult:
+    """:func:`probekit.report.diagnose` of every ``{name: checkpoint}``, each one task.
+
+    Writes ``out_dir/<name>/`` (the report of :func:`~probekit.report.save_report`, without
+    images) and ``out_dir/diagnoses.csv`` (the returned table). ``options`` go to
+    ``diagnose``. With ``resume``, a report already in ``out_dir/<name>/`` is reused.
+    """
+    _check_names(checkpoints)
+    check_executor(executor, out_dir)
+    out = Path(out_dir)
+    names = list(checkpoints)
+    headlines: dict[str, Any] = {}
+    if resume:
+        for name in names:
+            written = _written_headline(out / name)
+            if written is not None:
+                headlines[name] = written
+    todo = [n for n in names if n not in headlines]
+    jobs = [(n, checkpoints[n], data, out / n, options) for n in todo]
+
+    def done(i: int, value: Any) -> None:
+        headlines[todo[i]] = value
+        if progress:
+            what = f"failed: {value.error}" if isinstance(value, Failed) else "report written"
+            log(f"{todo[i]}: {what}")
+
+    run_tasks(_one_diagnosis, jobs, executor=executor, ray_address=ray_address, on_done=done,
+              progress=progress, desc="diagnoses", done_before=len(names) - len(todo))
+    return _diagnoses_table(names, checkpoints, headlines, out, executor)
+
+
+def _diagnoses_table(
+    names: list[str],
+    checkpoints: Mapping[str, Any],
+    headlines: dict[str, Any],
+    out: Path,
+    executor: str,
+) -> DiagnosesResult:
+    rows, failed = [], {}
+    for name in names:
+        value = headlines[name]
+        row: dict[str, Any] = {"name": name, "source": str(checkpoints[name])}
+        if isinstance(value, Failed):
+            failed[name] = value.error
+            row.update(status=f"failed: {value.error}", report="")
+        else:
+            row.update(status="ok", report=str(out / name / "report.html"))
+            row.update({k: v for k, v in value.items() if not isinstance(v, list | dict)})
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    summary: dict[str, Any] = {"n_ok": len(names) - len(failed), "n_failed": len(failed)}
+    if failed:
+        summary["failed"] = failed
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "diagnoses.csv", df.to_csv(index=False))
+    return DiagnosesResult(df, summary, {"executor": executor})
+
+
+__all__ = ["DiagnosesResult", "depth_timeline", "diagnose_many"]
