@@ -13,16 +13,27 @@ It prints the wall-clock ratio loop / probekit at each batch size and the larges
 the final metrics between the two ways. Goals: on CPU >= 1.5x at batch 64 and never below 1x;
 on a GPU >= 15x.
 
+With ``--executor ray`` it times instead the same 24-run sweep (split into stacks of
+``--max-stack`` runs, 12 by default: one stack per task) on the local executor (A) and on a
+local Ray (B) started once beforehand with every CPU (its start-up is printed, not timed),
+interleaved A B B A ``--repeats`` times, and prints the medians, their ratio, ``uptime``'s load
+and the largest difference of the final metrics between the two executors. The local executor
+runs at as many torch threads as Ray has CPUs, each Ray task at one thread per CPU it holds.
+
 Usage::
 
     python benchmarks/bench_sweep.py                      # batch 64 and 256, 100 steps
     python benchmarks/bench_sweep.py --steps 50 --batch-sizes 64 --device cuda
+    python benchmarks/bench_sweep.py --executor ray --steps 30 --batch-sizes 64
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -142,6 +153,67 @@ def bench(batch: int, steps: int, device_name: str) -> dict[str, float]:
                 f"max_diff_{m}": v for m, v in worst.items()}}
 
 
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return f"load average {os.getloadavg()}"
+
+
+def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
+                    repeats: int) -> dict[str, object]:
+    """The 24-run sweep on the local executor (A) and on Ray (B), A B B A per repeat."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    startup = time.perf_counter() - t0
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    torch.set_num_threads(cpus)
+    base = base_config(steps, batch, device_name)
+    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS,
+                        max_stack=max_stack)
+    for split in ("train", "test_data", "test_task"):
+        base.task.dataset(split)
+    times: dict[str, list[float]] = {"local": [], "ray": []}
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for k, executor in enumerate(["local", "ray", "ray", "local"] * repeats):
+                out = Path(tmp).resolve() / f"{executor}{k}"
+                t0 = time.perf_counter()
+                results[executor] = run_sweep(sweep, out, resume=False, progress=False,
+                                              executor=executor)
+                times[executor].append(time.perf_counter() - t0)
+    finally:
+        ray.shutdown()
+    a, b = (results[e].df.set_index("run") for e in ("local", "ray"))
+    cols = [f"final_{m}" for m in METRICS]
+    worst = float((a[cols] - b.loc[a.index, cols]).abs().max().max())
+    return {"batch": batch, "steps": steps, "runs": len(a), "stacks": len(sweep.groups()),
+            "cpus": cpus, "startup_s": startup, "local": times["local"], "ray": times["ray"],
+            "worst": worst, "equal": bool(a[cols].equals(b.loc[a.index, cols]))}
+
+
+def main_executors(args: argparse.Namespace) -> int:
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        print(f"before: {_uptime()}")
+        r = bench_executors(batch, args.steps, args.device, args.max_stack, args.repeats)
+        loc, ray_ = statistics.median(r["local"]), statistics.median(r["ray"])
+        print(f"{r['runs']} runs x {r['steps']} steps, batch {batch}, {r['stacks']} stacks; "
+              f"local Ray with {r['cpus']} CPUs (start-up {r['startup_s']:.1f} s, not timed)")
+        print(f"    local executor ({r['cpus']} torch threads): median {loc:.1f} s of "
+              f"{', '.join(f'{t:.1f}' for t in r['local'])}")
+        print(f"    ray executor ({r['stacks']} tasks x 1 CPU): median {ray_:.1f} s of "
+              f"{', '.join(f'{t:.1f}' for t in r['ray'])}")
+        print(f"    ratio local / ray {loc / ray_:.2f}x; final metrics identical: {r['equal']} "
+              f"(largest |difference| {r['worst']:.3g})")
+        print(f"after: {_uptime()}")
+        if not math.isfinite(loc / ray_):
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=100, help="steps per run")
@@ -149,7 +221,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="per-run batch sizes to time, comma-separated (256 is the documented)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--executor", choices=["loop", "ray"], default="loop",
+                   help="loop: probekit's sweep versus a sequential loop; ray: the local "
+                   "executor versus a local Ray")
+    p.add_argument("--max-stack", type=int, default=12,
+                   help="(--executor ray) runs per stack, i.e. per Ray task")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="(--executor ray) times A B B A is repeated")
     args = p.parse_args(argv)
+    if args.executor == "ray":
+        return main_executors(args)
     torch.set_num_threads(args.threads)
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         r = bench(batch, args.steps, args.device)

@@ -149,10 +149,11 @@ def _wait_for(predicate, timeout: float = 120.0, every: float = 0.01):
     raise AssertionError("timed out waiting")
 
 
-def _training_pid(folder: Path, steps: int) -> tuple[int, int] | None:
+def _training_pid(folder: Path, run: str, steps: int) -> tuple[int, int] | None:
     """(pid of the worker training in ``folder``, its checkpoint's step) mid-training."""
     try:
-        step = json.loads((folder / "checkpoint" / "trainer_state.json").read_text())["step"]
+        state = folder / "checkpoint" / run / "trainer_state.json"
+        step = json.loads(state.read_text())["step"]
         pid = int((folder / LOCK_NAME).read_text())
     except (OSError, ValueError, KeyError):
         return None
@@ -168,7 +169,8 @@ def test_a_killed_worker_is_retried_and_resumes_bit_identically(cluster, tmp_pat
         sweep, tmp_path / "ray", executor="ray", progress=False)))
     driver.start()
     folder = tmp_path / "ray" / "stacks" / "L1-0"
-    pid, step = _wait_for(lambda: _training_pid(folder, sweep.base.steps))
+    run = sweep.groups()[0][1][0].name
+    pid, step = _wait_for(lambda: _training_pid(folder, run, sweep.base.steps))
     assert pid != os.getpid()
     os.kill(pid, signal.SIGKILL)
     driver.join(timeout=300)
@@ -236,3 +238,14 @@ def test_timeline_and_diagnoses_on_ray_equal_local(cluster, tmp_path: Path) -> N
     local = diagnose_many(paths, data, tmp_path / "local_reports", n_bootstrap=2)
     cols = ["second_half_share", "clean_loss", "depth_score"]
     assert many.df[cols][:2].equals(local.df[cols])
+
+
+def test_the_cli_refuses_ray_settings_before_any_work(tmp_path: Path, capsys) -> None:
+    from probekit.cli import main
+
+    assert main(["sweep", "--out", "rel/sweep", "--executor", "ray", "--steps", "2"]) == 2
+    assert "relative path" in capsys.readouterr().err
+    out = tmp_path / "s"
+    assert main(["sweep", "--out", str(out), "--ray-address", "10.0.0.1:6379"]) == 2
+    assert "--executor ray" in capsys.readouterr().err
+    assert not out.exists() and not Path("rel").exists()

@@ -443,6 +443,11 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
     """``probekit sweep``: train the grid stacked by shape; write the table and diagrams."""
     from probekit.training.sweep import SweepConfig, run_sweep
 
+    if args.ray_address is not None and args.executor != "ray":
+        raise ConfigError(
+            "--ray-address is given but the executor is local",
+            fix="add --executor ray, or leave --ray-address out",
+        )
     if getattr(args, "config", None) is not None:
         _mark_given(args._parser, args)
     base = build_train_config(args, sweep=True)
@@ -470,7 +475,14 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
         max_stack=args.max_stack,
         family=family,
     )
-    res = run_sweep(sweep, args.out, resume=not args.no_resume, progress=not args.no_progress)
+    res = run_sweep(
+        sweep,
+        args.out,
+        resume=not args.no_resume,
+        progress=not args.no_progress,
+        executor=args.executor,
+        ray_address=args.ray_address,
+    )
     cols = [
         "run",
         "final_test_data_acc",
@@ -553,6 +565,21 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="at most this many runs per stacked model (memory)",
+    )
+    x = p.add_argument_group("executor")
+    x.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: the stacks one after another in this process; ray: each stack one Ray "
+        "task (a local Ray, or the cluster at --ray-address; needs pip install -e \".[ray]\" "
+        "and an absolute --out on a filesystem every node sees)",
+    )
+    x.add_argument(
+        "--ray-address",
+        default=None,
+        help="address of a running Ray cluster (`ray start --head` prints it, e.g. "
+        "10.0.0.1:6379); default: start a local Ray sized to this machine",
     )
     _add_common(p, sweep=True)
     p.set_defaults(func=run_sweep_cmd, _parser=p)

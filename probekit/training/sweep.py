@@ -351,10 +351,12 @@ class _Group:
 DONE_NAME = "result.json"
 
 
-def _checkpoint_step(folder: Path) -> int | None:
-    """The step of the checkpoint in ``folder`` (a run or stack folder), None if none."""
+def _checkpoint_step(group: _Group) -> int | None:
+    """The step of the group's checkpoint (its first run's), None if it has none."""
+    root = group.folder / "checkpoint"
+    state = root if group.single else root / group.runs[0].name
     try:
-        return int(json.loads((folder / "checkpoint" / "trainer_state.json").read_text())["step"])
+        return int(json.loads((state / "trainer_state.json").read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -374,7 +376,7 @@ def _wait_for_writer(folder: Path, timeout: float = 60.0) -> None:
 def _train_group(group: _Group) -> dict[str, Any]:
     """Train (or resume) one group; its rows, and the step it resumed from. Runs in the
     driver (local executor) or in a Ray worker (a retried task resumes the same way)."""
-    resumed = _checkpoint_step(group.folder)
+    resumed = _checkpoint_step(group)
     _wait_for_writer(group.folder)
     check_stack_fits(group.runs)  # the device and memory, checked where the stack trains
     outs = train_stack(
