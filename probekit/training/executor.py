@@ -171,7 +171,7 @@ def run_tasks(
             call = _guarded(fn, None)
             for i, item in enumerate(items):
                 finished(i, call(item))
-        else:
+        elif items:  # nothing left to do needs no Ray
             _run_on_ray(fn, items, ray_address, device, cpus_per_task, finished)
     return results
 
