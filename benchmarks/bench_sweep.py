@@ -18,7 +18,9 @@ With ``--executor ray`` it times instead the same 24-run sweep (split into stack
 local Ray (B) started once beforehand with every CPU (its start-up is printed, not timed),
 interleaved A B B A ``--repeats`` times, and prints the medians, their ratio, ``uptime``'s load
 and the largest difference of the final metrics between the two executors. The local executor
-runs at as many torch threads as Ray has CPUs, each Ray task at one thread per CPU it holds.
+runs at as many torch threads as Ray has CPUs (``--local-threads``), each Ray task at one
+thread per CPU it holds; different thread counts may change the last float bits, so the final
+metrics are bit-identical only at ``--local-threads 1``.
 
 Usage::
 
@@ -161,7 +163,7 @@ def _uptime() -> str:
 
 
 def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
-                    repeats: int) -> dict[str, object]:
+                    repeats: int, local_threads: int | None) -> dict[str, object]:
     """The 24-run sweep on the local executor (A) and on Ray (B), A B B A per repeat."""
     import ray
 
@@ -169,7 +171,8 @@ def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
     ray.init(include_dashboard=False, log_to_driver=False)
     startup = time.perf_counter() - t0
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    torch.set_num_threads(cpus)
+    threads = local_threads or cpus
+    torch.set_num_threads(threads)
     base = base_config(steps, batch, device_name)
     sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS,
                         max_stack=max_stack)
@@ -191,18 +194,19 @@ def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
     cols = [f"final_{m}" for m in METRICS]
     worst = float((a[cols] - b.loc[a.index, cols]).abs().max().max())
     return {"batch": batch, "steps": steps, "runs": len(a), "stacks": len(sweep.groups()),
-            "cpus": cpus, "startup_s": startup, "local": times["local"], "ray": times["ray"],
+            "cpus": cpus, "threads": threads, "startup_s": startup, "local": times["local"], "ray": times["ray"],
             "worst": worst, "equal": bool(a[cols].equals(b.loc[a.index, cols]))}
 
 
 def main_executors(args: argparse.Namespace) -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         print(f"before: {_uptime()}")
-        r = bench_executors(batch, args.steps, args.device, args.max_stack, args.repeats)
+        r = bench_executors(batch, args.steps, args.device, args.max_stack, args.repeats,
+                            args.local_threads)
         loc, ray_ = statistics.median(r["local"]), statistics.median(r["ray"])
         print(f"{r['runs']} runs x {r['steps']} steps, batch {batch}, {r['stacks']} stacks; "
               f"local Ray with {r['cpus']} CPUs (start-up {r['startup_s']:.1f} s, not timed)")
-        print(f"    local executor ({r['cpus']} torch threads): median {loc:.1f} s of "
+        print(f"    local executor ({r['threads']} torch threads): median {loc:.1f} s of "
               f"{', '.join(f'{t:.1f}' for t in r['local'])}")
         print(f"    ray executor ({r['stacks']} tasks x 1 CPU): median {ray_:.1f} s of "
               f"{', '.join(f'{t:.1f}' for t in r['ray'])}")
@@ -226,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                    "executor versus a local Ray")
     p.add_argument("--max-stack", type=int, default=12,
                    help="(--executor ray) runs per stack, i.e. per Ray task")
+    p.add_argument("--local-threads", type=int, default=None,
+                   help="(--executor ray) torch threads of the local executor (default: as "
+                   "many as Ray has CPUs; 1 makes its numbers bit-identical to Ray's tasks)")
     p.add_argument("--repeats", type=int, default=1,
                    help="(--executor ray) times A B B A is repeated")
     args = p.parse_args(argv)
