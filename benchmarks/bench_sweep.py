@@ -194,7 +194,8 @@ def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
     cols = [f"final_{m}" for m in METRICS]
     worst = float((a[cols] - b.loc[a.index, cols]).abs().max().max())
     return {"batch": batch, "steps": steps, "runs": len(a), "stacks": len(sweep.groups()),
-            "cpus": cpus, "threads": threads, "startup_s": startup, "local": times["local"], "ray": times["ray"],
+            "cpus": cpus, "threads": threads, "startup_s": startup, "local": times["local"],
+            "ray": times["ray"],
             "worst": worst, "equal": bool(a[cols].equals(b.loc[a.index, cols]))}
 
 
