@@ -1325,7 +1325,10 @@ def _head_class_for(arch: str) -> str | None:
     for model_type, names in auto.MODEL_MAPPING_NAMES.items():
         if arch not in ((names,) if isinstance(names, str) else tuple(names)):
             continue
-        for mapping in (auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        for mapping in (
+            auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+            auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        ):
             head = mapping.get(model_type)
             heads = (head,) if isinstance(head, str) else tuple(head or ())
             for name in heads:
@@ -1545,9 +1548,7 @@ def _placement(
             fix="pass the folder's path, or place the in-memory model yourself",
         )
     if device is not None:
-        raise InputError(
-            "device and device_map were both given", fix="pass only one of them"
-        )
+        raise InputError("device and device_map were both given", fix="pass only one of them")
     if not (device_map in ("auto", "balanced", "sequential") or isinstance(device_map, dict)):
         raise InputError(
             f"device_map={device_map!r} is neither 'auto', 'balanced', 'sequential' nor a dict",
