@@ -121,9 +121,7 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     check_int_flags(args)
     check_device(args.device)
     if getattr(args, "device_map", None) is not None and args.device is not None:
-        raise ConfigError(
-            "--device and --device-map were both given", fix="pass only one of them"
-        )
+        raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
     path = runs.checkpoint_of(args.model)
     runs.check_checkpoint_folder(path)
     warning = runs.check_text_file(args.text) if args.text is not None else None
