@@ -69,3 +69,19 @@ def test_bad_placements_are_refused_before_loading(tmp_path):
         probekit.load(tmp_path, device="cpu", device_map="auto")
     with pytest.raises(InputError, match="device_map="):
         probekit.load(tmp_path, device_map="everywhere")
+
+
+def test_cli_device_map_flag(tmp_path, capsys):
+    from probekit.cli import build_parser, main
+
+    folder = tmp_path / "llama"
+    toy_hf_model("llama", n_layers=2).save_pretrained(folder)
+    args = build_parser().parse_args(
+        ["diagnose", str(folder), "--out", "r", "--device-map", "auto"]
+    )
+    assert args.device_map == "auto"
+    out = tmp_path / "report"
+    argv = ["diagnose", str(folder), "--out", str(out), "--device-map", "auto", "--device", "cpu"]
+    assert main(argv) == 2
+    assert "--device and --device-map" in capsys.readouterr().err
+    assert not out.exists()
