@@ -571,6 +571,48 @@ class Model:
         """The tokenizer saved with the checkpoint, or ``None``."""
         return getattr(self.bridge, "tokenizer", None)
 
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> Batch:
+        """``texts`` as one right-padded batch, each text tokenized on its own by the
+        checkpoint's tokenizer with its special tokens (BERT's ``[CLS]`` ... ``[SEP]``, a BOS)
+        and cut at ``max_length`` (default and at most the context), with the attention mask
+        of its real tokens. A tokenizer that pads on the left (embedding models that pool the
+        last token) pads on the right here, as :meth:`prepare` requires; one without a pad token
+        pads with its EOS / UNK id (masked out, never read)."""
+        tok = self.tokenizer
+        if tok is None:
+            raise InputError(
+                f"the {self.architecture} checkpoint has no tokenizer to tokenize text with",
+                fix="save a tokenizer beside the weights, or pass token ids",
+            )
+        if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError("texts must be a non-empty list of strings", fix='pass ["...", ...]')
+        length = min(max_length or self.n_ctx, self.n_ctx)
+        side, pad = tok.padding_side, tok.pad_token
+        if pad is None:
+            filler = tok.eos_token or tok.unk_token
+            if filler is None:
+                raise InputError(
+                    "the tokenizer has no pad, EOS or UNK token to pad a batch with",
+                    fix="pass texts one at a time, or token ids with an attention mask",
+                )
+        try:
+            tok.padding_side = "right"
+            if pad is None:
+                tok.pad_token = filler
+            enc = tok(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=length,
+                add_special_tokens=True,
+                return_tensors="pt",
+            )
+        finally:
+            tok.padding_side = side
+            if pad is None:
+                tok.pad_token = None
+        return Batch(enc["input_ids"], enc["attention_mask"])
+
     def update_hooks(
         self,
         layer: int,
@@ -1620,7 +1662,7 @@ def _load_folder(
     if not placement:
         hf_model.to(device or _default_device())
     if head is not None:
-        return _headless_model(hf_model, head, _tokenizer(path), str(path), pooling)
+        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
     return Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
 
 

@@ -261,3 +261,57 @@ def test_cli_bad_folders_exit_2_and_write_nothing(tmp_path, bad):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Fix:" in proc.stderr
     assert not out.exists()
+
+
+def _word_tokenizer(folder, padding_side: str = "left", pad: bool = True):
+    """A tiny BERT-style word tokenizer ([CLS] text [SEP]), saved into ``folder``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "d", "e"]
+    vocab = {w: i for i, w in enumerate(words)}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    inner.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    extra = {"pad_token": "[PAD]"} if pad else {}
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=inner,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        padding_side=padding_side,
+        **extra,
+    )
+    tok.save_pretrained(folder)
+    return tok
+
+
+def test_text_uses_the_checkpoints_tokenizer_right_padded(tmp_path):
+    folder = sentence_folder(tmp_path, "cls", normalize=False)
+    _word_tokenizer(folder, padding_side="left")
+    model = probekit.load(folder, device="cpu")
+    batch = model.tokenize(["a b c d", "e"])
+    assert batch.tokens.tolist() == [[2, 4, 5, 6, 7, 3], [2, 8, 3, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert model.tokenizer.padding_side == "left"  # the tokenizer itself is left as it was
+    [prepared] = model.prepare(batch)
+    base = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    hidden = ref.last_hidden(base, batch.tokens, batch.attention_mask)
+    got = model.pool(model.forward(prepared), prepared.attention_mask)
+    assert torch.allclose(got, hidden[:, 0], atol=1e-5)  # CLS pooling reads [CLS] per text
+    assert (
+        model.tokenize(["a b c d e a b c d e a b c d e a b c"], max_length=5).tokens.shape[1] == 5
+    )
+
+
+def test_tokenizer_without_a_pad_token_pads_with_unk(tmp_path):
+    folder = tmp_path / "gpt2"
+    base_model("gpt2").save_pretrained(folder)
+    _word_tokenizer(folder, padding_side="right", pad=False)
+    model = probekit.load(folder, device="cpu")
+    before = model.tokenizer.pad_token  # the bridge may have set one (to its EOS)
+    batch = model.tokenize(["a b", "c"])
+    assert batch.tokens.tolist() == [[2, 4, 5, 3], [2, 6, 3, 1]]  # padded with an id < vocab
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert model.tokenizer.pad_token == before
