@@ -1345,16 +1345,23 @@ def _named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _stop_at_base_output(wrapper: nn.Module) -> None:
-    """Make the forward of a headless model end at its base model's output: a permanent
-    forward hook on the base model hands ``last_hidden_state`` to the bridge, which returns it
-    (TransformerLens' own early-exit), so the unread wrapper head never runs."""
+    """Make the forward of a headless model end at its base model's output: permanent forward
+    hooks hand ``last_hidden_state`` to the bridge, which returns it (TransformerLens' own
+    early exit), so the unread wrapper head never runs. The hooks sit on the base model and
+    on its direct children that return a model output (OPT's head class calls the base
+    model's ``decoder`` directly); :meth:`Model.check_structure` checks the result."""
     from transformer_lens.model_bridge.exceptions import StopAtLayerException
 
     def stop(module: nn.Module, args: Any, output: Any) -> None:
-        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
-        raise StopAtLayerException(hidden)
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None and module is wrapper.base_model:
+            hidden = output[0] if isinstance(output, tuple) else output
+        if hidden is not None:
+            raise StopAtLayerException(hidden)
 
-    wrapper.base_model.register_forward_hook(stop)
+    base = wrapper.base_model
+    for module in (base, *base.children()):
+        module.register_forward_hook(stop)
 
 
 def _head_class_for(arch: str) -> str | None:
@@ -1621,7 +1628,7 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
             fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
         )
     arch = type(source).__name__
-    head = None if arch in _supported_architectures() else _head_class_for(arch)
+    head = _head_class_for(arch)  # base classes, even those the bridge lists
     if arch not in _supported_architectures() and head is None:
         raise _unsupported(arch)
     hf_model = copy.deepcopy(source) if copy_model else source
@@ -1649,7 +1656,7 @@ def _load_folder(
         _check_fits(folder, config, stored, dtype)
     archs = config.get("architectures") or []
     arch = archs[0] if archs else config.get("model_type", "<unknown>")
-    head = None if arch in _supported_architectures() else _head_class_for(arch)
+    head = _head_class_for(arch)  # base classes, even those the bridge lists
     if arch not in _supported_architectures() and head is None:
         raise _unsupported(arch)
     if pooling is not None and head is None:

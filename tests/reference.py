@@ -422,7 +422,7 @@ def tuned_lens_fit(hf, arch, batches, *, steps, lr, seed, momentum=0.9, wd=1e-3,
 def base_blocks(base) -> tuple:
     """The block list of a plain base model (GPT2Model.h, LlamaModel.layers, BertModel's
     encoder.layer) and its owner."""
-    for owner in (base, getattr(base, "encoder", None)):
+    for owner in (base, getattr(base, "encoder", None), getattr(base, "decoder", None)):
         for name in ("h", "layers", "layer"):
             if isinstance(getattr(owner, name, None), torch.nn.ModuleList):
                 return owner, name

@@ -4,6 +4,7 @@ reference, refusals of the vocabulary-bound analyses, bad input."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -19,8 +20,14 @@ from probekit.errors import CheckpointError, ProbekitError, UnsupportedModelErro
 from probekit.model import _head_class_for
 from probekit.report import diagnose
 from tests import reference as ref
+from tests.conftest import FAMILIES, family_tokens, make_family
 
 VOCAB = 50
+
+
+def _close(got, want):
+    got, want = got.double(), want.double()
+    return bool((got - want).abs().max() <= 1e-5 * max(1.0, float(want.abs().max())))
 
 
 def _config(family: str, n_layers: int = 3):
@@ -305,7 +312,7 @@ def test_text_uses_the_checkpoints_tokenizer_right_padded(tmp_path):
     )
 
 
-def test_tokenizer_without_a_pad_token_pads_with_unk(tmp_path):
+def test_tokenizer_pads_with_an_id_in_the_vocabulary(tmp_path):
     folder = tmp_path / "gpt2"
     base_model("gpt2").save_pretrained(folder)
     _word_tokenizer(folder, padding_side="right", pad=False)
@@ -315,3 +322,30 @@ def test_tokenizer_without_a_pad_token_pads_with_unk(tmp_path):
     assert batch.tokens.tolist() == [[2, 4, 5, 3], [2, 6, 3, 1]]  # padded with an id < vocab
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
     assert model.tokenizer.pad_token == before
+
+
+HEADLESS_FAST = ("gpt2", "gpt_neox", "llama", "bert")
+"""Families whose base model runs in the default suite; the others run with ``-m slow``."""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in HEADLESS_FAST else pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES],
+)
+def test_every_family_loads_headless_and_matches_deleted_layers(name):
+    """The base model (no head) of every family of the architecture table: its output is its
+    last_hidden_state, and the whole-layer rel_l2 of contributions equals the plain model
+    with the layer physically deleted."""
+    base = copy.deepcopy(make_family(name).base_model).eval()
+    model = probekit.load(base)
+    assert model.output_kind == "hidden"
+    tokens, mask = family_tokens()
+    real = mask.bool()
+    [batch] = model.prepare((tokens, mask))
+    clean = ref.last_hidden(base, tokens, mask)
+    assert _close(model.forward(batch)[real], clean[real])
+    res = contributions(model, (tokens, mask), components=["layer"])
+    for layer in (0, model.n_layers - 1):
+        changed = ref.last_hidden(ref.base_without_layer(base, layer), tokens, mask)
+        want = float(ref.mean_over(ref.relative_changes(clean, changed), real))
+        assert res.profile("rel_l2")[layer] == pytest.approx(want, rel=1e-4, abs=1e-7), layer
