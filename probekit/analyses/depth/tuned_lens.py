@@ -165,7 +165,8 @@ def data_record(batches: list[Batch], hashes: torch.Tensor, label: str | None) -
 def _check_head(model: Model) -> None:
     """Refuse a model without an output head (nothing to decode the residual with): its head
     must map one residual to ``d_vocab`` logits."""
-    model.require_vocabulary("the tuned lens")
+    if getattr(model, "headless", None) is not None:  # loaded without its LM head
+        model.require_vocabulary("the tuned lens")
     probe = torch.zeros(1, 1, model.d_model, device=model.device, dtype=model.dtype)
     try:
         with torch.no_grad():
