@@ -120,6 +120,8 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
         )
     check_int_flags(args)
     check_device(args.device)
+    if getattr(args, "device_map", None) is not None and args.device is not None:
+        raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
     path = runs.checkpoint_of(args.model)
     runs.check_checkpoint_folder(path)
     warning = runs.check_text_file(args.text) if args.text is not None else None
@@ -143,7 +145,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from probekit import report, runs
 
     dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
-    model = probekit.load(path, device=args.device, dtype=dtype)
+    model = probekit.load(path, device=args.device, dtype=dtype, device_map=args.device_map)
     source = dict(
         text=args.text or None,
         n_sequences=args.n_sequences,
@@ -280,6 +282,13 @@ def _add_run_options(diag: argparse.ArgumentParser) -> None:
     )
     diag.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)"
+    )
+    diag.add_argument(
+        "--device-map",
+        choices=["auto", "balanced", "sequential"],
+        default=None,
+        help="spread the layers over the GPUs and the CPU with accelerate (a model bigger than "
+        "one device); not with --device",
     )
     diag.add_argument(
         "--dtype",

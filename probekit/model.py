@@ -91,6 +91,41 @@ BLOCK_KINDS = ("sum", "sandwich", "stream")
 
 _UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(_POST_NORM_SITES)}
 
+OUTPUT_KINDS = ("logits", "hidden", "embedding")
+"""What a model's forward returns and its output measures compare (:attr:`Model.output_kind`):
+
+- ``logits``: a model with its LM head, logits ``[B, T, vocab]``;
+- ``hidden``: a base model without a head (``GPT2Model``, ``BertModel``, ...), its final hidden
+  state per token ``[B, T, d_model]`` (the ``last_hidden_state`` Hugging Face returns);
+- ``embedding``: a sentence-transformers model, whose output is the pooled embedding per
+  sequence (:meth:`Model.pool` of the final hidden state, see :class:`Pooling`).
+"""
+
+POOLING_MODES = ("mean", "cls", "lasttoken")
+"""The sentence-transformers pooling modes probekit reads: the mean over real tokens, the first
+token (CLS), or the last real token."""
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How a sentence-transformers model pools its final hidden states into one embedding:
+    ``mode`` (one of :data:`POOLING_MODES`) and ``normalize`` (a ``Normalize`` module follows:
+    the embedding is scaled to unit L2 norm)."""
+
+    mode: str
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
+class Headless:
+    """A model loaded without its LM head: ``architecture`` is the base class (``GPT2Model``),
+    ``final_norm`` whether the base model applies the final norm itself (decoders: yes, BERT:
+    no), ``pooling`` the sentence-transformers pooling, if any."""
+
+    architecture: str
+    final_norm: bool
+    pooling: Pooling | None = None
+
 
 @dataclass(frozen=True)
 class BlockStructure:
@@ -153,10 +188,15 @@ class Model:
         ('stream', True, False)
     """
 
-    def __init__(self, bridge: Any, source: str | None = None) -> None:
+    def __init__(
+        self, bridge: Any, source: str | None = None, headless: Headless | None = None
+    ) -> None:
         self.bridge = bridge
         self.source = source
+        self.headless = headless
         self.hf_model: nn.Module = bridge.original_model
+        if headless is not None:
+            _stop_at_base_output(self.hf_model)
         if not hasattr(bridge, "blocks") or len(bridge.blocks) == 0:
             raise UnsupportedModelError(
                 f"the {self.architecture} bridge exposes no 'blocks' stack",
@@ -177,7 +217,68 @@ class Model:
     # ---- what the model is -------------------------------------------------------------
     @property
     def architecture(self) -> str:
+        """The Hugging Face class loaded (the base class, e.g. ``GPT2Model``, for a model
+        without a head)."""
+        if self.headless is not None:
+            return self.headless.architecture
+        return self._bridged_architecture
+
+    @property
+    def _bridged_architecture(self) -> str:
         return str(getattr(self.bridge.cfg, "architecture", type(self.hf_model).__name__))
+
+    @property
+    def output_kind(self) -> str:
+        """What the forward returns and output changes compare (one of :data:`OUTPUT_KINDS`)."""
+        if self.headless is None:
+            return "logits"
+        return "hidden" if self.headless.pooling is None else "embedding"
+
+    @property
+    def output_description(self) -> str:
+        """The model's output in words, for reports and summaries."""
+        if self.headless is None:
+            return "logits over the vocabulary, per token"
+        pooling = self.headless.pooling
+        if pooling is None:
+            return f"final hidden state per token ({self.architecture} has no LM head)"
+        norm = ", L2-normalised" if pooling.normalize else ""
+        return f"{pooling.mode}-pooled sentence embedding per sequence{norm}"
+
+    def require_vocabulary(self, what: str) -> None:
+        """Refuse, with :class:`UnsupportedModelError`, an analysis ``what`` that needs logits
+        over a vocabulary on a model loaded without its LM head."""
+        if self.headless is not None:
+            raise UnsupportedModelError(
+                f"{what} needs the model's logits over its vocabulary, but {self.architecture} "
+                f"is loaded without an LM head (its output is the {self.output_description})",
+                fix="use contributions, skip_effects, layer_swaps or residual_stats, which "
+                "measure the output in hidden space, or load the checkpoint with its LM head",
+            )
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The sentence embedding ``[B, d_model]`` of final hidden states ``[B, T, d_model]``
+        (right padding, as :meth:`prepare` guarantees): the pooling of the checkpoint's
+        ``1_Pooling/config.json``, then unit L2 norm when a ``Normalize`` module follows."""
+        pooling = self.headless.pooling if self.headless is not None else None
+        if pooling is None:
+            raise InputError(
+                f"{self.architecture} has no pooling (it is not a sentence-transformers model)",
+                fix="pool only models loaded from a sentence-transformers folder",
+            )
+        mask = (
+            torch.ones(hidden.shape[:2], device=hidden.device)
+            if attention_mask is None
+            else attention_mask.to(hidden.device)
+        ).to(hidden.dtype)
+        if pooling.mode == "mean":
+            out = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)
+        elif pooling.mode == "cls":
+            out = hidden[:, 0]
+        else:
+            last = mask.sum(1).long().clamp_min(1) - 1
+            out = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        return torch.nn.functional.normalize(out, dim=-1) if pooling.normalize else out
 
     @property
     def n_layers(self) -> int:
@@ -197,6 +298,15 @@ class Model:
 
     @property
     def device(self) -> torch.device:
+        """Where inputs go: the first device of a ``device_map`` that is not the disk (the CPU
+        when every layer is offloaded), else the device of the weights."""
+        placed = getattr(self.hf_model, "hf_device_map", None)
+        if not placed:
+            placed = getattr(getattr(self.hf_model, "base_model", None), "hf_device_map", None)
+        if placed:
+            devices = [d for d in placed.values() if d != "disk"]
+            first = devices[0] if devices else "cpu"
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
         return next(self.hf_model.parameters()).device
 
     @property
@@ -206,7 +316,7 @@ class Model:
     @property
     def is_causal(self) -> bool:
         """True for decoders (targets are next tokens), False for masked-LM encoders."""
-        return not self.architecture.endswith(_MASKED_LM_SUFFIXES)
+        return not self._bridged_architecture.endswith(_MASKED_LM_SUFFIXES)
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -451,13 +561,57 @@ class Model:
 
     @property
     def unembedding(self) -> torch.Tensor:
-        """Unembedding ``W_U`` ``[d_model, d_vocab]`` as a float64 CPU tensor."""
+        """Unembedding ``W_U`` ``[d_model, d_vocab]`` as a float64 CPU tensor (refused for a
+        model loaded without its head: see :meth:`require_vocabulary`)."""
+        self.require_vocabulary("the unembedding W_U")
         return self.bridge.W_U.detach().to("cpu", torch.float64)
 
     @property
     def tokenizer(self) -> Any:
         """The tokenizer saved with the checkpoint, or ``None``."""
         return getattr(self.bridge, "tokenizer", None)
+
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> Batch:
+        """``texts`` as one right-padded batch, each text tokenized on its own by the
+        checkpoint's tokenizer with its special tokens (BERT's ``[CLS]`` ... ``[SEP]``, a BOS)
+        and cut at ``max_length`` (default and at most the context), with the attention mask
+        of its real tokens. A tokenizer that pads on the left (embedding models that pool the
+        last token) pads on the right here, as :meth:`prepare` requires; one without a pad token
+        pads with its EOS / UNK id (masked out, never read)."""
+        tok = self.tokenizer
+        if tok is None:
+            raise InputError(
+                f"the {self.architecture} checkpoint has no tokenizer to tokenize text with",
+                fix="save a tokenizer beside the weights, or pass token ids",
+            )
+        if isinstance(texts, str) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError("texts must be a non-empty list of strings", fix='pass ["...", ...]')
+        length = min(max_length or self.n_ctx, self.n_ctx)
+        side, pad = tok.padding_side, tok.pad_token
+        if pad is None:
+            filler = tok.eos_token or tok.unk_token
+            if filler is None:
+                raise InputError(
+                    "the tokenizer has no pad, EOS or UNK token to pad a batch with",
+                    fix="pass texts one at a time, or token ids with an attention mask",
+                )
+        try:
+            tok.padding_side = "right"
+            if pad is None:
+                tok.pad_token = filler
+            enc = tok(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=length,
+                add_special_tokens=True,
+                return_tensors="pt",
+            )
+        finally:
+            tok.padding_side = side
+            if pad is None:
+                tok.pad_token = None
+        return Batch(enc["input_ids"], enc["attention_mask"])
 
     def update_hooks(
         self,
@@ -555,8 +709,9 @@ class Model:
 
     # ---- checks -----------------------------------------------------------------------
     def check_finite(self) -> None:
-        """Raise :class:`NumericalError` if any weight is NaN or infinite."""
-        for name, param in self.hf_model.named_parameters():
+        """Raise :class:`NumericalError` if any weight is NaN or infinite (weights offloaded
+        to disk by a ``device_map`` are read from the offload folder to be checked)."""
+        for name, param in _named_weights(self.hf_model):
             if not torch.isfinite(param).all():
                 raise NumericalError(
                     f"weight {name} contains NaN or infinite values",
@@ -593,7 +748,7 @@ class Model:
             if labels is None:
                 labels = self.default_labels(tokens, mask)
             out.append(Batch(tokens, mask, labels))
-        if all(bool((b.labels == -100).all()) for b in out):
+        if self.headless is None and all(bool((b.labels == -100).all()) for b in out):
             raise InputError(
                 "no position of the data has a target (every label is -100; a decoder's "
                 "one-token sequences have no next token)",
@@ -633,7 +788,14 @@ class Model:
         """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction
         head (BERT's ``cls``, RoBERTa's ``lm_head``) of encoders; for decoders the final norm
         and unembedding, then the logit soft-capping (Gemma 2/3) or scaling (Granite, Cohere) the
-        model's config defines. :meth:`check_structure` checks it against the model's forward."""
+        model's config defines. :meth:`check_structure` checks it against the model's forward.
+
+        A model without a head (:attr:`output_kind` ``hidden`` / ``embedding``) returns its
+        final hidden state: the base model's final norm (decoders) or the residual itself
+        (post-norm encoders such as BERT, whose last block ends in its norm); pooling is
+        :meth:`pool`'s, applied where outputs are compared."""
+        if self.headless is not None:
+            return self.bridge.ln_final(residual) if self.headless.final_norm else residual
         for name in ("cls",) if self.is_causal else ("cls", "lm_head"):
             prediction_head = getattr(self.hf_model, name, None)
             if prediction_head is not None:
@@ -1164,6 +1326,202 @@ def _bridge(hf_model: nn.Module, arch: str, tokenizer: Any = None) -> Any:
         ) from err
 
 
+def _named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight of ``module`` with its name; weights a ``device_map`` offloaded to disk
+    (meta tensors in the module) are read from the offload folder instead."""
+    for name, param in module.named_parameters():
+        if not param.is_meta:
+            yield name, param
+    seen: set[int] = set()
+    for sub in module.modules():
+        hooks = getattr(sub, "_hf_hook", None)
+        for hook in getattr(hooks, "hooks", None) or ([hooks] if hooks is not None else []):
+            stored = getattr(getattr(hook, "weights_map", None), "dataset", None)
+            if not getattr(hook, "offload", False) or stored is None or id(stored) in seen:
+                continue
+            seen.add(id(stored))
+            for name in stored:
+                yield name, stored[name]
+
+
+def _stop_at_base_output(wrapper: nn.Module) -> None:
+    """Make the forward of a headless model end at its base model's output: permanent forward
+    hooks hand ``last_hidden_state`` to the bridge, which returns it (TransformerLens' own
+    early exit), so the unread wrapper head never runs. The hooks sit on the base model and
+    on its direct children that return a model output (OPT's head class calls the base
+    model's ``decoder`` directly); :meth:`Model.check_structure` checks the result."""
+    from transformer_lens.model_bridge.exceptions import StopAtLayerException
+
+    def stop(module: nn.Module, args: Any, output: Any) -> None:
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None and module is wrapper.base_model:
+            hidden = output[0] if isinstance(output, tuple) else output
+        if hidden is not None:
+            raise StopAtLayerException(hidden)
+
+    base = wrapper.base_model
+    for module in (base, *base.children()):
+        module.register_forward_hook(stop)
+
+
+def _head_class_for(arch: str) -> str | None:
+    """The LM-head class the bridge supports for the base model class ``arch`` (GPT2Model ->
+    GPT2LMHeadModel, BertModel -> BertForMaskedLM), from transformers' auto mappings; None when
+    ``arch`` is no base model or no head class of its family is supported."""
+    from transformers.models.auto import modeling_auto as auto
+
+    supported = _supported_architectures()
+    for model_type, names in auto.MODEL_MAPPING_NAMES.items():
+        if arch not in ((names,) if isinstance(names, str) else tuple(names)):
+            continue
+        for mapping in (
+            auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+            auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        ):
+            head = mapping.get(model_type)
+            heads = (head,) if isinstance(head, str) else tuple(head or ())
+            for name in heads:
+                if name in supported:
+                    return name
+    return None
+
+
+def _wrap_headless(base: nn.Module, head_name: str) -> nn.Module:
+    """``base`` inside its ``head_name`` class, for the bridge to attach to: the head class is
+    built on the meta device (no random weights), its base model is ``base`` itself, and its
+    head weights are tied to the input embeddings or zeros. The head is never run or read
+    (:func:`_stop_at_base_output`, :meth:`Model.head`)."""
+    import transformers
+
+    with torch.device("meta"):
+        wrapper = getattr(transformers, head_name)(base.config)
+    setattr(wrapper, wrapper.base_model_prefix, base)
+    weight = next((p for p in base.parameters() if not p.is_meta), None)
+    device = weight.device if weight is not None else torch.device("cpu")
+    dtype = next(base.parameters()).dtype
+    out, inp = wrapper.get_output_embeddings(), base.get_input_embeddings()
+    if out is not None and getattr(out, "weight", None) is not None and inp is not None:
+        if out.weight.is_meta and out.weight.shape == inp.weight.shape:
+            out.weight = inp.weight
+    for module in wrapper.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                zeros = torch.zeros(param.shape, dtype=dtype, device=device)
+                setattr(module, name, nn.Parameter(zeros, requires_grad=False))
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf.is_meta:
+                module.register_buffer(name, torch.zeros(buf.shape, dtype=buf.dtype, device=device))
+    return wrapper.eval()
+
+
+def _has_final_norm(bridge: Any, base: nn.Module) -> bool:
+    """Whether the bridge's final norm is a module of the base model (decoders: ``ln_f``,
+    ``norm``) rather than of the head (BERT's prediction-head LayerNorm)."""
+    norm = getattr(bridge, "ln_final", None)
+    if norm is None:
+        return False
+    inner = getattr(norm, "original_component", None)
+    return any(m is norm or (inner is not None and m is inner) for m in base.modules())
+
+
+def _headless_model(
+    base: nn.Module, head_name: str, tokenizer: Any, source: str | None, pooling: Pooling | None
+) -> Model:
+    """A :class:`Model` over the base model ``base`` (no LM head), wrapped for the bridge."""
+    arch = type(base).__name__
+    wrapper = _wrap_headless(base, head_name)
+    bridge = _bridge(wrapper, head_name, tokenizer)
+    headless = Headless(arch, _has_final_norm(bridge, wrapper.base_model), pooling)
+    return Model(bridge, source=source, headless=headless)
+
+
+_ST_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+}
+"""sentence-transformers' pooling flags (``1_Pooling/config.json``) and the modes they name."""
+
+_ST_OTHER_MODES = ("max", "mean_sqrt_len_tokens", "weightedmean")
+
+
+def _read_json(path: Path, what: str) -> Any:
+    _check_regular_file(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{what} {path} is not valid JSON ({err})",
+            fix="re-save the model with sentence-transformers' save()",
+        ) from err
+
+
+def _pooling_mode(config: Any, path: Path) -> str:
+    """The one pooling mode a sentence-transformers pooling config names."""
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{path} holds no JSON object", fix="re-save the model with sentence-transformers"
+        )
+    unknown = sorted(
+        key
+        for key, value in config.items()
+        if key.startswith("pooling_mode_") and key not in _ST_POOLING_KEYS and value
+    )
+    named = config.get("pooling_mode")
+    if isinstance(named, str):
+        modes = [named]
+    else:
+        modes = [mode for key, mode in _ST_POOLING_KEYS.items() if config.get(key)]
+    known = (*POOLING_MODES, *_ST_OTHER_MODES)
+    bad = unknown + [m for m in modes if m not in known]
+    if bad or not modes:
+        raise CheckpointError(
+            f"the pooling config {path} names "
+            + (f"the unknown pooling mode(s) {bad}" if bad else "no pooling mode"),
+            fix="set exactly one of pooling_mode_mean_tokens, pooling_mode_cls_token, "
+            "pooling_mode_lasttoken to true",
+        )
+    if len(modes) > 1 or modes[0] not in POOLING_MODES:
+        raise UnsupportedModelError(
+            f"the pooling config {path} asks for {modes} pooling; probekit reads one of "
+            f"{list(POOLING_MODES)}",
+            fix="pool with one mode: mean, cls or lasttoken",
+        )
+    return modes[0]
+
+
+def _sentence_transformers(path: Path) -> tuple[Path, Pooling]:
+    """The transformer folder and the pooling of the sentence-transformers folder ``path``
+    (``modules.json``: a Transformer, a Pooling and optionally a Normalize module)."""
+    modules = _read_json(path / "modules.json", "the sentence-transformers module list")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise CheckpointError(
+            f"{path / 'modules.json'} is not a list of modules",
+            fix="re-save the model with sentence-transformers' save()",
+        )
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    other = sorted({k for k in kinds if k not in ("Transformer", "Pooling", "Normalize")})
+    if other or kinds[:2] != ["Transformer", "Pooling"] or kinds.count("Normalize") > 1:
+        raise UnsupportedModelError(
+            f"the sentence-transformers model in {path} has the modules {kinds}; probekit reads "
+            "Transformer, Pooling and an optional Normalize, in that order"
+            + (f" (not {other})" if other else ""),
+            fix="diagnose the transformer folder itself as a base model (no pooling)",
+        )
+    folder = path / str(modules[0].get("path", ""))
+    pooling_config = path / str(modules[1].get("path", "1_Pooling")) / "config.json"
+    if not pooling_config.is_file():
+        raise CheckpointError(
+            f"{path} has no pooling config {pooling_config}",
+            fix="re-save the model with sentence-transformers' save() (it writes 1_Pooling/)",
+        )
+    mode = _pooling_mode(_read_json(pooling_config, "the pooling config"), pooling_config)
+    return folder, Pooling(mode, normalize="Normalize" in kinds)
+
+
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -1174,6 +1532,9 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     copy_model: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> Model:
     """Attach probekit to a model and return its :class:`Model` handle.
 
@@ -1187,6 +1548,18 @@ def load(
     stored in (bf16 / fp16 / fp32, see :func:`stored_dtype`) unless ``dtype`` is set; every
     measure is accumulated in float64 whatever the model's dtype.
 
+    Base models without an LM head (``GPT2Model``, ``LlamaModel``, ``BertModel``, ... of every
+    family whose head class the bridge supports, found from transformers' auto mappings) and
+    sentence-transformers folders (``modules.json``, ``1_Pooling/config.json``: mean, CLS or
+    last-token pooling, optional ``Normalize``) load too: their output is the final hidden
+    state per token or the pooled embedding per sequence (:attr:`Model.output_kind`). The
+    bridge attaches to the base model wrapped in its head class whose head is never run or
+    read (weights tied to the embeddings or zeros, never random).
+
+    ``device_map`` (``"auto"``, or a dict as accelerate takes it), with ``max_memory`` and
+    ``offload_folder``, spreads a checkpoint folder's layers over GPUs, the CPU and the disk
+    (accelerate); a trace's cached residuals stay on the device of the block that wrote them.
+
     Example:
         >>> import tempfile
         >>> from probekit.toy import toy_hf_model
@@ -1197,13 +1570,49 @@ def load(
     """
     if isinstance(source, Model):
         return source
+    placement = _placement(source, device, device_map, max_memory, offload_folder)
     if isinstance(source, str | os.PathLike):  # checked before transformers is imported
-        model = _load_folder(Path(source).expanduser(), device, dtype)
+        model = _load_folder(Path(source).expanduser(), device, dtype, placement)
     else:
         model = _load_object(source, device, dtype, copy_model)
     model.check_finite()
     model.check_structure()
     return model
+
+
+def _placement(
+    source: Any, device: Any, device_map: Any, max_memory: Any, offload_folder: Any
+) -> dict:
+    """The accelerate placement arguments of :func:`load`, checked before any work."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise InputError(
+                "max_memory and offload_folder only apply with a device_map",
+                fix='pass device_map="auto" as well',
+            )
+        return {}
+    if not isinstance(source, str | os.PathLike):
+        raise InputError(
+            "device_map applies to a checkpoint folder, not to a model already in memory",
+            fix="pass the folder's path, or place the in-memory model yourself",
+        )
+    if device is not None:
+        raise InputError("device and device_map were both given", fix="pass only one of them")
+    if not (device_map in ("auto", "balanced", "sequential") or isinstance(device_map, dict)):
+        raise InputError(
+            f"device_map={device_map!r} is neither 'auto', 'balanced', 'sequential' nor a dict",
+            fix='pass device_map="auto" (with max_memory={0: "20GiB", "cpu": "60GiB"})',
+        )
+    if max_memory is not None and not isinstance(max_memory, dict):
+        raise InputError(
+            f"max_memory={max_memory!r} is not a dict", fix='pass e.g. {0: "20GiB", "cpu": "60GiB"}'
+        )
+    out: dict[str, Any] = {"device_map": device_map}
+    if max_memory is not None:
+        out["max_memory"] = max_memory
+    if offload_folder is not None:
+        out["offload_folder"] = str(offload_folder)
+    return out
 
 
 def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model: bool) -> Model:
@@ -1219,43 +1628,89 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
             fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
         )
     arch = type(source).__name__
-    if arch not in _supported_architectures():
+    head = _head_class_for(arch)  # base classes, even those the bridge lists
+    if arch not in _supported_architectures() and head is None:
         raise _unsupported(arch)
     hf_model = copy.deepcopy(source) if copy_model else source
     if device is not None or dtype is not None:
         hf_model.to(device=device, dtype=dtype)
+    if head is not None:
+        return _headless_model(hf_model, head, None, None, None)
     return Model(_bridge(hf_model, arch))
 
 
-def _load_folder(path: Path, device: Any, dtype: torch.dtype | None) -> Model:
+def _load_folder(
+    path: Path, device: Any, dtype: torch.dtype | None, placement: dict | None = None
+) -> Model:
     """A handle on the checkpoint folder ``path``, every file checked before it is read."""
-    config, stored = _check_checkpoint_dir(path)
-    dtype = dtype or stored_dtype(path, config)
-    _check_fits(path, config, stored, dtype)
+    pooling = None
+    if (path / "modules.json").exists() and path.is_dir():
+        folder, pooling = _sentence_transformers(path)
+    else:
+        folder = path
+    if not (folder / "config.json").exists() and path.is_dir() and folder == path:
+        _check_not_a_checkpoint(path)
+    config, stored = _check_checkpoint_dir(folder)
+    dtype = dtype or stored_dtype(folder, config)
+    if not placement:
+        _check_fits(folder, config, stored, dtype)
     archs = config.get("architectures") or []
     arch = archs[0] if archs else config.get("model_type", "<unknown>")
-    if arch not in _supported_architectures():
+    head = _head_class_for(arch)  # base classes, even those the bridge lists
+    if arch not in _supported_architectures() and head is None:
         raise _unsupported(arch)
+    if pooling is not None and head is None:
+        raise UnsupportedModelError(
+            f"the transformer of the sentence-transformers model in {path} is a {arch}, a "
+            "model with an LM head, not a base model",
+            fix="save the sentence-transformers model with its base (AutoModel) transformer",
+        )
+    hf_model = _from_folder(folder, arch, dtype, placement or {})
+    if not placement:
+        hf_model.to(device or _default_device())
+    if head is not None:
+        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
+    return Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+
+
+def _check_not_a_checkpoint(path: Path) -> None:
+    """Name a folder that is neither a transformers nor a sentence-transformers checkpoint."""
+    raise CheckpointError(
+        f"{path} is neither a transformers checkpoint (no config.json) nor a "
+        "sentence-transformers one (no modules.json)",
+        fix="pass a folder written by save_pretrained() (config.json + *.safetensors) or by "
+        "sentence-transformers' save() (modules.json, 1_Pooling/)",
+    )
+
+
+def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> nn.Module:
+    """The Hugging Face model ``arch`` from ``folder`` (eager attention, no progress bars)."""
     import transformers
     from transformers.utils import logging as hf_logging
 
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
     try:
-        hf_model = from_pretrained_complete(
-            getattr(transformers, arch), path, dtype=dtype, attn_implementation="eager"
+        return from_pretrained_complete(
+            getattr(transformers, arch),
+            folder,
+            dtype=dtype,
+            attn_implementation="eager",
+            **placement,
         )
     finally:
         if bar_was_on:
             hf_logging.enable_progress_bar()
-    hf_model.to(device or _default_device())
-    return Model(_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
 
 
 __all__ = [
+    "OUTPUT_KINDS",
+    "POOLING_MODES",
     "SITES",
     "WEIGHT_NAMES",
+    "Headless",
     "Model",
+    "Pooling",
     "Trace",
     "available_memory",
     "estimate_parameters",

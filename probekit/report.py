@@ -97,6 +97,8 @@ def diagnose(
     steps, default one pass) is given.
     """
     model = load(model)
+    if lens is not None or lens_data is not None:
+        model.require_vocabulary("the tuned lens")
     if lens is None and lens_data is not None:
         lens = TunedLens.fit(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
@@ -130,6 +132,8 @@ def _steps(
     }
     if lens is not None:
         analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
+    if model.output_kind != "logits":  # no vocabulary: no lens, no loss to differentiate
+        del analyzers["logit_lens"], analyzers["gradients"]
     return {
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()
@@ -159,6 +163,8 @@ def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Re
 
 def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]:
     """The headline numbers and the verdict lines of a diagnosis."""
+    if model.output_kind != "logits":
+        return _hidden_verdict(model, results)
     contrib, swaps, lens = results["contributions"], results["layer_swaps"], results["logit_lens"]
     n = model.n_layers
     share = contrib.summary["second_half_share"]
@@ -178,6 +184,8 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         "depth_score": results["skip_effects"].summary["depth_score"],
         "prediction_formed_at_depth": lens.summary["formed_at_depth"],
         "convention": results["skip_effects"].meta.get("convention", "probekit"),
+        "output": model.output_description,
+        "measure": "prob_l2",
     }
     first_late = (n + 1) // 2
     late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
@@ -199,6 +207,37 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
             f"top-1 agrees with the final one on half the tokens from depth "
             f"{tuned['top1_formed_at_depth']}."
         )
+    return headline, verdict
+
+
+def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]:
+    """The headline and verdict of a model without an LM head: every number is the relative
+    change ||z' - z|| / ||z|| of its output z (final hidden state or pooled embedding); a layer
+    is skippable when removing it changes z by less than :data:`SKIPPABLE_FRACTION`."""
+    contrib, swaps = results["contributions"], results["layer_swaps"]
+    n, share = model.n_layers, contrib.summary["second_half_share"]
+    change = contrib.profile("rel_l2")
+    skippable = {int(layer): v for layer, v in change.items() if v < SKIPPABLE_FRACTION}
+    headline = {
+        "n_layers": n,
+        "output": model.output_description,
+        "measure": "rel_l2",
+        "second_half_share": share,
+        "skippable_layers": list(skippable),
+        "skippable_threshold": SKIPPABLE_FRACTION,
+        "permutable_blocks": swaps.summary["blocks"],
+        "depth_score": results["skip_effects"].summary["depth_score"],
+        "convention": results["skip_effects"].meta.get("convention", "probekit"),
+    }
+    listed = ", ".join(f"{layer} ({v:.2%})" for layer, v in skippable.items()) or "none"
+    verdict = [
+        f"Output compared: the {model.output_description}; measure ||z' - z|| / ||z|| "
+        "(no vocabulary: no loss, KL or lens).",
+        f"The second half of the network accounts for {share:.1%} of the output change under "
+        "zero ablation (relative-change share).",
+        f"Layers whose removal changes the output by less than {SKIPPABLE_FRACTION:.0%}: {listed}.",
+        _blocks_line(swaps.summary["blocks"], swaps.boundary_confidence()),
+    ]
     return headline, verdict
 
 

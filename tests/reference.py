@@ -416,3 +416,48 @@ def tuned_lens_fit(hf, arch, batches, *, steps, lr, seed, momentum=0.9, wd=1e-3,
             params[i] = p - rate * (gr + momentum * momentum_buf[i])
         history.append(float(total.detach()))
     return [(params[2 * i], params[2 * i + 1]) for i in range(n)], history
+
+
+# ---- models without an LM head (issue 9) -----------------------------------------------------
+def base_blocks(base) -> tuple:
+    """The block list of a plain base model (GPT2Model.h, LlamaModel.layers, BertModel's
+    encoder.layer) and its owner."""
+    for owner in (base, getattr(base, "encoder", None), getattr(base, "decoder", None)):
+        for name in ("h", "layers", "layer"):
+            if isinstance(getattr(owner, name, None), torch.nn.ModuleList):
+                return owner, name
+    raise ValueError(f"no block list in {type(base).__name__}")
+
+
+def base_without_layer(base, layer: int):
+    """A copy of the base model with block ``layer`` physically deleted."""
+    model = copy.deepcopy(base)
+    owner, name = base_blocks(model)
+    blocks = list(getattr(owner, name))
+    del blocks[layer]
+    setattr(owner, name, torch.nn.ModuleList(blocks))
+    model.config.num_hidden_layers = len(blocks)
+    return model
+
+
+def last_hidden(base, tokens, mask):
+    """``last_hidden_state`` of the plain base model."""
+    with torch.no_grad():
+        return base(input_ids=tokens, attention_mask=mask, use_cache=False).last_hidden_state
+
+
+def pooled(hidden, mask, mode: str, normalize: bool):
+    """sentence-transformers pooling written out: mean over real tokens, the first token, or
+    the last real token (right padding), then unit norm."""
+    rows = []
+    for b in range(hidden.shape[0]):
+        real = hidden[b, : int(mask[b].sum())]
+        rows.append({"mean": real.mean(0), "cls": real[0], "lasttoken": real[-1]}[mode])
+    out = torch.stack(rows)
+    return out / out.norm(dim=-1, keepdim=True) if normalize else out
+
+
+def relative_changes(clean, changed):
+    """||z' - z|| / ||z|| per vector (float64)."""
+    clean, changed = clean.double(), changed.double()
+    return (changed - clean).norm(dim=-1) / clean.norm(dim=-1)

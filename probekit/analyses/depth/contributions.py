@@ -13,6 +13,11 @@ layer's *share* is its whole-layer measure divided by the sum over layers; the
 *second-half share* (layers l >= L/2) is the depth-curse headline number: static pre-LN models
 put little of their output in the second half.
 
+A model without an LM head (a base model's final hidden state, or a sentence-transformers
+embedding; see :data:`probekit.analyses._common.HIDDEN_MEASURES`) is measured in hidden space:
+``rel_l2`` (||z' - z|| / ||z||, also the share measure and the headline) and ``cos_dist``; its
+``clean_loss`` is NaN and ``summary["output"]`` / ``summary["measure"]`` name what was compared.
+
 Fast path: one clean forward keeps the residual entering every block; removing layer l only
 changes what comes after it, so the ablated forward resumes at l+1 from the cached residual
 (sublayer ablations resume at l). Numbers equal a full hooked forward per variant.
@@ -36,11 +41,13 @@ import torch
 
 from probekit import figures
 from probekit.analyses._common import (
-    OUTPUT_MEASURES,
     TokenMeans,
     check_finite,
+    headline_measure,
     loss_mask,
-    output_change,
+    measured_changes,
+    output_measures,
+    output_note,
     second_half,
     token_loss,
 )
@@ -68,27 +75,31 @@ class ContributionResult(Result):
     """Per (layer, component, measure): the mean output change and, for whole layers, the share.
 
     ``df`` columns: ``layer``, ``component`` ('layer', 'attn', 'mlp'), ``measure``, ``value``,
-    ``share``. ``summary``: ``second_half_share`` (by ``prob_l2``), ``second_half_share_<m>``
-    for every share measure, ``clean_loss``, ``n_layers``, ``most_important_layer``,
-    ``least_important_layer``.
+    ``share``. ``summary``: ``second_half_share`` (by ``prob_l2``; ``rel_l2`` for a model
+    without a head), ``second_half_share_<m>`` for every share measure, ``clean_loss``,
+    ``n_layers``, ``most_important_layer``, ``least_important_layer``, ``output`` and
+    ``measure`` (what was compared, and the headline measure).
     """
 
     kind = "contributions"
 
-    def profile(self, measure: str = "prob_l2", component: str = "layer") -> pd.Series:
-        """The measure per layer for one component, indexed by layer."""
+    def profile(self, measure: str | None = None, component: str = "layer") -> pd.Series:
+        """The measure (default: the headline one) per layer for one component."""
+        measure = measure or self.summary.get("measure", "prob_l2")
         part = self.df[(self.df.measure == measure) & (self.df.component == component)]
         return part.set_index("layer")["value"].sort_index()
 
-    def second_half_share(self, measure: str = "prob_l2") -> float:
+    def second_half_share(self, measure: str | None = None) -> float:
         """Share of the whole-layer ``measure`` from layers ``l >= L/2`` (NaN if not measured)."""
+        measure = measure or self.summary.get("measure", "prob_l2")
         part = self.df[(self.df.measure == measure) & (self.df.component == "layer")]
         if part.empty or part["share"].isna().all():
             return float("nan")
         late = part.layer.isin(second_half(int(self.summary["n_layers"])))
         return float(part.loc[late, "share"].sum())
 
-    def figure(self, measure: str = "prob_l2") -> go.Figure:
+    def figure(self, measure: str | None = None) -> go.Figure:
+        measure = measure or self.summary.get("measure", "prob_l2")
         part = self.df[self.df.measure == measure]
         n_layers = int(self.summary["n_layers"])
         fig = figures.bars(
@@ -159,14 +170,14 @@ def contributions(
         }
         for component in components
         for layer in range(model.n_layers)
-        for measure in OUTPUT_MEASURES
+        for measure in output_measures(model)
     ]
     df = pd.DataFrame(rows)
     df["share"] = np.nan
-    summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss}
+    summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
     summary.update(windows.summary())
     if "layer" in components:
-        summary.update(_add_shares(df, model.n_layers))
+        summary.update(_add_shares(df, model.n_layers, model))
     meta = {"positions": positions, "components": list(components), "model": repr(model)}
     meta.update(setup.meta())
     if setup.mode == "future":
@@ -193,8 +204,9 @@ def _ablation_means(
         trace = model.trace(batch)
         check_finite(trace.logits)
         mask = position_mask(batch, positions)
-        loss = token_loss(trace.logits, batch.labels)
-        clean.add("clean_loss", loss, loss_mask(batch.labels, mask))
+        if model.output_kind == "logits":  # no loss without a vocabulary: NaN
+            loss = token_loss(trace.logits, batch.labels)
+            clean.add("clean_loss", loss, loss_mask(batch.labels, mask))
         for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
             for layer in range(model.n_layers):
                 for component in components:
@@ -221,25 +233,27 @@ def _add_change(
 ) -> None:
     """Add every output measure of one variant under ``key + (measure,)``."""
     check_finite(logits, "the outputs of an intervened forward")
-    labels = trace.batch.labels
-    for name, values in output_change(trace.logits, logits, labels).items():
-        where = loss_mask(labels, mask) if name == "loss_delta" else mask
+    for name, values, where in measured_changes(
+        trace.model, trace.batch, trace.logits, logits, mask
+    ):
         red.add(key + (name,), values, where, ids)
 
 
-def _add_shares(df: pd.DataFrame, n_layers: int) -> dict:
+def _add_shares(df: pd.DataFrame, n_layers: int, model: Model) -> dict:
     """Fill the whole-layer ``share`` column; return the second-half shares and extremes."""
     summary = {}
     late = list(second_half(n_layers))
-    for measure in SHARE_MEASURES:
+    headline = headline_measure(model)
+    shares = SHARE_MEASURES if model.output_kind == "logits" else output_measures(model)
+    for measure in shares:
         sel = (df.component == "layer") & (df.measure == measure)
         total = df.loc[sel, "value"].sum()
         df.loc[sel, "share"] = df.loc[sel, "value"] / total if total > 0 else np.nan
         summary[f"second_half_share_{measure}"] = float(
             df.loc[sel & df.layer.isin(late), "share"].sum()
         )
-    summary["second_half_share"] = summary["second_half_share_prob_l2"]
-    profile = df[(df.component == "layer") & (df.measure == "prob_l2")].set_index("layer")
+    summary["second_half_share"] = summary[f"second_half_share_{headline}"]
+    profile = df[(df.component == "layer") & (df.measure == headline)].set_index("layer")
     summary["most_important_layer"] = int(profile["value"].idxmax())
     summary["least_important_layer"] = int(profile["value"].idxmin())
     return summary

@@ -126,6 +126,7 @@ def gradient_norms(
             fix="call it outside inference_mode (it turns gradients on only for itself)",
         )
     model = load(model)
+    model.require_vocabulary("gradient_norms (it backpropagates the token loss)")
     batches = model.prepare(data, batch_size)
     selected, masks, total = _loss_masks(batches, positions)
     acc = TokenMeans()

@@ -99,6 +99,7 @@ def logit_lens(
         'csordas2025'
     """
     model = load(model)
+    model.require_vocabulary("the logit lens")
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
     check_convention(convention)

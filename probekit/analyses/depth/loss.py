@@ -24,6 +24,7 @@ def perplexity(model: Any, data: Data, *, batch_size: int | None = 32) -> float:
     """exp of the mean cross-entropy over every position with a target, over all batches
     together (the next token for decoders, by default)."""
     model = load(model)
+    model.require_vocabulary("perplexity")
     acc = TokenMeans()
     for batch in model.prepare(data, batch_size):
         losses = token_loss(model.forward(batch), batch.labels)

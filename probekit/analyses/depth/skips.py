@@ -16,6 +16,10 @@ per-token values are reduced depends on ``convention`` (see
 ``mode="future"`` skips it at positions < t only and measures at positions >= t, the paper's
 "future effects". Large values below the diagonal mean later layers build on layer s.
 
+A model without an LM head measures the output effect as ``rel_l2`` (||z' - z|| / ||z|| of its
+final hidden state or pooled embedding) instead; ``summary["output"]`` and
+``summary["measure"]`` say which.
+
 Depth scores (the summary; all centres of mass over the 0-based skipped layer, also divided
 by L - 1 as ``*_normalized``): ``depth_score`` from the output effects m_s,
 ``sum_s s * m_s / sum_s m_s``; ``depth_score_layer`` from the layer effects
@@ -42,7 +46,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import check_finite, output_change
+from probekit.analyses._common import check_finite, headline_measure, measured_changes, output_note
 from probekit.analyses.depth.conventions import (
     Reduction,
     make_setup,
@@ -155,6 +159,7 @@ def skip_effects(
             _skip_all(trace, red, setup.convention, inter, measure, ids)
     df = _rows(red, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
+    summary.update(output_note(model))
     if setup.reduction == "max":
         summary.update(_prompt_mean_scores(red, model.n_layers))
     within = df[df.target == "layer"]["value"]
@@ -185,8 +190,12 @@ def _skip_all(
         residual = merge(inter, trace.residuals[skipped], trace.residuals[skipped + 1])
         logits = trace.resume(skipped + 1, residual, observe=observe)
         check_finite(logits, "the outputs of a skipped-layer forward")
-        prob_l2 = output_change(trace.logits, logits, trace.batch.labels)["prob_l2"]
-        red.add((skipped, "output"), prob_l2, measure, ids)
+        headline = headline_measure(trace.model)
+        for name, values, where in measured_changes(
+            trace.model, trace.batch, trace.logits, logits, measure
+        ):
+            if name == headline:
+                red.add((skipped, "output"), values, where, ids)
 
 
 def _rows(red: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:

@@ -15,6 +15,11 @@ swap's loss change and reclusters; a boundary's confidence is the fraction of re
 place a boundary there, and every swap gets a 95% percentile interval. Finally the blocks found
 are swapped whole against each other (``blocks="auto"``), which tests the claim directly.
 
+A model without an LM head has no loss: its swap cost is the mean ``rel_l2`` output change
+||z' - z|| / ||z|| of its final hidden state per token (or pooled embedding per sequence),
+the clean cost is 0, and the default ``tolerance`` is 0.02 (a 2% relative change);
+``summary["output"]`` / ``summary["measure"]`` say which.
+
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
     >>> res = layer_swaps(toy_model(n_layers=4), toy_tokens(), pairs="adjacent", n_bootstrap=20)
@@ -36,7 +41,15 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
-from probekit.analyses._common import check_finite, loss_mask, token_loss
+from probekit.analyses._common import (
+    check_finite,
+    headline_measure,
+    loss_mask,
+    measured_changes,
+    output_note,
+    sequence_mask,
+    token_loss,
+)
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import swapped_order
@@ -176,7 +189,8 @@ def _variant_orders(
 
 
 class _SequenceLosses:
-    """Per-sequence sums of the token loss for the clean run and each swap variant."""
+    """Per-sequence sums of the token loss for the clean run and each swap variant (of the
+    ``rel_l2`` output change, clean 0, for a model without an LM head)."""
 
     def __init__(self, model: Model, batches: list, positions: str) -> None:
         self.model, self.batches, self.positions = model, batches, positions
@@ -186,8 +200,8 @@ class _SequenceLosses:
             trace = model.trace(batch)
             check_finite(trace.logits)
             self.traces.append(trace)
-            mask = loss_mask(batch.labels, position_mask(batch, positions))
-            clean.append(self._sums(trace.logits, batch.labels, mask))
+            mask = self._mask(batch)
+            clean.append(self._sums(trace, trace.logits, mask))
             counts.append(mask.sum(-1).double().cpu().numpy())
             batch_ids.append(np.full(batch.tokens.shape[0], index))
         self.clean = np.concatenate(clean)
@@ -199,9 +213,24 @@ class _SequenceLosses:
                 fix="pass labels, or use positions='all'",
             )
 
-    @staticmethod
-    def _sums(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        return (token_loss(logits, labels) * mask).sum(-1).cpu().numpy()
+    def _mask(self, batch) -> torch.Tensor:
+        """The positions whose loss (or hidden-space change) counts: one per sequence for a
+        pooled embedding."""
+        selected = position_mask(batch, self.positions)
+        if self.model.output_kind == "logits":
+            return loss_mask(batch.labels, selected)
+        return sequence_mask(selected) if self.model.output_kind == "embedding" else selected
+
+    def _sums(self, trace, logits: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        if self.model.output_kind == "logits":
+            return (token_loss(logits, trace.batch.labels) * mask).sum(-1).cpu().numpy()
+        headline = headline_measure(self.model)
+        [values] = [
+            v
+            for name, v, _ in measured_changes(self.model, trace.batch, trace.logits, logits, mask)
+            if name == headline
+        ]
+        return (values * mask).sum(-1).cpu().numpy()
 
     def variant(self, first: Range, second: Range) -> np.ndarray:
         order = swapped_order(self.model.n_layers, first, second)
@@ -210,8 +239,7 @@ class _SequenceLosses:
         for trace, batch in zip(self.traces, self.batches, strict=True):
             logits = trace.resume(start, order=order[start:])
             check_finite(logits, "the outputs of a swapped forward")
-            mask = loss_mask(batch.labels, position_mask(batch, self.positions))
-            sums.append(self._sums(logits, batch.labels, mask))
+            sums.append(self._sums(trace, logits, self._mask(batch)))
         return np.concatenate(sums)
 
 
@@ -328,7 +356,9 @@ def layer_swaps(
     variants = _variant_orders(model.n_layers, pairs)
     losses = _SequenceLosses(model, model.prepare(data, batch_size), positions)
     swaps = _SwapDeltas(losses, variants, adjacent_only=pairs == "adjacent")
-    tolerance = 0.02 * swaps.clean_loss if tolerance is None else float(tolerance)
+    if tolerance is None:
+        tolerance = 0.02 * swaps.clean_loss if model.output_kind == "logits" else 0.02
+    tolerance = float(tolerance)
 
     def cluster(values: np.ndarray) -> list[Range]:
         return swaps.cluster(values, n_blocks, tolerance)
@@ -346,6 +376,9 @@ def layer_swaps(
     df = pd.DataFrame(rows)
     df["in_estimate"] = df["in_estimate"].fillna(False).astype(bool)
     summary = _swap_summary(swaps, point, found, boundary_counts, n_bootstrap, pairs, tolerance)
+    summary.update(output_note(model))
+    if model.output_kind != "logits":
+        summary["clean_loss"] = float("nan")  # no loss without a vocabulary
     meta = {
         "positions": positions,
         "n_bootstrap": n_bootstrap,

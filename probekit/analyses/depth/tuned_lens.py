@@ -165,6 +165,8 @@ def data_record(batches: list[Batch], hashes: torch.Tensor, label: str | None) -
 def _check_head(model: Model) -> None:
     """Refuse a model without an output head (nothing to decode the residual with): its head
     must map one residual to ``d_vocab`` logits."""
+    if getattr(model, "headless", None) is not None:  # loaded without its LM head
+        model.require_vocabulary("the tuned lens")
     probe = torch.zeros(1, 1, model.d_model, device=model.device, dtype=model.dtype)
     try:
         with torch.no_grad():
@@ -584,6 +586,7 @@ def tuned_lens(
         (True, [0, 1, 2])
     """
     model = load(model)
+    model.require_vocabulary("the tuned lens")
     lens = _as_lens(lens, model)
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")

@@ -159,6 +159,7 @@ def attention_knockout(
         include_all: also block every source at once (source 'all'; pattern mode only).
     """
     model = load(model)
+    model.require_vocabulary("attention_knockout (it measures the answer's probability)")
     check_by(by, data, "source")
     layers = list(range(model.n_layers)) if layers is None else [int(x) for x in layers]
     for layer in layers:

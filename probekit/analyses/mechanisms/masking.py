@@ -185,6 +185,7 @@ def token_masking(
         seed: seed of the resampling.
     """
     model = load(model)
+    model.require_vocabulary("token_masking (it measures the answer's probability)")
     check_by(by, data, "masking")
     low, high = _check_tokens(model, data, mode, mask_token, pad_token, resample_range)
     generator = torch.Generator().manual_seed(seed)

@@ -158,6 +158,7 @@ def solution_types(
     """
     task = _check_data(data, memorizing_threshold)
     handle = load(model)
+    handle.require_vocabulary("solution_types (it reads the model's predicted answers)")
     _check_model(handle, task)
     pred = predict(handle, task, batch_size)
     held = task.heldout().cpu().bool()
