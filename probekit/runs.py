@@ -139,6 +139,10 @@ def checkpoints_below(
     return found
 
 
+CHECKPOINT_MARKERS = ("config.json", "modules.json")
+"""Files that make a folder a checkpoint of its own (transformers, sentence-transformers)."""
+
+
 def check_checkpoint_folder(path: str | os.PathLike) -> None:
     """Refuse a folder that holds no checkpoint itself but checkpoints below it, naming them,
     or only the leftovers of an interrupted checkpoint save (``.checkpoint.*``).
@@ -146,7 +150,8 @@ def check_checkpoint_folder(path: str | os.PathLike) -> None:
     Any other path is left to :func:`probekit.load`, which says what is wrong with it.
     """
     folder = Path(path)
-    if not folder.is_dir() or (folder / "config.json").exists():
+    # a sentence-transformers folder may keep its transformer in a subfolder (0_Transformer/)
+    if not folder.is_dir() or any((folder / name).exists() for name in CHECKPOINT_MARKERS):
         return
     leftovers = sorted(p.name for p in folder.glob(".checkpoint.*") if p.is_dir())
     if leftovers and not (folder / "checkpoint").exists():
@@ -311,7 +316,11 @@ def _tokenized(
     after: bool = False,
 ) -> Any:
     """``text`` tokenized with the model's tokenizer, as ``[n, length]`` token ids; with
-    ``after``, the sequences that follow the first ``n_sequences`` (for fitting a lens)."""
+    ``after``, the sequences that follow the first ``n_sequences`` (for fitting a lens).
+
+    The text is cut into windows of ``length`` tokens, and each window carries the special
+    tokens the tokenizer adds to one sequence (BERT's ``[CLS]`` ... ``[SEP]``, Llama's BOS), so
+    every sequence looks like one the checkpoint saw in training and CLS pooling reads a CLS."""
     import torch
 
     if model.tokenizer is None:
@@ -322,18 +331,51 @@ def _tokenized(
         )
     # undecodable bytes become U+FFFD (check_text_file has refused binary files)
     with open(text, encoding="utf-8", errors="replace") as handle:
-        ids = model.tokenizer(handle.read())["input_ids"]
-    length = min(seq_len, model.n_ctx)
+        windows = _text_windows(model.tokenizer, handle.read(), min(seq_len, model.n_ctx))
     if after:
-        ids = ids[min(n_sequences, len(ids) // length) * length :]
-    n = min(n_sequences, len(ids) // length)
-    if n == 0:
+        windows = windows[n_sequences:]
+    if not windows:
         what = "after the diagnosed sequences, to fit a lens on" if after else ""
         raise InputError(
-            f"{text} has only {len(ids)} tokens {what}, fewer than one sequence of {length}",
+            f"{text} has fewer tokens {what} than one sequence of {min(seq_len, model.n_ctx)}",
             fix="pass a longer text or a smaller --seq-len (or --lens DIR)",
         )
-    return torch.tensor(ids[: n * length]).view(n, length)
+    return torch.tensor(windows[:n_sequences])
+
+
+def _text_windows(tokenizer: Any, text: str, length: int) -> list[list[int]]:
+    """``text`` as full windows of ``length`` token ids, each with the tokenizer's special
+    tokens for one sequence (none for GPT-2-style tokenizers)."""
+    n_special = getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)()
+    if not n_special:
+        ids = tokenizer(text)["input_ids"]
+        return [ids[i : i + length] for i in range(0, len(ids) - length + 1, length)]
+    body = length - n_special
+    if body < 1:
+        raise InputError(
+            f"--seq-len {length} leaves no room for the text between the tokenizer's "
+            f"{n_special} special tokens",
+            fix=f"pass --seq-len {n_special + 1} or more",
+        )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prefix, suffix = _special_wrapping(tokenizer, n_special)
+    return [prefix + ids[i : i + body] + suffix for i in range(0, len(ids) - body + 1, body)]
+
+
+def _special_wrapping(tokenizer: Any, n_special: int) -> tuple[list[int], list[int]]:
+    """The special token ids the tokenizer puts before and after one sequence, read off
+    how it tokenizes a one-word sample with and without them."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            prefix, suffix = full[:start], full[start + len(plain) :]
+            if len(prefix) + len(suffix) == n_special:
+                return prefix, suffix
+    raise InputError(
+        "could not tell where the tokenizer puts its special tokens around a text",
+        fix="pass token ids instead of --text",
+    )
 
 
 __all__ = [
