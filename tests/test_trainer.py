@@ -329,12 +329,14 @@ def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
     args = parser.parse_args([
         "train", "--out", "o", "--gamma", "0.8", "--gamma-qk", "0.9", "--n-layers", "3",
         "--d-model", "32", "--n-heads", "2", "--heldout", "4,3;2,1", "--special-targets",
-        "3,4:-6", "--anchors", "1:5,2:1,3:-2,4:-8", "--weight-decay", "0.3", "--steps", "50",
+        "3,4:4;1,2:3", "--anchors", "1:5,2:1,3:-2,4:-8", "--weight-decay", "0.3", "--steps", "50",
         "--warmup-steps", "5", "--seed", "4", "--n-train", "600"])
     cfg = build_train_config(args)
     assert cfg.model.gamma == 0.8 and cfg.model.gammas()["qk"] == 0.9
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (3, 32, 2)
     assert cfg.task.heldout_pairs == [(4, 3), (2, 1)] and cfg.task.n_train == 600
+    # special targets are offsets from the composite: (1, 2) -> x + 6 + 3
+    assert cfg.task.trained_target(50, (1, 2)) == 59 and cfg.task.symmetric_shift((2, 1)) == 9
     assert (cfg.weight_decay, cfg.steps, cfg.seed) == (0.3, 50, 4)
     assert callable(args.func)
     sweep_args = parser.parse_args(["sweep", "--out", "s", "--gammas", "0.3,0.8",
