@@ -49,6 +49,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=None, help="attention heads")
     p.add_argument("--init-scheme", default=None, help="fan_in or official")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument(
+        "--from-metrics",
+        action="store_true",
+        help="train nothing: report the last evaluation in each seed's metrics.jsonl "
+        "(runs still training, or stopped; the trainer's numbers, all keys)",
+    )
     return p.parse_args(argv)
 
 
@@ -119,6 +125,32 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def from_metrics(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    """The last evaluation of each run of one seed, read from its ``metrics.jsonl``."""
+    lines = (Path(args.out) / f"s{seed}" / "metrics.jsonl").read_text().splitlines()
+    last: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        row = json.loads(line)
+        last[row["run"]] = row
+    rows = []
+    for name, r in last.items():
+        fr = {k: r[f"test_task_{k}"] for k in ("inferential", "symmetric", "other")}
+        solution = "memorizing" if r["test_data_acc"] < 0.9 else max(fr, key=fr.get)
+        rows.append(
+            {
+                "seed": seed,
+                "run": name,
+                "step": r["step"],
+                "gamma": float(name.split("_")[0][1:]),
+                "seen_test": r["test_data_acc"],
+                **fr,
+                "solution": solution,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per gamma: mean, min and max over seeds of each fraction, and the solution counts."""
     out: dict[str, Any] = {}
@@ -138,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gammas is None:
         args.gammas = [0.3, 0.8]
     print(f"settings: {vars(args)}", flush=True)
-    rows = [r for seed in args.seeds for r in run_seed(args, seed)]
+    one = from_metrics if args.from_metrics else run_seed
+    rows = [r for seed in args.seeds for r in one(args, seed)]
     summary = summarize(rows)
     for gamma, e in summary.items():
         fr = ", ".join(
@@ -146,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("seen_test", "inferential", "symmetric")
         )
         print(f"gamma {gamma}: {e['solutions']}; mean [min, max]: {fr}", flush=True)
+    if args.from_metrics:
+        return 0
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(
         json.dumps(
