@@ -68,13 +68,59 @@ def test_pairs_per_split(task: AnchorTask) -> None:
     assert {tuple(p) for p in task.dataset("test_task").pairs.tolist()} == {(4, 3)}
 
 
-def test_key_split(task: AnchorTask) -> None:
-    m = task.seq_len - 2
+@pytest.mark.parametrize(
+    "split, modulus",
+    [("complexity_control", 9), ("anchor_function_pub", 8), ("probekit_v1", 7), (5, 5)],
+)
+def test_key_split(split: str | int, modulus: int) -> None:
+    task = AnchorTask(n_train=3000, n_test=600, seed=3, key_split=split)
+    assert task.modulus == modulus
     tr, te = task.dataset("train"), task.dataset("test_data")
-    assert bool((tr.keys % m != tr.positions).all())
-    assert bool((te.keys % m == te.positions).all())
-    # training keys still use every position
-    assert set(tr.positions.tolist()) == set(range(m))
+    held = task.dataset("test_task")
+    assert bool((tr.keys % modulus != tr.positions % modulus).all())
+    assert bool((te.keys % modulus == te.positions % modulus).all())
+    assert torch.equal(tr.on_training_keys(), torch.ones(len(tr), dtype=torch.bool))
+    assert not bool(te.on_training_keys().any())
+    # training and test keys use every position; held-out pairs get both kinds of cells
+    assert set(tr.positions.tolist()) == set(te.positions.tolist()) == set(range(7))
+    assert 0 < int(held.on_training_keys().sum()) < len(held)
+    # the official rule: the keys 7 and 8 mod 9 are never test keys (positions are 0..6)
+    if split == "complexity_control":
+        assert not bool(((te.keys % 9) >= 7).any())
+
+
+def test_legacy_task_dicts_keep_their_rules() -> None:
+    """A task saved before key_split / special_form existed reads with the old rules."""
+    old = {k: v for k, v in AnchorTask(n_train=50, n_test=20).to_dict().items()
+           if k not in ("key_split", "special_form")}
+    old["special_targets"] = [[3, 4, -6]]
+    t = AnchorTask.from_dict(old, saved=True)
+    assert (t.key_split, t.special_form, t.modulus) == ("probekit_v1", "shift", 7)
+    # the same fields given by hand (the CLI's flags) are a new task: offsets, official split
+    assert AnchorTask.from_dict({**old, "special_targets": [[3, 4, 4]]}).modulus == 9
+    assert t.trained_target(50, (3, 4)) == 44
+    # a partial dict is a new configuration: today's defaults
+    assert AnchorTask.from_dict({"n_train": 50, "n_test": 20}).key_split == "complexity_control"
+
+
+def test_offset_and_shift_forms_give_the_same_data() -> None:
+    a = AnchorTask(n_train=400, n_test=100, special_targets={(3, 4): 4})
+    b = AnchorTask(n_train=400, n_test=100, special_targets={(3, 4): -6}, special_form="shift")
+    for split in SPLITS:
+        da, db = a.dataset(split), b.dataset(split)
+        for f in ("tokens", "targets", "composite", "symmetric"):
+            assert torch.equal(getattr(da, f), getattr(db, f))
+
+
+def test_heldout_scored_on_all_keys_and_training_key_cells(task: AnchorTask) -> None:
+    d = task.dataset("test_task")
+    pred = d.composite.clone()
+    pred[~d.on_training_keys()] = 0  # right only on the training-key cells
+    row = task.score(d, pred)[0]
+    on_train = d.on_training_keys().float().mean()
+    assert row["inferential_train_keys"] == 1.0
+    assert row["inferential"] == pytest.approx(float(on_train))
+    assert row["n_train_keys"] == int(d.on_training_keys().sum())
 
 
 def test_deterministic_from_seed() -> None:
@@ -90,7 +136,8 @@ def test_deterministic_from_seed() -> None:
 
 def test_round_trip_and_custom_task() -> None:
     t = AnchorTask(anchors={1: 3, 2: -1, 5: 2}, special_targets={(1, 2): 7},
-                   heldout_pairs=[(2, 1), (5, 5)], seq_len=7, n_train=100, n_test=30)
+                   heldout_pairs=[(2, 1), (5, 5)], seq_len=7, n_train=100, n_test=30,
+                   special_form="shift", key_split="probekit_v1")
     assert AnchorTask.from_dict(t.to_dict()) == t
     assert len(t.pairs) == 9 and len(t.seen_pairs) == 7
     d = t.dataset("train")
@@ -115,6 +162,18 @@ def test_round_trip_and_custom_task() -> None:
         ({"special_targets": {(3, 4): 200}}, "outside the vocabulary"),
         ({"heldout_pairs": [(3, 4)]}, "both held out"),
         ({"n_train": 0}, "positive"),
+        ({"key_split": "mod7"}, "unknown key_split"),
+        ({"key_split": 1}, "modulus 1 < 2"),
+        ({"key_split": 200}, "no test key"),
+        ({"special_form": "absolute"}, "special_form"),
+        # degenerate: the answers could not be told apart
+        ({"special_targets": {(3, 4): 0}}, "equals its composite"),
+        ({"special_targets": {(3, 4): -10}, "special_form": "shift"}, "equals its composite"),
+        ({"special_targets": {}}, "would be the same answer"),
+        ({"heldout_pairs": [(2, 1)]}, "(2, 1)"),
+        ({"anchors": {1: 5, 2: -5}, "special_targets": {(1, 2): 3}, "heldout_pairs": [(2, 1)]},
+         "the key itself"),
+        ({"special_targets": {(3, 4): 10}}, "the key itself"),
     ],
 )
 def test_invalid_configurations(kwargs: dict, needle: str) -> None:

@@ -129,3 +129,85 @@ def test_bad_inputs(handle) -> None:
         )
     with pytest.raises(ConfigError, match="memorizing_threshold"):
         sol.solution_types(handle, TASK.solution_data(), memorizing_threshold=2.0)
+
+
+def test_untrained_mirror_is_nan_never_zero(handle, monkeypatch) -> None:
+    # (4, 3) and (3, 4) both held out: neither has a trained mirror, no symmetric answer exists
+    task = AnchorTask(n_train=256, n_test=200, seed=2, special_targets={},
+                      heldout_pairs=[(4, 3), (3, 4)])
+    monkeypatch.setattr(sol, "_last_token_logits", _oracle("inferential", task))
+    res = sol.solution_types(handle, task.solution_data())
+    s = res.summary
+    assert s["heldout_inferential"] == 1.0 and s["solution"] == "inferential"
+    assert s["heldout_symmetric"] != s["heldout_symmetric"]  # NaN
+    assert s["heldout_symmetric_train_keys"] != s["heldout_symmetric_train_keys"]
+    frac = res.fractions().set_index("pair")
+    assert frac.loc["(4,3)", "symmetric"] != frac.loc["(4,3)", "symmetric"]
+    assert all(r["symmetric"] != r["symmetric"] for r in task.score(
+        task.dataset("test_task"), task.dataset("test_task").composite))
+
+
+def test_heldout_summary_on_all_keys_and_training_key_cells(handle, monkeypatch) -> None:
+    data = TASK.solution_data()
+    right = data.composite.clone()
+    right[data.heldout() & ~data.on_training_keys()] = 0  # wrong on held-out test-key cells
+    monkeypatch.setattr(sol, "predict", lambda model, task, batch_size: right)
+    s = sol.solution_types(handle, data).summary
+    held = data.heldout()
+    share = float(data.on_training_keys()[held].float().mean())
+    assert s["heldout_inferential_train_keys"] == 1.0
+    assert s["heldout_inferential"] == pytest.approx(share)
+    assert s["heldout_other"] == pytest.approx(1 - share)
+
+
+#: configurations other than the published one: anchors, shifts, held-out pairs, key splits
+OTHER_CONFIGS = [
+    dict(anchors={1: 3, 2: -4, 5: 7}, special_targets={(2, 5): -2}, heldout_pairs=[(5, 2)],
+         key_split=5),
+    dict(special_targets={(1, 2): 3}, heldout_pairs=[(2, 1)]),
+    dict(anchors={6: 2, 7: 9, 8: -3, 9: -6}, special_targets={(7, 8): -5, (6, 9): 2},
+         heldout_pairs=[(8, 7), (9, 6)], key_split="anchor_function_pub", seq_len=10),
+]
+
+
+@pytest.mark.parametrize("settings", OTHER_CONFIGS, ids=["3anchors", "pair21", "2heldout"])
+def test_other_configurations_end_to_end(settings: dict, monkeypatch, tmp_path: Path) -> None:
+    task = AnchorTask(n_train=256, n_test=120, seed=4, **settings)
+    shifts, special = task.anchors, task.special_targets
+    # the generator: answers derived from this configuration (offsets from the composite)
+    data = task.solution_data()
+    for i in range(0, len(data), 7):
+        x, (a, b) = int(data.keys[i]), data.pair(i)
+        assert int(data.composite[i]) == x + shifts[a] + shifts[b]
+        if (a, b) in task.heldout_pairs:
+            mirror = (b, a)
+            want = -1 if mirror in task.heldout_pairs else x + shifts[a] + shifts[b] + special[
+                mirror]
+            assert int(data.symmetric[i]) == want
+            assert int(data.targets[i]) == x + shifts[a] + shifts[b]
+        else:
+            assert int(data.targets[i]) == x + shifts[a] + shifts[b] + special.get((a, b), 0)
+    # a short trainer run, the classifier on its checkpoint, the figure
+    model = ModelConfig(n_layers=1, d_model=16, n_heads=2, n_positions=task.seq_len)
+    cfg = TrainConfig(model=model, task=task, steps=4, batch_size=32, warmup_steps=1,
+                      eval_every=4, eval_train_samples=64, device="cpu")
+    out = train(cfg, tmp_path / "run", progress=False)
+    assert load_run(out.checkpoint).task == task
+    res = sol.solution_types(out.checkpoint, task.solution_data())
+    assert res.summary["heldout_inferential"] == pytest.approx(out.final["test_task_inferential"])
+    assert res.summary["heldout_symmetric"] == pytest.approx(out.final["test_task_symmetric"])
+    held_labels = {f"({a},{b})" for a, b in task.heldout_pairs}
+    assert set(res.df[res.df["heldout"]]["pair"]) == held_labels
+    assert {t.name for t in res.figure().data} >= {"inferential", "symmetric", "other"}
+    # the classifier recovers answers built from this configuration alone: trained targets on
+    # the seen pairs, the composite or the mirror's trained target on the held-out ones
+    handle = probekit.load(out.checkpoint)
+    for mode in ("inferential", "symmetric"):
+        answer = data.answers()[mode]
+        if mode == "symmetric":  # a held-out pair without a trained mirror: the composite
+            answer = torch.where(answer == -1, data.composite, answer)
+        pred = torch.where(data.heldout(), answer, data.targets)
+        monkeypatch.setattr(sol, "predict", lambda model, task, batch_size, p=pred: p)
+        s = sol.solution_types(handle, data).summary
+        assert s["solution"] == mode and s[f"heldout_{mode}"] == 1.0
+        assert s["seen_test_accuracy"] == 1.0

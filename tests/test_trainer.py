@@ -329,12 +329,14 @@ def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
     args = parser.parse_args([
         "train", "--out", "o", "--gamma", "0.8", "--gamma-qk", "0.9", "--n-layers", "3",
         "--d-model", "32", "--n-heads", "2", "--heldout", "4,3;2,1", "--special-targets",
-        "3,4:-6", "--anchors", "1:5,2:1,3:-2,4:-8", "--weight-decay", "0.3", "--steps", "50",
+        "3,4:4;1,2:3", "--anchors", "1:5,2:1,3:-2,4:-8", "--weight-decay", "0.3", "--steps", "50",
         "--warmup-steps", "5", "--seed", "4", "--n-train", "600"])
     cfg = build_train_config(args)
     assert cfg.model.gamma == 0.8 and cfg.model.gammas()["qk"] == 0.9
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (3, 32, 2)
     assert cfg.task.heldout_pairs == [(4, 3), (2, 1)] and cfg.task.n_train == 600
+    # special targets are offsets from the composite: (1, 2) -> x + 6 + 3
+    assert cfg.task.trained_target(50, (1, 2)) == 59 and cfg.task.symmetric_shift((2, 1)) == 9
     assert (cfg.weight_decay, cfg.steps, cfg.seed) == (0.3, 50, 4)
     assert callable(args.func)
     sweep_args = parser.parse_args(["sweep", "--out", "s", "--gammas", "0.3,0.8",
@@ -389,3 +391,71 @@ def test_load_run_reads_anchor_and_lm_runs_new_and_old(tmp_path: Path) -> None:
     (old_lm / "run_config.json").write_text(json.dumps({"lm": {"stepz": 3}}))
     with pytest.raises(ConfigError, match="stepz"):
         load_run(old_lm)
+
+
+# ----------------------------------------------------------------------------- seeds, init scheme
+def test_task_seed_follows_the_run_seed_unless_set() -> None:
+    from dataclasses import replace
+
+    from probekit.training.sweep import SweepConfig
+
+    base = TrainConfig(task=AnchorTask(n_train=64, n_test=16), batch_size=8, seed=2)
+    assert base.task.seed == 2 and base.task_seed is None
+    moved = replace(base, seed=7)  # what a sweep does: the data follow the new seed
+    assert moved.task.seed == 7
+    assert not torch.equal(moved.task.dataset("train").tokens, base.task.dataset("train").tokens)
+    fixed = replace(base, task_seed=0)
+    assert replace(fixed, seed=9).task.seed == 0
+    assert TrainConfig(task=AnchorTask(n_train=64, n_test=16, seed=5), batch_size=8,
+                       seed=1).task.seed == 5  # an explicitly seeded task keeps its data
+    # saved and read back: the same data
+    assert TrainConfig.from_dict(moved.to_dict()).task == moved.task
+    # a sweep's seeds: one stack (and folder) per data seed
+    sweep = SweepConfig(base, gammas=[0.3, 0.8], seeds=[0, 1])
+    names = [name for name, _ in sweep.groups()]
+    assert names == ["L2_data0", "L2_data1"]
+    assert all(len({r.task.seed for r in runs}) == 1 for _, runs in sweep.groups())
+    shared = SweepConfig(replace(base, task_seed=3), gammas=[0.3, 0.8], seeds=[0, 1])
+    assert [(n, len(r)) for n, r in shared.groups()] == [("L2", 4)]
+
+
+def test_run_config_saved_before_task_seed_keeps_its_data(tmp_path: Path) -> None:
+    """A run folder written before task_seed / key_split / special_form loads with its data."""
+    from probekit.training.runs import load_run
+
+    out = train(tiny(steps=2), tmp_path / "a", progress=False)
+    stored = json.loads((out.checkpoint / "run_config.json").read_text())
+    stored.pop("task_seed")
+    for key in ("key_split", "special_form"):
+        stored["task"].pop(key)
+    stored["task"]["special_targets"] = [[3, 4, -6]]  # the old absolute form
+    stored["task"]["seed"], stored["seed"] = 0, 3
+    (out.checkpoint / "run_config.json").write_text(json.dumps(stored))
+    task = load_run(out.out_dir).task
+    assert (task.seed, task.key_split, task.special_form) == (0, "probekit_v1", "shift")
+    assert task.trained_target(50, (3, 4)) == 44 and task.modulus == 7
+
+
+def test_init_scheme_official_and_recorded(tmp_path: Path) -> None:
+    L, d = 3, 32
+    fan = init_params(ModelConfig(n_layers=L, d_model=d, n_heads=2, gamma=0.5), 0)
+    off = init_params(ModelConfig(n_layers=L, d_model=d, n_heads=2, gamma=0.5,
+                                  init_scheme="official"), 0)
+    for name in ("attn.c_proj.weight", "mlp.c_proj.weight"):
+        key = f"transformer.h.1.{name}"
+        want = d ** -0.5 / (2 * L) ** 0.5  # d_model fan-in, extra 1/sqrt(2L)
+        assert float(off[key].std()) == pytest.approx(want, rel=0.1)
+    assert float(fan["transformer.h.1.mlp.c_proj.weight"].std()) == pytest.approx(
+        (4 * d) ** -0.5, rel=0.1)
+    fc = "transformer.h.1.mlp.c_fc.weight"
+    assert torch.equal(fan[fc], off[fc])
+    with pytest.raises(ConfigError, match="init_scheme"):
+        ModelConfig(init_scheme="xavier")
+    assert ModelConfig.from_dict({"d_model": 16, "n_heads": 2}).init_scheme == "fan_in"
+    cfg = tiny(steps=2, model=ModelConfig(n_layers=2, d_model=16, n_heads=2,
+                                          init_scheme="official"))
+    out = train(cfg, tmp_path / "o", progress=False)
+    saved = json.loads((out.out_dir / "config.json").read_text())
+    assert saved["model"]["init_scheme"] == "official"
+    assert json.loads((out.checkpoint / "run_config.json").read_text())["model"][
+        "init_scheme"] == "official"

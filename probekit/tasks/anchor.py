@@ -3,18 +3,45 @@
 An input is ``seq_len`` tokens of noise drawn from the item range, with a key ``x`` at position
 ``p`` and an anchor pair ``(a1, a2)`` at ``p + 1, p + 2``. The target (the next token) is the
 composite ``g(g(x; a1); a2)`` where each anchor shifts the key (default 1:+5, 2:+1, 3:-2, 4:-8).
-Some pairs are trained on a *non-inferential* target (default ``(3, 4) -> x - 6`` instead of the
-composite ``x - 10``) and some pairs are never trained (default ``(4, 3)``). On a held-out pair a
-model can answer with the composite (the *inferential* solution), with the trained target of the
-mirrored pair (the *symmetric* solution), or with something else.
+Some pairs are trained on a *non-inferential* target (default ``(3, 4)``: the composite ``x - 10``
+plus the offset ``+4``, i.e. ``x - 6``) and some pairs are never trained (default ``(4, 3)``). On
+a held-out pair a model can answer with the composite (the *inferential* solution), with the
+trained target of the mirrored pair (the *symmetric* solution), or with something else.
 
-Keys are also split: a training sequence has ``x mod (seq_len - 2) != p``, a test sequence
-``x mod (seq_len - 2) == p``.
+Keys are also split by a modulus ``m`` (``key_split``): a training sequence has
+``x mod m != p mod m``, a test sequence ``x mod m == p mod m`` (``p`` in ``[0, seq_len - 2)``).
+
+The official code, point by point (files of GitHub ``sjtuzzw/complexity_control`` under
+``code_for_anchor_func/``, and ``xuzhiqin1990/anchor_function_pub``):
+
+* key split: ``data_generator/composition.py`` line 23 calls
+  ``generate_mod_list(data_min, data_max, args.seq_len)`` (``data_generator_base.py`` lines
+  4-16: test keys are ``i % seq_len == pos``), with ``seq_len`` 9 input tokens
+  (``main.py``, ``--seq_len`` default 9): modulus ``seq_len``, the default
+  ``key_split="complexity_control"``.
+  It draws the position first (line 29, ``np.random.randint(0, seq_len - 2)``), then the key
+  among that position's training (or test) keys (lines 31-34); so does probekit.
+  ``anchor_function_pub`` (``data_generator/composition.py`` lines 28-29: ``x =
+  random.choice(dataset) + pos``) tests ``(x - p) mod 8 == 0``: ``key_split="anchor_function_pub"``
+  (modulus 8). probekit before this field used modulus ``seq_len - 2`` with the key drawn first
+  and the position among the key's allowed ones: ``key_split="probekit_v1"`` (bit-identical to
+  the data it generated). The NeurIPS paper states the split only in words; the rules differ
+  in which keys are test keys, not in the idea.
+* special target: ``composition.py`` lines 42-43 add ``+4`` to the composite of ``(3, 4)``:
+  ``special_targets`` are offsets from the composite (``special_form="offset"``, default
+  ``{(3, 4): 4}``); ``special_form="shift"`` reads them as target minus key (probekit's old form,
+  ``{(3, 4): -6}``), which gives the same data.
+* held-out pair: the official generator gives a pair's sequences on training keys (data mode
+  suffix ``xel``, line 31) or test keys (``xm0``, line 33), and the held-out pair is evaluated
+  on training-key cells;
+  probekit's ``test_task`` uses all keys and :meth:`AnchorData.on_training_keys` marks the
+  training-key cells, so both numbers are reported (``score`` and ``solution_types``).
 
 Splits:
     ``train``      seen pairs, training keys (the trained target).
     ``test_data``  seen pairs, test keys ("generalization on data").
-    ``test_task``  held-out pairs, all keys ("generalization on task").
+    ``test_task``  held-out pairs, all keys ("generalization on task"); its training-key
+                   cells (:meth:`AnchorData.on_training_keys`) are the official code's set.
 
 Example:
     >>> task = AnchorTask(n_train=100, n_test=50)
@@ -39,6 +66,25 @@ from probekit.errors import ConfigError, InputError, check_known_keys
 
 Pair = tuple[int, int]
 
+KEY_SPLITS: dict[str, str] = {
+    "complexity_control": "modulus seq_len, position drawn first (the official code, default)",
+    "anchor_function_pub": "modulus 8, position drawn first ((x - p) mod 8 == 0 are test keys)",
+    "probekit_v1": "modulus seq_len - 2, key drawn first (probekit before key_split existed)",
+}
+"""The named key-split rules (an integer ``key_split`` is a modulus, position drawn first)."""
+
+SPECIAL_FORMS: dict[str, str] = {
+    "offset": "special target = composite + value (the official code's '+4', default)",
+    "shift": "special target = key + value (probekit's form before special_form existed)",
+}
+
+#: the fields of a task saved before key_split / special_form existed: such a dict is read
+#: with the rules it was generated with (probekit_v1 split, absolute shifts)
+LEGACY_FIELDS = frozenset(
+    ("anchors", "item_low", "item_high", "seq_len", "vocab_size", "special_targets",
+     "heldout_pairs", "n_train", "n_test", "seed")
+)  # fmt: skip
+
 SPLITS: tuple[str, ...] = ("train", "test_data", "test_task")
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
 
@@ -57,7 +103,7 @@ class AnchorData:
     mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``,
     ``intermediate`` the first step ``g(x; a1)`` and ``is_heldout`` ``[n]`` bool. ``item_range``
     is the task's ``(item_low, item_high)``, ``vocab_size`` the task's vocabulary (the model
-    that reads the data must have it).
+    that reads the data must have it), ``key_modulus`` the modulus of the key split.
 
     It implements :class:`probekit.data.TaskData`, the protocol task-aware analyzers ask.
     """
@@ -74,9 +120,28 @@ class AnchorData:
     is_heldout: torch.Tensor
     item_range: tuple[int, int] = (20, 100)
     vocab_size: int | None = None
+    key_modulus: int | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def on_training_keys(self) -> torch.Tensor:
+        """Bool ``[n]``: the sequence's key is a training key at its position
+        (``key mod m != position mod m``), the cells the official code evaluates held-out
+        pairs on.
+
+        Example:
+            >>> d = AnchorTask(n_train=64, n_test=200).dataset("test_task")
+            >>> 0 < int(d.on_training_keys().sum()) < len(d)
+            True
+        """
+        if self.key_modulus is None:
+            raise InputError(
+                "these task data do not record their key split",
+                fix="generate them with AnchorTask.generate / dataset",
+            )
+        m = self.key_modulus
+        return self.keys % m != self.positions % m
 
     def pair(self, i: int) -> Pair:
         """The anchor pair of sample ``i`` as a tuple."""
@@ -148,6 +213,7 @@ class AnchorData:
             *(torch.cat([getattr(d, f) for d in parts]) for f in fields),
             item_range=self.item_range,
             vocab_size=self.vocab_size,
+            key_modulus=self.key_modulus,
         )
 
 
@@ -202,10 +268,19 @@ def _as_pair(value: Any, what: str) -> Pair:
 class AnchorTask:
     """Configuration and generator of an anchor-function task (see the module docstring).
 
+    ``special_targets`` maps a pair to an offset from its composite (``special_form="offset"``,
+    the official code's rule) or, with ``special_form="shift"``, to its target minus the key.
+    ``key_split`` names the key-split rule (:data:`KEY_SPLITS`) or gives the modulus as an
+    integer. A held-out pair whose symmetric answer would equal its composite, or either of
+    them the key itself, is refused: the solution types could not be told apart.
+
     Example:
         >>> task = AnchorTask(anchors={1: 5, 2: 1, 3: -2, 4: -8}, heldout_pairs=[(4, 3)])
         >>> task.composite(50, (4, 3)), task.trained_target(50, (3, 4))
         (40, 44)
+        >>> old_form = AnchorTask(special_targets={(3, 4): -6}, special_form="shift")
+        >>> old_form.trained_target(50, (3, 4))
+        44
     """
 
     anchors: dict[int, int] = field(default_factory=lambda: {1: 5, 2: 1, 3: -2, 4: -8})
@@ -213,11 +288,13 @@ class AnchorTask:
     item_high: int = 100
     seq_len: int = 9
     vocab_size: int = 201
-    special_targets: dict[Pair, int] = field(default_factory=lambda: {(3, 4): -6})
+    special_targets: dict[Pair, int] = field(default_factory=lambda: {(3, 4): 4})
     heldout_pairs: list[Pair] = field(default_factory=lambda: [(4, 3)])
     n_train: int = 20000
     n_test: int = 2000
     seed: int = 0
+    key_split: str | int = "complexity_control"
+    special_form: str = "offset"
 
     def __post_init__(self) -> None:
         self.anchors = _anchor_mapping(self.anchors)
@@ -284,9 +361,73 @@ class AnchorTask:
                 "positions are needed",
                 fix="use seq_len >= 4 (default 9)",
             )
+        self._validate_split()
         self._validate_pairs()
+        self._validate_distinct()
         if self.n_train < 1 or self.n_test < 1:
             raise ConfigError("n_train and n_test must be positive", fix="use e.g. 20000 / 2000")
+
+    def _validate_split(self) -> None:
+        """The key split names a rule or a modulus >= 2, and every position has both a
+        training key and a test key."""
+        if self.special_form not in SPECIAL_FORMS:
+            raise ConfigError(
+                f"special_form {self.special_form!r} is not one of {list(SPECIAL_FORMS)}",
+                fix="use 'offset' (offset from the composite) or 'shift' (target minus key)",
+            )
+        split = self.key_split
+        if isinstance(split, str):
+            if split not in KEY_SPLITS:
+                raise ConfigError(
+                    f"unknown key_split {split!r}",
+                    fix=f"use one of {list(KEY_SPLITS)} or an integer modulus >= 2",
+                )
+        else:
+            _check_int("key_split", split)
+            if split < 2:
+                raise ConfigError(
+                    f"key_split modulus {split} < 2 leaves no training keys",
+                    fix="use a modulus >= 2 or a named rule such as 'complexity_control'",
+                )
+        items = np.arange(self.item_low, self.item_high)
+        for p in range(self.n_positions):
+            test = items % self.modulus == p % self.modulus
+            if test.all() or not test.any():
+                raise ConfigError(
+                    f"with key_split {split!r} (modulus {self.modulus}) position {p} has "
+                    f"{'no training' if test.all() else 'no test'} key in [{self.item_low}, "
+                    f"{self.item_high})",
+                    fix="widen the item range or choose a smaller modulus",
+                )
+
+    def _validate_distinct(self) -> None:
+        """No special target equals its composite; on every held-out pair the inferential and
+        symmetric answers differ from each other and from the key."""
+        for p in self.special_targets:
+            if self.target_shift(p) == self.composite_shift(p):
+                raise ConfigError(
+                    f"the special target of pair {p} equals its composite (offset 0): it is not "
+                    "special, and its mirror's symmetric and inferential answers coincide",
+                    fix=f"give {p} a non-zero offset, or leave it out of special_targets",
+                )
+        for p in self.heldout_pairs:
+            comp, sym = self.composite_shift(p), self.symmetric_shift(p)
+            mirror = (p[1], p[0])
+            if sym is not None and sym == comp:
+                raise ConfigError(
+                    f"on the held-out pair {p} the symmetric answer (the trained target of "
+                    f"{mirror}) equals the composite x{comp:+d}: 'inferential' and 'symmetric' "
+                    "would be the same answer",
+                    fix=f"give {mirror} a special target (special_targets={{{mirror}: 4}}), "
+                    f"hold out {mirror} too, or hold out another pair",
+                )
+            for name, shift in (("composite", comp), ("symmetric answer", sym)):
+                if shift == 0:
+                    raise ConfigError(
+                        f"the {name} of the held-out pair {p} is the key itself: a model that "
+                        "copies the key would be classified by it",
+                        fix="choose anchors / special targets whose shifts on it are non-zero",
+                    )
 
     def _validate_pairs(self) -> None:
         """Held-out and special pairs are anchor pairs, and every target is in the vocabulary."""
@@ -334,9 +475,23 @@ class AnchorTask:
         return [p for p in self.pairs if p not in self.heldout_pairs]
 
     @property
-    def modulus(self) -> int:
-        """The key-split modulus ``seq_len - 2``."""
+    def n_positions(self) -> int:
+        """Key positions ``0 .. seq_len - 3`` (the anchors follow the key)."""
         return self.seq_len - 2
+
+    @property
+    def modulus(self) -> int:
+        """The key-split modulus: ``seq_len`` (complexity_control), 8 (anchor_function_pub),
+        ``seq_len - 2`` (probekit_v1) or the integer ``key_split``.
+
+        Example:
+            >>> AnchorTask().modulus, AnchorTask(key_split="probekit_v1").modulus
+            (9, 7)
+        """
+        named = {"complexity_control": self.seq_len, "anchor_function_pub": 8}
+        if self.key_split == "probekit_v1":
+            return self.seq_len - 2
+        return named.get(self.key_split, self.key_split)  # type: ignore[arg-type]
 
     def composite_shift(self, pair: Pair) -> int:
         """``g(g(x; a1); a2) - x``."""
@@ -344,7 +499,12 @@ class AnchorTask:
 
     def target_shift(self, pair: Pair) -> int:
         """The trained target minus the key (the composite unless the pair is special)."""
-        return self.special_targets.get(tuple(pair), self.composite_shift(pair))
+        pair = (int(pair[0]), int(pair[1]))
+        comp = self.composite_shift(pair)
+        if pair not in self.special_targets:
+            return comp
+        value = self.special_targets[pair]
+        return comp + value if self.special_form == "offset" else value
 
     def composite(self, x: int, pair: Pair) -> int:
         """The inferential answer ``g(g(x; a1); a2)``."""
@@ -368,8 +528,13 @@ class AnchorTask:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AnchorTask:
+    def from_dict(cls, d: Mapping[str, Any], saved: bool = False) -> AnchorTask:
         """Rebuild a task from :meth:`to_dict` output.
+
+        With ``saved`` (a task stored by a run), a dict holding exactly the fields of a task
+        saved before ``key_split`` and ``special_form`` existed (:data:`LEGACY_FIELDS`) is read
+        with the rules its data were generated with: ``key_split="probekit_v1"``,
+        ``special_form="shift"``. Otherwise the fields a dict leaves out get today's defaults.
 
         Example:
             >>> AnchorTask.from_dict(AnchorTask().to_dict()) == AnchorTask()
@@ -382,6 +547,8 @@ class AnchorTask:
             )
         d = dict(d)
         check_known_keys(d, {f for f in cls.__dataclass_fields__ if not f.startswith("_")}, "task")
+        if saved and set(d) == LEGACY_FIELDS:  # saved before key_split / special_form
+            d.update(key_split="probekit_v1", special_form="shift")
         if "special_targets" in d:
             d["special_targets"] = _pairs_mapping(d["special_targets"])
         return cls(**d)
@@ -413,14 +580,10 @@ class AnchorTask:
         rng = np.random.default_rng([seed, _SPLIT_INDEX[split], 20240917])
         pair_pool = self.heldout_pairs if split == "test_task" else self.seen_pairs
         pair_arr = np.array(pair_pool, dtype=np.int64)[rng.integers(0, len(pair_pool), n)]
-        keys = rng.integers(self.item_low, self.item_high, n)
-        m = self.modulus
-        if split == "train":
-            positions = (keys % m + 1 + rng.integers(0, m - 1, n)) % m
-        elif split == "test_data":
-            positions = keys % m
+        if self.key_split == "probekit_v1":
+            keys, positions = self._keys_v1(rng, split, n)
         else:
-            positions = rng.integers(0, m, n)
+            keys, positions = self._keys_position_first(rng, split, n)
         tokens = rng.integers(self.item_low, self.item_high, (n, self.seq_len))
         rows = np.arange(n)
         tokens[rows, positions] = keys
@@ -456,7 +619,40 @@ class AnchorTask:
             is_heldout=torch.tensor([p in held for p in plist], dtype=torch.bool),
             item_range=(self.item_low, self.item_high),
             vocab_size=self.vocab_size,
+            key_modulus=self.modulus,
         )
+
+    def _keys_v1(self, rng: np.random.Generator, split: str, n: int) -> tuple[Any, Any]:
+        """probekit_v1: the key first (uniform), then a position among the key's allowed
+        ones (modulus ``seq_len - 2`` = the number of positions)."""
+        keys = rng.integers(self.item_low, self.item_high, n)
+        m = self.modulus
+        if split == "train":
+            positions = (keys % m + 1 + rng.integers(0, m - 1, n)) % m
+        elif split == "test_data":
+            positions = keys % m
+        else:
+            positions = rng.integers(0, m, n)
+        return keys, positions
+
+    def _keys_position_first(self, rng: np.random.Generator, split: str, n: int) -> tuple:
+        """The official order: a uniform position, then a uniform key among that position's
+        training keys (``train``), test keys (``test_data``) or all keys (``test_task``)."""
+        positions = rng.integers(0, self.n_positions, n)
+        u = rng.random(n)
+        if split == "test_task":
+            keys = self.item_low + (u * (self.item_high - self.item_low)).astype(np.int64)
+            return keys, positions
+        items = np.arange(self.item_low, self.item_high)
+        table = np.zeros((self.n_positions, len(items)), dtype=np.int64)
+        sizes = np.zeros(self.n_positions, dtype=np.int64)
+        for p in range(self.n_positions):
+            is_test = items % self.modulus == p % self.modulus
+            allowed = items[is_test if split == "test_data" else ~is_test]
+            table[p, : len(allowed)] = allowed
+            sizes[p] = len(allowed)
+        idx = np.minimum((u * sizes[positions]).astype(np.int64), sizes[positions] - 1)
+        return table[positions, idx], positions
 
     def dataset(self, split: str) -> AnchorData:
         """The split's standard (cached) dataset: ``n_train`` or ``n_test`` samples, task seed."""
@@ -484,7 +680,11 @@ class AnchorTask:
 
         ``accuracy`` compares with ``data.targets``; ``inferential`` with the composite;
         ``symmetric`` with the mirrored pair's trained target (NaN when the mirror is untrained);
-        ``other`` is neither. Returns one dict per pair present in ``data``.
+        ``other`` is neither: all over the pair's sequences (for a held-out pair: all keys).
+        The same three on the pair's training-key cells only (the official code's held-out
+        evaluation) are ``inferential_train_keys``, ``symmetric_train_keys`` and
+        ``other_train_keys`` (``n_train_keys`` sequences; NaN when there are none). Returns one
+        dict per pair present in ``data``.
 
         Example:
             >>> t = AnchorTask(n_test=40)
@@ -498,28 +698,44 @@ class AnchorTask:
                 f"{predictions.shape[0]} predictions for {len(data)} samples",
                 fix="pass one prediction per sample",
             )
+        m = self.modulus
+        train_key = data.keys % m != data.positions % m
         rows = []
         for pair in sorted({tuple(p) for p in data.pairs.tolist()}):
             sel = (data.pairs[:, 0] == pair[0]) & (data.pairs[:, 1] == pair[1])
-            pred = predictions[sel]
-            inferential = pred == data.composite[sel]
             has_sym = self.symmetric_shift(pair) is not None
-            symmetric = pred == data.symmetric[sel]
-            other = ~(inferential | symmetric) if has_sym else ~inferential
-            rows.append(
-                {
-                    "pair": f"({pair[0]},{pair[1]})",
-                    "a1": pair[0],
-                    "a2": pair[1],
-                    "heldout": pair in self.heldout_pairs,
-                    "n": int(sel.sum()),
-                    "accuracy": float((pred == data.targets[sel]).float().mean()),
-                    "inferential": float(inferential.float().mean()),
-                    "symmetric": float(symmetric.float().mean()) if has_sym else float("nan"),
-                    "other": float(other.float().mean()),
-                }
-            )
+            row = {
+                "pair": f"({pair[0]},{pair[1]})",
+                "a1": pair[0],
+                "a2": pair[1],
+                "heldout": pair in self.heldout_pairs,
+                "n": int(sel.sum()),
+                "accuracy": float((predictions[sel] == data.targets[sel]).float().mean()),
+                **_kinds(predictions, data, sel, has_sym, ""),
+                "n_train_keys": int((sel & train_key).sum()),
+                **_kinds(predictions, data, sel & train_key, has_sym, "_train_keys"),
+            }
+            rows.append(row)
         return rows
+
+
+def _kinds(
+    pred: torch.Tensor, data: AnchorData, sel: torch.Tensor, has_sym: bool, suffix: str
+) -> dict[str, float]:
+    """inferential / symmetric / other fractions of ``pred`` on ``sel`` (NaN when empty;
+    symmetric NaN without a trained mirror)."""
+    nan = float("nan")
+    if not bool(sel.any()):
+        return {f"{k}{suffix}": nan for k in ("inferential", "symmetric", "other")}
+    p = pred[sel]
+    inferential = p == data.composite[sel]
+    symmetric = p == data.symmetric[sel]
+    other = ~(inferential | symmetric) if has_sym else ~inferential
+    return {
+        f"inferential{suffix}": float(inferential.float().mean()),
+        f"symmetric{suffix}": float(symmetric.float().mean()) if has_sym else nan,
+        f"other{suffix}": float(other.float().mean()),
+    }
 
 
 def _pairs_mapping(value: Any) -> dict[Pair, int]:

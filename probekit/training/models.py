@@ -11,6 +11,15 @@ embedding; their ``d_in`` is ``d_model``, as in the reference code), the attenti
 weights, the attention value/output weights and the MLP weights. Biases start at 0, layer-norm
 gains at 1.
 
+Init schemes (``ModelConfig.init_scheme``, saved with every run): ``"fan_in"`` (the default, and
+every run before the field existed) uses each matrix's own ``d_in`` (``d_mlp`` for the MLP
+output projection). ``"official"`` is the anchor papers' code (GitHub
+``sjtuzzw/complexity_control``, ``code_for_anchor_func/model/GPT2_init_for_diff_part_prenorm.py``,
+``MultiHeadAttention.__init__`` (``self.fc``) and ``PoswiseFeedForwardNet.__init__`` (the last
+``nn.Linear``)): ``d_model`` is the fan-in of every matrix, and the attention and MLP output
+projections get an extra ``1/sqrt(2 n_layers)``. (That code also normalises only the attention
+query input and leaves biases at PyTorch's default init; probekit keeps GPT-2's block.)
+
 Example:
     >>> import torch
     >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, gamma=0.5)
@@ -33,6 +42,10 @@ from probekit.errors import ConfigError, check_known_keys
 from probekit.training.checks import check_flag, check_int, check_mapping, check_real, is_real
 
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
+INIT_SCHEMES: dict[str, str] = {
+    "fan_in": "std d_in^-gamma for every matrix (d_mlp for the MLP output projection)",
+    "official": "std d_model^-gamma for every matrix, output projections / sqrt(2 n_layers)",
+}
 #: token ids are 32-bit in Hugging Face models and tokenizers
 VOCAB_LIMIT = 2**31
 
@@ -42,7 +55,8 @@ class ModelConfig:
     """Shape and initialization of a GPT-2-style decoder.
 
     ``d_mlp`` defaults to ``4 * d_model``. ``gamma_emb``, ``gamma_qk``, ``gamma_vo`` and
-    ``gamma_mlp`` default to ``gamma``.
+    ``gamma_mlp`` default to ``gamma``. ``init_scheme`` is one of :data:`INIT_SCHEMES`
+    (a config saved without it is ``"fan_in"``, the scheme it was trained with).
 
     Example:
         >>> ModelConfig(d_model=64, n_heads=4).to_hf_config().n_inner
@@ -63,6 +77,7 @@ class ModelConfig:
     gamma_qk: float | None = None
     gamma_vo: float | None = None
     gamma_mlp: float | None = None
+    init_scheme: str = "fan_in"
 
     def __post_init__(self) -> None:
         if self.d_mlp is None and isinstance(self.d_model, int):
@@ -84,6 +99,11 @@ class ModelConfig:
                 f"unknown activation {self.activation!r}", fix=f"use one of {list(ACTIVATIONS)}"
             )
         check_flag("tie_embeddings", self.tie_embeddings)
+        if not isinstance(self.init_scheme, str) or self.init_scheme not in INIT_SCHEMES:
+            raise ConfigError(
+                f"unknown init_scheme {self.init_scheme!r}",
+                fix=f"use one of {list(INIT_SCHEMES)}",
+            )
         check_real("layer_norm_eps", self.layer_norm_eps, positive=True, example="1e-5")
         for name in ("gamma", "gamma_emb", "gamma_qk", "gamma_vo", "gamma_mlp"):
             value = getattr(self, name)
@@ -202,10 +222,16 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         >>> p = init_params(ModelConfig(d_model=64, gamma=0.5), seed=0)
         >>> round(float(p["transformer.h.0.mlp.c_fc.weight"].std()), 2)  # 64 ** -0.5
         0.12
+        >>> q = init_params(ModelConfig(d_model=64, gamma=0.5, init_scheme="official"), seed=0)
+        >>> round(float(q["transformer.h.0.mlp.c_proj.weight"].std()), 3)  # 64**-0.5 / sqrt(4)
+        0.062
     """
     gen = torch.Generator().manual_seed(int(seed))
     g = cfg.gammas()
     d = cfg.d_model
+    official = cfg.init_scheme == "official"
+    out_scale = (2 * cfg.n_layers) ** -0.5 if official else 1.0
+    mlp_in = d if official else cfg.d_mlp
     out: dict[str, torch.Tensor] = {}
     for name, shape in cfg.param_shapes().items():
         if not decays(name):
@@ -219,11 +245,11 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
             w[:, : 2 * d].mul_(d ** -g["qk"])
             w[:, 2 * d :].mul_(d ** -g["vo"])
         elif name.endswith("attn.c_proj.weight"):
-            w.mul_(d ** -g["vo"])
+            w.mul_(d ** -g["vo"] * out_scale)
         elif name.endswith("mlp.c_fc.weight"):
             w.mul_(d ** -g["mlp"])
         elif name.endswith("mlp.c_proj.weight"):
-            w.mul_(cfg.d_mlp ** -g["mlp"])
+            w.mul_(mlp_in ** -g["mlp"] * out_scale)
         else:  # pragma: no cover - every weight is listed above
             raise AssertionError(name)
         out[name] = w

@@ -1,9 +1,9 @@
 """Sweeps over gamma x weight decay x depth x seeds, trained as stacked models, and phase diagrams.
 
-Runs that share a shape (same depth; any gamma, weight decay, seed or learning rate) train
-together as one stacked model with a leading model dimension (:func:`train_stack`), so a sweep
-costs little more than its largest run on a GPU; each run still ends as its own Hugging Face
-checkpoint, numerically the run trained alone (within float tolerance; tested).
+Runs that share a shape and data (same depth and data seed; any gamma, weight decay or learning
+rate) train together as one stacked model with a leading model dimension (:func:`train_stack`),
+so a sweep costs little more than its largest run on a GPU; each run still ends as its own
+Hugging Face checkpoint, numerically the run trained alone (within float tolerance; tested).
 
 Output folder::
 
@@ -197,13 +197,20 @@ class SweepConfig:
         return out
 
     def groups(self) -> list[tuple[str, list[TrainConfig]]]:
-        """Runs grouped into stacks (same shape), named ``L<depth>[-<k>]``."""
+        """Runs grouped into stacks (same shape and data), named ``L<depth>[_data<seed>][-<k>]``.
+
+        Each seed draws its own data by default (``TrainConfig.task_seed`` follows the seed),
+        so the seeds of one depth train as one stack per seed; set the base's ``task_seed``
+        to share one data sample and one stack."""
         by_key: dict[str, list[TrainConfig]] = {}
         for run in self.runs():
             by_key.setdefault(run.stack_key(), []).append(run)
         groups = []
+        depths = [runs[0].model.n_layers for runs in by_key.values()]
         for runs in by_key.values():
             name = f"L{runs[0].model.n_layers}"
+            if depths.count(runs[0].model.n_layers) > 1:  # one stack per data seed
+                name += f"_data{runs[0].task.seed}"
             size = self.max_stack or len(runs)
             chunks = [runs[i : i + size] for i in range(0, len(runs), size)]
             for k, chunk in enumerate(chunks):

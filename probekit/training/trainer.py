@@ -86,9 +86,21 @@ class TrainConfig:
     ``grad_clip`` <= 0 disables clipping. ``min_lr_ratio`` is the final fraction of ``lr``
     reached by the cosine decay. ``eval_train_samples`` caps the training-split evaluation.
 
+    Seeds: ``seed`` draws the initialization and the batch order. The data are drawn with
+    ``task_seed``, which by default (None) *follows* ``seed``: every seed of a sweep is a new
+    sample of the training and test data as well as of the weights, as in the official code
+    (``main.py`` seeds everything with ``--seed`` before generating the data). Set
+    ``task_seed`` to keep one data sample across seeds. A task given with a seed other than 0
+    (``AnchorTask(seed=5)``, ``--task-seed 5``) counts as a set ``task_seed``. ``self.task`` is
+    always the task the run trains on (its ``seed`` is the data seed), and :meth:`to_dict`
+    saves the data seed as ``task_seed``. A run config saved before ``task_seed`` existed is
+    read with ``task_seed`` = its task's seed, the data it was trained on.
+
     Example:
         >>> TrainConfig(lr=3e-3).lr_at(0) < TrainConfig(lr=3e-3).lr_at(100)
         True
+        >>> TrainConfig(seed=3).task.seed, TrainConfig(seed=3, task_seed=0).task.seed
+        (3, 0)
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -110,13 +122,30 @@ class TrainConfig:
     eval_train_samples: int = 2000
     eval_at_start: bool = True
     device: str = "auto"
+    task_seed: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
         if isinstance(self.task, dict):
             self.task = AnchorTask.from_dict(self.task)
+        if isinstance(self.task, AnchorTask):
+            self._resolve_task_seed()
         self.validate()
+
+    def _resolve_task_seed(self) -> None:
+        """Make ``self.task`` the task of the data seed (``task_seed``, else ``seed``)."""
+        check_seed("seed", self.seed)
+        if self.task_seed is not None:
+            check_seed("task_seed", self.task_seed)
+        follows = getattr(self.task, "_seed_from_run", False)
+        if self.task_seed is None and not follows and self.task.seed != 0:
+            self.task_seed = self.task.seed  # an explicitly seeded task keeps its data
+        data_seed = self.seed if self.task_seed is None else self.task_seed
+        follow = self.task_seed is None
+        if self.task.seed != data_seed or follows != follow:
+            self.task = AnchorTask.from_dict({**self.task.to_dict(), "seed": data_seed})
+            self.task._seed_from_run = follow
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the bad setting and a fix."""
@@ -193,13 +222,22 @@ class TrainConfig:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["model"] = self.model.to_dict()
         d["task"] = self.task.to_dict()
+        d["task_seed"] = self.task.seed
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (and the reader of saved run configs).
+
+        A run config saved before ``task_seed`` existed (no ``task_seed``, and a complete task
+        dict without ``key_split``) keeps the data it was trained on: ``task_seed`` = its task's
+        seed, and the task's old rules (:meth:`AnchorTask.from_dict` with ``saved``)."""
         d = check_mapping("training", d)
         check_known_keys(d, {f.name for f in fields(cls)}, "training")
+        task = d.get("task")
+        if "task_seed" not in d and isinstance(task, dict) and "key_split" not in task:
+            d = {**d, "task": AnchorTask.from_dict(task, saved=True)}
+            d["task_seed"] = d["task"].seed
         return cls(**d)
 
     def stack_key(self) -> str:

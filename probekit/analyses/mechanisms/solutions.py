@@ -57,8 +57,12 @@ class SolutionResult(Result):
     anchor pair) and ``metric`` is one of accuracy / inferential / symmetric / other (``diff``
     empty) or ``diff`` (``value`` is the fraction of held-out outputs at prediction - composite
     == ``diff``). ``summary``: ``seen_test_accuracy``, ``heldout_inferential``,
-    ``heldout_symmetric``, ``heldout_other``, ``heldout_diff_mode``, ``memorizing``,
-    ``solution``.
+    ``heldout_symmetric``, ``heldout_other`` (held-out groups, all keys), the same three with
+    the suffix ``_train_keys`` (held-out groups, training-key cells only: the official code's
+    held-out evaluation; present when the data know their key split, NaN when there are no
+    such cells), ``heldout_diff_mode``, ``memorizing``, ``solution``. ``heldout_symmetric`` is
+    over the held-out sequences that have a symmetric answer (a trained mirror) and NaN when
+    none has: never a 0 for an answer that does not exist.
     """
 
     kind = "solutions"
@@ -267,26 +271,46 @@ def _diff_rows(task: TaskData, pred: torch.Tensor, held: torch.Tensor) -> list[d
     return rows
 
 
+def _fractions(task: TaskData, pred: torch.Tensor, sel: torch.Tensor, suffix: str) -> dict:
+    """Held-out inferential / symmetric / other on the sequences ``sel`` (NaN when none;
+    symmetric over the sequences that have a symmetric answer, NaN when none has)."""
+    keys = [f"heldout_{k}{suffix}" for k in ("inferential", "symmetric", "other")]
+    if not bool(sel.any()):
+        return dict.fromkeys(keys, float("nan"))
+    answers = {k: task.answers()[k].cpu()[sel] for k in ANSWERS}
+    p = pred[sel]
+    inf, sym = p == answers["inferential"], p == answers["symmetric"]
+    has_sym = answers["symmetric"] != -1
+    symmetric = float(sym[has_sym].float().mean()) if bool(has_sym.any()) else float("nan")
+    return dict(
+        zip(
+            keys,
+            (float(inf.float().mean()), symmetric, float((~(inf | sym)).float().mean())),
+            strict=True,
+        )
+    )
+
+
 def _summary(
     task: TaskData, pred: torch.Tensor, held: torch.Tensor, memorizing_threshold: float
 ) -> dict[str, Any]:
-    answers = {k: task.answers()[k].cpu()[held] for k in ANSWERS}
     p = pred[held]
-    inf, sym = p == answers["inferential"], p == answers["symmetric"]
+    inferential = task.answers()["inferential"].cpu()[held]
     summary: dict[str, Any] = {
         "seen_test_accuracy": float((pred[~held] == task.targets.cpu()[~held]).float().mean()),
-        "heldout_inferential": float(inf.float().mean()),
-        "heldout_symmetric": float(sym.float().mean()),
-        "heldout_other": float((~(inf | sym)).float().mean()),
-        "heldout_diff_mode": float(pd.Series((p - answers["inferential"]).numpy()).mode().iloc[0]),
+        **_fractions(task, pred, held, ""),
+        "heldout_diff_mode": float(pd.Series((p - inferential).numpy()).mode().iloc[0]),
     }
+    on_training_keys = getattr(task, "on_training_keys", None)
+    if callable(on_training_keys) and getattr(task, "key_modulus", 0) is not None:
+        summary.update(_fractions(task, pred, held & on_training_keys().cpu(), "_train_keys"))
     memorizing = summary["seen_test_accuracy"] < memorizing_threshold
     summary["memorizing"] = bool(memorizing)
     if memorizing:
         summary["solution"] = "memorizing"
     else:
         fr = {k: summary[f"heldout_{k}"] for k in ("inferential", "symmetric", "other")}
-        summary["solution"] = max(fr, key=fr.get)
+        summary["solution"] = max((k for k in fr if np.isfinite(fr[k])), key=fr.get)
     return summary
 
 
