@@ -56,6 +56,9 @@ def _args(argv) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", default=",".join(RUNS), help="subset of static,lns,midas")
+    parser.add_argument(
+        "--reuse", action="store_true", help="diagnose the checkpoints already in --out/<run>"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     args = parser.parse_args(argv)
     if args.quick:
@@ -115,8 +118,8 @@ def _layer_shares(contrib):
     return df[(df.component == "layer") & (df.measure == "prob_l2")].sort_values("layer")
 
 
-def _diagnose(path: Path, data, lens_data, args) -> tuple[dict, dict]:
-    """probekit's depth measures of one checkpoint, and the Results the figures need."""
+def _diagnose(path: Path, data, lens_data, args) -> dict:
+    """probekit's depth measures of one checkpoint."""
     import probekit
     from probekit.analyses.depth.tuned_lens import TunedLens, tuned_lens
 
@@ -151,19 +154,20 @@ def _diagnose(path: Path, data, lens_data, args) -> tuple[dict, dict]:
         row[f"{name}_lens_mean_kl"] = float(res.summary["mean_kl"])
         row[f"{name}_lens_first_agreeing_depth"] = res.summary["top1_formed_at_depth"]
     row["tuned_lens_overlap_sequences"] = lenses["tuned"].meta["overlap_sequences"]
-    return row, {"contributions": contrib, **lenses}
+    return row
 
 
-def _figures(out: Path, shown: dict) -> None:
-    """contributions.png (per-layer share) and lens.png (KL per depth, both lenses)."""
+def _figures(out: Path, results: dict, names: list[str]) -> None:
+    """contributions.png (per-layer share) and lens.png (held-out KL per depth, both lenses),
+    drawn from the numbers in ``results``."""
     import plotly.graph_objects as go
 
-    from probekit.analyses.depth.tuned_lens import compare_lenses
-
     fig = go.Figure()
-    for name, res in shown.items():
-        part = _layer_shares(res["contributions"])
-        fig.add_trace(go.Scatter(x=part.layer, y=part.share, mode="lines+markers", name=name))
+    for name in names:
+        share = results[name]["layer_share"]
+        fig.add_trace(
+            go.Scatter(x=list(range(len(share))), y=share, mode="lines+markers", name=name)
+        )
     fig.update_layout(
         title="Share of the output change when each layer is zero-ablated",
         xaxis_title="layer",
@@ -172,10 +176,21 @@ def _figures(out: Path, shown: dict) -> None:
         height=450,
     )
     fig.write_image(out / "contributions.png")
-    results = [res[lens] for res in shown.values() for lens in ("logit", "tuned")]
-    names = [f"{name} {lens}" for name in shown for lens in ("logit", "tuned")]
-    lens_fig = compare_lenses(*results, names=names)
-    lens_fig.update_layout(width=900, height=500, title="Logit vs tuned lens (validation)")
+    lens_fig = go.Figure()
+    for name in names:
+        for lens, dash in (("logit", "dot"), ("tuned", "solid")):
+            kl = results[name][f"{lens}_lens_kl"][:-1]  # depth L is the output itself: KL 0
+            lens_fig.add_trace(
+                go.Scatter(x=list(range(len(kl))), y=kl, name=f"{name} {lens}", line={"dash": dash})
+            )
+    lens_fig.update_layout(
+        title="Logit vs tuned lens: KL(p_final || p_depth) on held-out sequences",
+        xaxis_title="depth (blocks applied)",
+        yaxis_title="KL (nats)",
+        yaxis_type="log",
+        width=900,
+        height=500,
+    )
     lens_fig.write_image(out / "lens.png")
 
 
@@ -209,9 +224,7 @@ def main(argv=None) -> dict:
     args = _args(argv)
     import torch
 
-    from probekit.io import atomic_write_text
     from probekit.tasks.corpus import ByteCorpus
-    from probekit.training.lm import train_lm
 
     torch.set_num_threads(args.threads)
     configs = _configs(args)
@@ -219,29 +232,66 @@ def main(argv=None) -> dict:
     corpus = ByteCorpus(max_files=60 if args.quick else None)
     data = corpus.sequences("validation", args.seq_len, n=args.eval_sequences)
     lens_data = corpus.sequences("train", args.seq_len, n=args.lens_sequences)
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    results: dict = {"settings": vars(args), "uptime_before": load}
-    shown = {}
+    load = _uptime()
     for name, cfg in configs.items():
         start = time.perf_counter()
-        run = train_lm(cfg, out / name, progress=not args.quick, device=args.device, resume=False)
-        seconds = time.perf_counter() - start
-        last = run.metrics.iloc[-1]
+        trained = _trained(cfg, out / name, args)
         start = time.perf_counter()
-        row, shown[name] = _diagnose(run.final, data, lens_data, args)
-        results[name] = {
-            "val_loss": float(last.val_loss),
-            "val_perplexity": float(last.val_perplexity),
-            "train_flops": run.flops,
-            "train_seconds": seconds,
-            "diagnose_seconds": time.perf_counter() - start,
-            **row,
-        }
-    results["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1, default=float))
-    _figures(out, shown)
-    _print(results, list(configs))
-    print(f"load before: {load}\nload after:  {results['uptime_after'].strip()}")
+        row = _diagnose(trained["final"], data, lens_data, args)
+        row = {**trained, **row, "diagnose_seconds": time.perf_counter() - start}
+        row.update(uptime_before=load, uptime_after=_uptime())
+        results = _merge(out, name, {k: v for k, v in row.items() if k != "final"}, args)
+    names = [n for n in RUNS if n in results]
+    _figures(out, results, names)
+    _print(results, names)
+    print(f"load before: {load}\nload after:  {_uptime()}")
+    return results
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _trained(cfg, folder: Path, args) -> dict:
+    """Train a run into ``folder`` (or, with ``--reuse``, read the one there): its final
+    checkpoint, validation loss, FLOPs and training time."""
+    import pandas as pd
+
+    from probekit.training.lm import train_lm
+
+    if args.reuse:
+        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+        metrics, final = pd.DataFrame(rows), folder / "final"
+        flops = json.loads((final / "trainer_state.json").read_text())["flops"]
+        seconds = float(metrics.seconds.iloc[-1])
+        if int(metrics.step.iloc[-1]) != cfg.steps:
+            raise SystemExit(f"{folder} holds a run of other settings; train it again")
+    else:
+        start = time.perf_counter()
+        run = train_lm(cfg, folder, progress=not args.quick, device=args.device, resume=False)
+        metrics, final, flops = run.metrics, run.final, run.flops
+        seconds = time.perf_counter() - start
+    last = metrics.iloc[-1]
+    return {
+        "final": final,
+        "val_loss": float(last.val_loss),
+        "val_perplexity": float(last.val_perplexity),
+        "train_flops": float(flops),
+        "train_seconds": seconds,
+    }
+
+
+def _merge(out: Path, name: str, row: dict, args) -> dict:
+    """Add one run's row to ``out/results.json`` (runs of other settings are dropped)."""
+    from probekit.io import atomic_write_text
+
+    path = out / "results.json"
+    settings = {k: v for k, v in vars(args).items() if k not in ("runs", "reuse", "threads")}
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    if results.get("settings") != settings:
+        results = {"settings": settings}
+    results[name] = row
+    atomic_write_text(path, json.dumps(results, indent=1, default=float))
     return results
 
 
