@@ -7,7 +7,11 @@ boundaries of a Prop-alpha schedule (:func:`probekit.training.growth.growth_plan
 checkpoint, grows it (:func:`~probekit.training.growth.grow_checkpoint`: copied layers carry
 their AdamW moments), writes the grown checkpoint and keeps training. MIDAS-plus
 (``residual_scale_start``) multiplies the update of newly inserted layers by a scale that ramps
-linearly to 1 over ``residual_scale_steps`` steps.
+linearly to 1 over ``residual_scale_steps`` steps. ``layernorm_scaling`` (static runs) trains
+with LayerNorm Scaling (:func:`~probekit.training.models.layernorm_scales`): the LN gains and
+biases of layer ``l`` are parametrised as ``1/sqrt(l)`` times the trained ones; checkpoints hold
+the scaled values in a plain HF GPT-2 (its forward is the training forward, bit for bit) and the
+trained ones in ``layernorm_scaling.safetensors``, from which a resumed run goes on.
 
 Training FLOPs are counted as 6 · parameters · tokens per step, summed over stages, so static
 and grown runs can be compared at equal final depth. Output folder::
@@ -16,7 +20,8 @@ and grown runs can be compared at equal final depth. Output folder::
     out/metrics.jsonl     step, depth, lr, train loss, validation loss and perplexity, FLOPs
     out/stage{k}-before/  checkpoint before the k-th growth;  out/stage{k}-after/  after it
     out/step{n}/          every ``save_every`` steps, if set
-    out/final/            the final checkpoint (HF GPT-2 + optimizer.safetensors)
+    out/final/            the final checkpoint (HF GPT-2 + optimizer.safetensors, and under
+                          layernorm_scaling the unscaled LN gains: layernorm_scaling.safetensors)
 
 A killed run started again with the same settings resumes from its last checkpoint.
 
@@ -64,6 +69,7 @@ from probekit.training.checkpoint import (
     write_run_config,
 )
 from probekit.training.checks import (
+    check_flag,
     check_int,
     check_optional_int,
     check_real,
@@ -76,7 +82,7 @@ from probekit.training.evaluation import read_metrics, write_metrics
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import check_fits, lm_params, lm_run_bytes
-from probekit.training.models import gpt2_config
+from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
 from probekit.training.schedule import resolve_device, warmup_cosine
 
 #: LMConfig settings that must be positive integers
@@ -99,7 +105,8 @@ _POSITIVE = (
 class LMConfig:
     """A language-model run. ``n_layers`` is the final depth; grown runs start at
     ``initial_layers`` and add ``block_size`` layers per stage. ``corpus_root`` is a folder of
-    ``.py`` files (default: the Python standard library)."""
+    ``.py`` files (default: the Python standard library). ``layernorm_scaling``: LayerNorm
+    Scaling (Sun et al. 2025), static runs only."""
 
     n_layers: int = 8
     d_model: int = 128
@@ -125,6 +132,7 @@ class LMConfig:
     corpus_root: str | None = None
     corpus_max_files: int | None = None
     save_every: int | None = None
+    layernorm_scaling: bool = False
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on settings that cannot be trained (types, ranges,
@@ -151,6 +159,13 @@ class LMConfig:
             raise ConfigError(
                 f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}",
                 fix="choose n_heads dividing d_model",
+            )
+        check_flag("layernorm_scaling", self.layernorm_scaling)
+        if self.layernorm_scaling and self.growth != "static":
+            raise ConfigError(
+                f"layernorm_scaling with growth {self.growth!r} is not supported: a copied layer "
+                "would move to a depth with another LayerNorm scale",
+                fix="train a static model with layernorm_scaling, or grow without it",
             )
         self.plan()
 
@@ -205,15 +220,79 @@ def _optimizer(model: torch.nn.Module, cfg: LMConfig) -> torch.optim.AdamW:
     )
 
 
+#: the unscaled LN gains and biases of a LayerNorm-Scaling run, beside its checkpoint
+UNSCALED = "layernorm_scaling.safetensors"
+
+
+def _hf_name(name: str) -> str:
+    """The HF name of a parameter (``ln_1.parametrizations.weight.original`` -> ``ln_1.weight``)."""
+    return name.replace(".parametrizations.", ".").removesuffix(".original")
+
+
+class _Scaled(torch.nn.Module):
+    """A LayerNorm-Scaling gain or bias, parametrised: the trained tensor times 1/sqrt(l)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, unscaled: torch.Tensor) -> torch.Tensor:
+        return scale_layernorm(unscaled, self.factor)
+
+
+def _scale_layernorms(model, unscaled: dict[str, torch.Tensor] | None = None) -> None:
+    """Parametrise the layers' LN gains and biases of an HF GPT-2 as LayerNorm Scaling does;
+    the trained (unscaled) values are ``unscaled`` (default: the model's current ones)."""
+    from torch.nn.utils import parametrize
+
+    modules = dict(model.named_modules())
+    for name, factor in layernorm_scales(model.config.n_layer).items():
+        owner, kind = name.rsplit(".", 1)
+        module = modules[owner]
+        if unscaled is not None:
+            with torch.no_grad():
+                getattr(module, kind).copy_(unscaled[name])
+        parametrize.register_parametrization(module, kind, _Scaled(factor))
+
+
+def _hf_copy(model):
+    """A plain GPT-2 holding what ``model`` computes: LayerNorm Scaling folded into the gains."""
+    import transformers
+
+    if not any(".parametrizations." in n for n, _ in model.named_parameters()):
+        return model
+    state = {_hf_name(k): v for k, v in model.state_dict().items()}
+    modules = dict(model.named_modules())
+    for name in layernorm_scales(model.config.n_layer):
+        owner, kind = name.rsplit(".", 1)
+        state[name] = getattr(modules[owner], kind).detach()
+    plain = transformers.GPT2LMHeadModel(model.config)
+    plain.load_state_dict(state)
+    return plain
+
+
+def _unscaled_of(model) -> dict[str, torch.Tensor]:
+    """The trained (unscaled) LN gains and biases of a LayerNorm-Scaling model."""
+    return {
+        _hf_name(n): p.detach().cpu().contiguous()
+        for n, p in model.named_parameters()
+        if ".parametrizations." in n
+    }
+
+
 def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
     """An HF checkpoint plus AdamW moments (safetensors) and trainer state (JSON)."""
+    from safetensors.torch import save_file
+
     exp_avg, exp_avg_sq = {}, {}
     for name, p in model.named_parameters():
         st = optimizer.state.get(p)
         if st:
-            exp_avg[name], exp_avg_sq[name] = st["exp_avg"], st["exp_avg_sq"]
+            exp_avg[_hf_name(name)], exp_avg_sq[_hf_name(name)] = st["exp_avg"], st["exp_avg_sq"]
     with swapped_directory(path) as tmp:
-        save_quietly(model, tmp)
+        save_quietly(_hf_copy(model), tmp)
+        if cfg.layernorm_scaling:
+            save_file(_unscaled_of(model), str(tmp / UNSCALED))
         if exp_avg:
             save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
         atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
@@ -228,8 +307,10 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
 
     from probekit.model import from_pretrained_complete
 
-    model = from_pretrained_complete(transformers.GPT2LMHeadModel, path).to(device)
-    model.train()
+    model = from_pretrained_complete(transformers.GPT2LMHeadModel, path)
+    if cfg.layernorm_scaling:
+        _scale_layernorms(model, _read_unscaled(path, model))
+    model = model.to(device).train()
     optimizer = _optimizer(model, cfg)
     moments = path / "optimizer.safetensors"
     if not moments.exists():
@@ -240,7 +321,7 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
         exp_avg, exp_avg_sq, _ = load_moments(moments)
     except Exception as err:  # safetensors raises its own error type on a damaged file
         raise CheckpointError(f"{moments} is corrupt or truncated ({err})", fix=FIX) from err
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    shapes = {_hf_name(name): tuple(p.shape) for name, p in model.named_parameters()}
     check_tensors(moments, {"exp_avg." + k: v for k, v in exp_avg.items()}, shapes, "exp_avg.")
     check_tensors(
         moments, {"exp_avg_sq." + k: v for k, v in exp_avg_sq.items()}, shapes, "exp_avg_sq."
@@ -248,10 +329,36 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
     for name, p in model.named_parameters():
         optimizer.state[p] = {
             "step": torch.tensor(float(step)),
-            "exp_avg": exp_avg[name].to(device),
-            "exp_avg_sq": exp_avg_sq[name].to(device),
+            "exp_avg": exp_avg[_hf_name(name)].to(device),
+            "exp_avg_sq": exp_avg_sq[_hf_name(name)].to(device),
         }
     return model, optimizer
+
+
+def _read_unscaled(path: Path, model) -> dict[str, torch.Tensor]:
+    """The unscaled LN gains of a LayerNorm-Scaling checkpoint, checked to fold into exactly
+    the gains its ``model.safetensors`` holds."""
+    from safetensors.torch import load_file
+
+    file = path / UNSCALED
+    try:
+        unscaled = load_file(str(file))
+    except Exception as err:  # safetensors raises its own error type on a damaged file
+        what = "is missing" if not file.exists() else f"is corrupt or truncated ({err})"
+        raise CheckpointError(f"{file} {what}", fix=FIX) from err
+    scales = layernorm_scales(model.config.n_layer)
+    check_tensors(file, unscaled, {k: (model.config.n_embd,) for k in scales})
+    state = model.state_dict()
+    bad = [
+        k for k, f in scales.items() if not torch.equal(scale_layernorm(unscaled[k], f), state[k])
+    ]
+    if bad:
+        raise CheckpointError(
+            f"{file} does not fold into the LayerNorm gains of {path / 'model.safetensors'} "
+            f"({', '.join(bad[:3])})",
+            fix=FIX,
+        )
+    return unscaled
 
 
 def _checked_metrics(path: Path, step: int, cfg: LMConfig) -> list[dict[str, Any]]:
@@ -318,7 +425,10 @@ class _LMTrainer:
         self.val = self.corpus.sequences("validation", cfg.seq_len, n=n_val)
         torch.manual_seed(cfg.seed)
         config = cfg.hf_config(self.plan.depths[0])
-        self.model = transformers.GPT2LMHeadModel(config).to(self.dev).train()
+        self.model = transformers.GPT2LMHeadModel(config)
+        if cfg.layernorm_scaling:
+            _scale_layernorms(self.model)
+        self.model = self.model.to(self.dev).train()
         self.optimizer = _optimizer(self.model, cfg)
         self.stages = dict(zip(self.plan.boundaries, range(1, len(self.plan.depths)), strict=True))
         self.scaler: _ResidualScale | None = None
@@ -374,8 +484,10 @@ class _LMTrainer:
 
     def _resume_from(self, folder: Path, step: int) -> None:
         """Load the checkpoint ``folder`` (at ``step``) and the metrics up to it."""
-        saved = read_run_config(folder) or {}
-        check_same_settings(folder, saved.get("lm"), asdict(self.cfg))
+        saved = (read_run_config(folder) or {}).get("lm")
+        if isinstance(saved, dict):  # a run written before the option existed
+            saved = {"layernorm_scaling": False, **saved}
+        check_same_settings(folder, saved, asdict(self.cfg))
         state = json.loads((folder / "trainer_state.json").read_text())
         flops = state.get("flops")
         if not is_real(flops) or flops < 0:

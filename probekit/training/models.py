@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -57,6 +58,8 @@ class ModelConfig:
     ``d_mlp`` defaults to ``4 * d_model``. ``gamma_emb``, ``gamma_qk``, ``gamma_vo`` and
     ``gamma_mlp`` default to ``gamma``. ``init_scheme`` is one of :data:`INIT_SCHEMES`
     (a config saved without it is ``"fan_in"``, the scheme it was trained with).
+    ``layernorm_scaling``: LayerNorm Scaling (Sun et al. 2025), see :func:`layernorm_scales`;
+    checkpoints hold it folded into the LN gains and biases.
 
     Example:
         >>> ModelConfig(d_model=64, n_heads=4).to_hf_config().n_inner
@@ -78,6 +81,7 @@ class ModelConfig:
     gamma_vo: float | None = None
     gamma_mlp: float | None = None
     init_scheme: str = "fan_in"
+    layernorm_scaling: bool = False
 
     def __post_init__(self) -> None:
         if self.d_mlp is None and isinstance(self.d_model, int):
@@ -104,6 +108,7 @@ class ModelConfig:
                 f"unknown init_scheme {self.init_scheme!r}",
                 fix=f"use one of {list(INIT_SCHEMES)}",
             )
+        check_flag("layernorm_scaling", self.layernorm_scaling)
         check_real("layer_norm_eps", self.layer_norm_eps, positive=True, example="1e-5")
         for name in ("gamma", "gamma_emb", "gamma_qk", "gamma_vo", "gamma_mlp"):
             value = getattr(self, name)
@@ -148,6 +153,7 @@ class ModelConfig:
             self.n_positions,
             self.tie_embeddings,
             self.layer_norm_eps,
+            self.layernorm_scaling,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -286,6 +292,35 @@ def _act(name: str, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
 
+def layernorm_scales(n_layers: int) -> dict[str, float]:
+    """LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth in Large Language Models"): the
+    factor ``1/sqrt(l)`` of the pre-attention and pre-MLP LayerNorm outputs of the layer at depth
+    ``l = 1 .. L`` (0-based index ``i``: ``1/sqrt(i + 1)``; the final LayerNorm is not scaled).
+
+    Returns ``{HF parameter name: factor}`` for the gains and biases it multiplies: scaling the
+    output of ``LN(x) * g + b`` is scaling ``g`` and ``b``, which is how both trainers apply it
+    (:func:`scale_layernorm` on the trained, unscaled gains) and how a checkpoint stores it
+    (folded: a plain GPT-2 whose forward is the scaled model's).
+
+    Example:
+        >>> s = layernorm_scales(4)
+        >>> s["transformer.h.0.ln_1.weight"], s["transformer.h.3.ln_2.bias"]
+        (1.0, 0.5)
+    """
+    out = {}
+    for i in range(n_layers):
+        for ln in ("ln_1", "ln_2"):
+            for kind in ("weight", "bias"):
+                out[f"transformer.h.{i}.{ln}.{kind}"] = 1.0 / math.sqrt(i + 1)
+    return out
+
+
+def scale_layernorm(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """``tensor * factor`` as one multiplication in ``tensor``'s dtype, the same on every
+    device: the training forward and the folded checkpoint compute the gains this one way."""
+    return tensor * torch.tensor(factor, dtype=tensor.dtype, device=tensor.device)
+
+
 def _ln(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
     # x [M, N, d]; w, b [M, d]
     y = F.layer_norm(x, (x.shape[-1],), eps=eps)
@@ -323,10 +358,11 @@ def stacked_forward(
     h = wte.reshape(M * V, d)[tokens + offs]  # [M, B, T, d]
     h = h + params["transformer.wpe.weight"][:, None, :T, :]
     h = h.reshape(M, B * T, d)
+    ln = _scaled_layernorms(params, cfg)
     for i in range(cfg.n_layers):
         p = f"transformer.h.{i}."
         last_layer = last_only and i == cfg.n_layers - 1
-        x = _ln(h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps)
+        x = _ln(h, ln[p + "ln_1.weight"], ln[p + "ln_1.bias"], eps)
         qkv = _linear(x, params[p + "attn.c_attn.weight"], params[p + "attn.c_attn.bias"])
         q, k, v = qkv.view(M * B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # each [M*B, H, T, hd]
         if last_layer:
@@ -338,7 +374,7 @@ def stacked_forward(
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             a = a.transpose(1, 2).reshape(M, B * T, d)
         h = h + _linear(a, params[p + "attn.c_proj.weight"], params[p + "attn.c_proj.bias"])
-        x = _ln(h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps)
+        x = _ln(h, ln[p + "ln_2.weight"], ln[p + "ln_2.bias"], eps)
         x = _act(
             cfg.activation, _linear(x, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"])
         )
@@ -347,6 +383,15 @@ def stacked_forward(
     unembed = params["transformer.wte.weight" if cfg.tie_embeddings else "lm_head.weight"]
     logits = torch.bmm(h, unembed.transpose(1, 2))
     return logits if last_only else logits.view(M, B, T, V)
+
+
+def _scaled_layernorms(params: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
+    """The layers' LN gains and biases as the forward uses them (scaled under LayerNorm
+    Scaling, else as they are)."""
+    if not cfg.layernorm_scaling:
+        return params
+    scales = layernorm_scales(cfg.n_layers)
+    return {k: scale_layernorm(params[k], f) for k, f in scales.items()}
 
 
 def gpt2_config(
@@ -387,12 +432,17 @@ def to_hf_model(cfg: ModelConfig, params: dict[str, torch.Tensor], index: int = 
     """Model ``index`` of a stack as a ``transformers.GPT2LMHeadModel`` (eval mode, CPU).
 
     Pass ``model`` (a GPT2LMHeadModel of the same shape) to fill it instead of building one.
+    Under ``cfg.layernorm_scaling`` the scale is folded into the LN gains and biases, so the
+    plain GPT-2 computes the scaled model (:func:`from_hf_model` reads it back as that plain
+    model; the trainers keep the unscaled gains beside the checkpoint to resume from).
     """
     from transformers import GPT2LMHeadModel
 
     if model is None:
         model = GPT2LMHeadModel(cfg.to_hf_config())
-    state = {k: v[index].detach().to("cpu", torch.float32) for k, v in params.items()}
+    one = {k: v[index].detach() for k, v in params.items()}
+    one.update(_scaled_layernorms(one, cfg))
+    state = {k: v.to("cpu", torch.float32) for k, v in one.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     real_missing = [k for k in missing if not (cfg.tie_embeddings and k == "lm_head.weight")]
     if real_missing or unexpected:  # pragma: no cover - guarded by tests

@@ -1,10 +1,11 @@
 """Checkpoint I/O of a stack of anchor runs: save every run's folder, resume them together.
 
 Each run's folder (``checkpoint/`` for a single run, ``checkpoint/<name>/`` in a stack) holds
-the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments and the process's
-torch/numpy RNG state), ``trainer_state.json`` (step, loss sums, divergence, schedule, numpy and
-python RNG state) and ``run_config.json`` (kind ``"anchor"``). The whole ``checkpoint`` folder
-is replaced atomically.
+the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments, the process's
+torch/numpy RNG state and, under LayerNorm Scaling, the unscaled LN gains ``unscaled.<name>``),
+``trainer_state.json`` (step, loss sums, divergence, schedule, numpy and python RNG state) and
+``run_config.json`` (kind ``"anchor"``). The whole ``checkpoint`` folder is replaced
+atomically.
 
 Example:
     >>> import tempfile
@@ -52,7 +53,7 @@ from probekit.training.checkpoint import (
     write_run_config,
 )
 from probekit.training.evaluation import read_metrics
-from probekit.training.models import ModelConfig, to_hf_model
+from probekit.training.models import ModelConfig, layernorm_scales, scale_layernorm, to_hf_model
 from probekit.training.optim import StackedAdamW
 
 
@@ -114,11 +115,39 @@ def _write_runs(stack: _Stack, tmp: Path) -> None:
             d / "optimizer.safetensors",
             moments["exp_avg"],
             moments["exp_avg_sq"],
-            extra=rng_tensors,
+            extra={**rng_tensors, **_unscaled(stack, m)},
         )
         state = _trainer_state(stack, m, rng)
         atomic_write_text(d / "trainer_state.json", json.dumps(state))
         write_run_config(d, "anchor", cfg.to_dict())
+
+
+#: the unscaled LN gains of a LayerNorm-Scaling run sit in its optimizer file under this prefix
+UNSCALED = "unscaled."
+
+
+def _unscaled(stack: _Stack, m: int) -> dict[str, torch.Tensor]:
+    """Under LayerNorm Scaling the checkpoint's model holds the scaled LN gains and biases; the
+    trained (unscaled) ones go beside them, so a resumed run goes on from them exactly."""
+    if not stack.mcfg.layernorm_scaling:
+        return {}
+    names = layernorm_scales(stack.mcfg.n_layers)
+    return {UNSCALED + k: stack.params[k][m].detach().cpu().contiguous() for k in names}
+
+
+def _check_unscaled(stack: _Stack, d: Path, weights: dict, other: dict) -> None:
+    """The unscaled LN gains are in the optimizer file and fold into the saved model's."""
+    if not stack.mcfg.layernorm_scaling:
+        return
+    path = d / "optimizer.safetensors"
+    for k, factor in layernorm_scales(stack.mcfg.n_layers).items():
+        raw = other.get(UNSCALED + k)
+        if raw is None or tuple(raw.shape) != tuple(weights[k].shape):
+            raise CheckpointError(f"{path} lacks the unscaled LayerNorm gain {k!r}", fix=FIX)
+        if not torch.equal(scale_layernorm(raw, factor), weights[k]):
+            raise CheckpointError(
+                f"{path}: the unscaled {k!r} does not fold into the model's", fix=FIX
+            )
 
 
 def save_stack(stack: _Stack) -> None:
@@ -175,6 +204,7 @@ def _read_files(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
     check_tensors(d / "model.safetensors", weights, shapes, optional=tied)
     optimizer = load_moments(d / "optimizer.safetensors", _load_tensors)
     check_moments(d / "optimizer.safetensors", optimizer, shapes)
+    _check_unscaled(stack, d, weights, optimizer[2])
     return state, weights, optimizer
 
 
@@ -190,9 +220,9 @@ def _read_all(stack: _Stack, root: Path) -> list[tuple[dict, dict, tuple]]:
 
 @torch.no_grad()
 def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
-    for m, (state, weights, (exp_avg, exp_avg_sq, _)) in enumerate(states):
+    for m, (state, weights, (exp_avg, exp_avg_sq, other)) in enumerate(states):
         for k in stack.params:
-            src = weights.get(k)
+            src = other.get(UNSCALED + k, weights.get(k))
             if src is None and k == "lm_head.weight":  # pragma: no cover
                 src = weights["transformer.wte.weight"]
             stack.params[k][m] = src.to(stack.device)
