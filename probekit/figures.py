@@ -92,12 +92,21 @@ def integer_axis(
 
 
 def log_axis(
-    fig: go.Figure, axis: str = "y", row: int | None = None, col: int | None = None
+    fig: go.Figure, axis: str = "y", row: int | None = None, col: int | None = None,
+    values: Sequence[float] | None = None,
 ) -> go.Figure:
-    """A log axis with one labelled tick per power of ten (10⁻², 10⁻¹, ...)."""
+    """A log axis with one labelled tick per power of ten (10⁻², 10⁻¹, ...), or, when
+    ``values`` span less than a decade and a half, a few ticks written out (2.5·10⁻⁴ as
+    0.00025) instead of bare digits."""
     update = fig.update_xaxes if axis == "x" else fig.update_yaxes
-    update(type="log", dtick=1, exponentformat="power", minor={"showgrid": True}, row=row,
-           col=col)
+    ticks: dict = {"dtick": 1}
+    if values is not None:
+        v = np.asarray(values, dtype=float)
+        v = v[np.isfinite(v) & (v > 0)]
+        if len(v) and np.log10(v.max() / v.min()) < 1.5:
+            ticks = {"nticks": 6, "tickformat": ".2~g", "dtick": None}
+    update(type="log", exponentformat="power", minor={"showgrid": True}, row=row, col=col,
+           **ticks)
     return fig
 
 
@@ -138,7 +147,7 @@ def base_layout(
     text = wrap(title, max(40, width // 9))
     top = 50 + 22 * text.count("<br>") + (25 if fig.layout.annotations else 10)
     entries = _legend_entries(fig)
-    per_row = max(1, (width - 100) // max(120, 8 * max((len(e) for e in entries), default=1) + 50))
+    per_row = max(1, (width - 140) // max(120, 8 * max((len(e) for e in entries), default=1) + 50))
     rows = -(-len(entries) // per_row)
     bottom = 70 + 24 * rows
     fig.update_layout(
@@ -148,7 +157,7 @@ def base_layout(
         font={"size": 13},
         showlegend=bool(entries),
         legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
-                "x": 0, "xanchor": "left", "entrywidth": (width - 100) // per_row - 4,
+                "x": 0, "xanchor": "left", "entrywidth": (width - 140) // per_row - 4,
                 "entrywidthmode": "pixels"},
         margin={"l": 70, "r": 30, "t": top, "b": bottom},
         width=width,

@@ -68,7 +68,7 @@ class GradientResult(Result):
             "gradient L2 norm (log scale)",
         )
         figures.integer_axis(fig, "x", n=int(self.df.layer.max()) + 1)
-        return figures.log_axis(fig, "y")
+        return figures.log_axis(fig, "y", values=self.df.value)
 
 
 @contextmanager

@@ -47,6 +47,7 @@ from probekit.result import Result
 
 COLORS = {"inferential": "#2a9d8f", "symmetric": "#e76f51", "other": "#8d99ae"}
 SEEN_COLORS = {"correct": "#457b9d", "wrong": "#d4d4d4"}
+DIFF_COLORS = ("#264653", "#6d597a", "#b56576")
 LABELS = {
     "inferential": "inferential (composite)",
     "symmetric": "symmetric (mirrored pair's target)",
@@ -94,7 +95,7 @@ class SolutionResult(Result):
         self._pair_bars(fig)
         self._diff_bars(fig)
         figures.base_layout(fig, self._title(), width=1150, height=440)
-        fig.update_layout(barmode="stack", bargap=0.15)
+        fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="normal")
         fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
         fig.update_yaxes(title_text="fraction of held-out outputs", row=1, col=2)
         fig.update_xaxes(title_text="anchor pair (seen, then held-out)", row=1, col=1)
@@ -133,27 +134,30 @@ class SolutionResult(Result):
                     x=list(counts.index),
                     y=list(counts.values),
                     name=f"held-out pair {pair}",
-                    marker_color=figures.PALETTE[k % len(figures.PALETTE)],
+                    marker_color=DIFF_COLORS[k % len(DIFF_COLORS)],
                     width=0.8,
                 ),
                 row=1,
                 col=2,
             )
-        ticks = sorted({0, *offsets, -reach, reach, *range(-reach, reach + 1, 5)})
+        marked = {0, *offsets}
+        grid = [t for t in range(-reach, reach + 1, 5) if all(abs(t - m) > 2 for m in marked)]
+        ticks = sorted({*marked, *grid})
         fig.update_xaxes(
             range=[-reach - 3, reach + 3],
             tickvals=[-reach - 2, *ticks, reach + 2],
             ticktext=[f"≤{-reach - 2}", *[f"{t:+d}" if t else "0" for t in ticks],
                       f"≥{reach + 2}"],
+            tickangle=0,
             row=1,
             col=2,
         )
-        marks = [(0, "composite")] + [(o, "symmetric") for o in sorted(set(offsets))]
-        for x, text in marks:
+        marks = [(0, "composite ", "right")] + [(o, " symmetric", "left") for o in set(offsets)]
+        for x, text, side in marks:
             fig.add_vline(x=x, line={"dash": "dot", "color": "#555", "width": 1}, row=1, col=2)
             fig.add_annotation(
-                x=x, xref="x2", y=0.98, yref="y2 domain", text=f" {text} ({x:+d})",
-                showarrow=False, yanchor="top", xanchor="left", font={"size": 11},
+                x=x, xref="x2", y=0.98, yref="y2 domain", text=text, showarrow=False,
+                yanchor="top", xanchor=side, font={"size": 11},
             )
 
     def _title(self) -> str:

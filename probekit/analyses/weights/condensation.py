@@ -278,7 +278,8 @@ class CondensationTimelineResult(TimelineResult):
             cols=3,
             subplot_titles=("condensation score", "groups of neurons", "stable rank"),
         )
-        order = list(dict.fromkeys(self.df.matrix))
+        shown = self.df[self.df.quantity.isin(["score", "groups", "stable_rank"])]
+        order = list(dict.fromkeys(shown.matrix))
         n_layers = int(self.df.layer.max()) + 1
         for col, quantity in enumerate(("score", "groups", "stable_rank"), start=1):
             part = self.df[self.df.quantity == quantity]

@@ -114,7 +114,7 @@ class SpectraResult(Result):
             col=3,
         )
         figures.log_axis(fig, "y", row=1, col=1)
-        figures.log_axis(fig, "y", row=1, col=3)
+        figures.log_axis(fig, "y", row=1, col=3, values=cov["value"])
         fig.update_xaxes(title_text="singular value index", row=1, col=1)
         fig.update_yaxes(title_text="σ_i ÷ σ_1 (log scale)", row=1, col=1)
         fig.update_xaxes(title_text="layer", row=1, col=2)
