@@ -75,7 +75,19 @@ def _sweep() -> probekit.Result:
 
 def results(n_layers: int, tmp: Path) -> dict[str, Callable[[], go.Figure]]:
     """name -> a function drawing that figure, for a random model of ``n_layers`` layers."""
-    from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
+    from probekit.analyses.depth.tuned_lens import compare_lenses
+
+    out = analyses(n_layers, tmp)
+    draw = {name: res.figure for name, res in out.items()}
+    lenses = out["logit_lens"], out["tuned_lens"]
+    draw["compare_lenses"] = lambda: compare_lenses(*lenses, names=["logit lens", "tuned lens"])
+    return draw
+
+
+def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
+    """Every analyzer's result (and the sweep's and the depth family's) for a random model of
+    ``n_layers`` layers; ``tmp`` holds the timeline's checkpoints."""
+    from probekit.analyses.depth.tuned_lens import TunedLens, tuned_lens
     from probekit.analyses.mechanisms.flow import information_flow
     from probekit.analyses.mechanisms.knockout import attention_knockout
     from probekit.analyses.mechanisms.maps import hidden_state_map, pair_cosines
@@ -128,9 +140,7 @@ def results(n_layers: int, tmp: Path) -> dict[str, Callable[[], go.Figure]]:
         "sweep": _sweep(),
         "depth_family": depth_family(1_000_000, [2, 4, 8, 12], d_model=64),
     }
-    draw = {name: res.figure for name, res in out.items()}
-    draw["compare_lenses"] = lambda: compare_lenses(logit, lens, names=["logit lens", "tuned lens"])
-    return draw
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
