@@ -119,8 +119,8 @@ def _legend_entries(fig: go.Figure) -> list[str]:
             continue
         if getattr(trace, "type", "") == "heatmap" or not trace.name:
             continue
-        seen.setdefault(trace.legendgroup or trace.name, None)
-    return list(seen)
+        seen.setdefault((trace.legendgroup, trace.name), None)
+    return [name for _, name in seen]
 
 
 def wrap(text: str, limit: int) -> str:

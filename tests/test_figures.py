@@ -102,7 +102,7 @@ def test_legends_in_words_below_the_axes(drawn):
         # below the plot area, inside the bottom margin: no subplot title can be under it
         assert legend.yref == "container" and legend.yanchor == "bottom", name
         assert legend.y <= 0.05 and fig.layout.margin.b >= 90, name
-        entries = len({t.legendgroup or t.name for t in shown})
+        entries = len({(t.legendgroup, t.name) for t in shown})
         assert entries <= 24, f"{name}: {entries} legend entries"
 
 
@@ -140,6 +140,6 @@ def test_solution_panel_shows_the_symmetric_bar_and_seen_pairs_as_correct(drawn)
     low, high = diff_axis.range
     assert low < 0 < 4 < high and 4 in list(diff_axis.tickvals)  # (4,3): symmetric = +4
     assert any("symmetric" in (a.text or "") for a in fig.layout.annotations)
-    seen = [t for t in fig.data if t.name and t.name.startswith("seen pair: correct")]
-    other = [t for t in fig.data if t.name and "other" in t.name]
+    seen = [t for t in fig.data if t.legendgroup == "seen pairs" and "correct" in t.name]
+    other = [t for t in fig.data if t.legendgroup == "held-out pairs" and t.name == "other"]
     assert seen and other and seen[0].marker.color != other[0].marker.color

@@ -109,17 +109,19 @@ class SolutionResult(Result):
         table = frac.pivot_table(index="pair", columns="metric", values="value")
         acc = table.reindex(seen).get("accuracy", pd.Series(0.0, index=seen)).fillna(0.0)
         bars = [
-            (seen, acc, "seen pair: correct (trained target)", SEEN_COLORS["correct"]),
-            (seen, 1 - acc, "seen pair: wrong", SEEN_COLORS["wrong"]),
+            (seen, acc, "correct (trained target)", SEEN_COLORS["correct"], "seen pairs"),
+            (seen, 1 - acc, "wrong", SEEN_COLORS["wrong"], "seen pairs"),
         ]
         for metric, color in COLORS.items():
             part = table.reindex(held).get(metric, pd.Series(0.0, index=held)).fillna(0.0)
-            bars.append((held, part, f"held-out pair: {LABELS[metric]}", color))
-        for pairs, values, name, color in bars:
+            bars.append((held, part, metric, color, "held-out pairs"))
+        for pairs, values, name, color, group in bars:
             if pairs:
-                fig.add_trace(
-                    go.Bar(x=pairs, y=list(values), name=name, marker_color=color), row=1, col=1
+                bar = go.Bar(
+                    x=pairs, y=list(values), name=name, marker_color=color, legendgroup=group,
+                    legendgrouptitle_text=group, hovertext=LABELS.get(name, name),
                 )
+                fig.add_trace(bar, row=1, col=1)
         fig.update_xaxes(categoryorder="array", categoryarray=seen + held, row=1, col=1)
 
     def _diff_bars(self, fig: go.Figure) -> None:
