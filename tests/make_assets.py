@@ -33,6 +33,9 @@ def _write(fig, name: str, height: int | None = None) -> Path:
 
 def anchor_images(demo: Path) -> None:
     """Knockout maps of both models, condensation and embedding map of the inferential one."""
+    import probekit.analyses.mechanisms.knockout  # noqa: F401  (defines the result kinds)
+    import probekit.analyses.weights.condensation  # noqa: F401
+    import probekit.analyses.weights.embeddings  # noqa: F401
     from probekit.result import Result
 
     for model in ("symmetric", "inferential"):
