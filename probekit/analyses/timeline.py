@@ -66,9 +66,9 @@ class TimelineResult(Result):
             "step",
             "value",
             "run",
-            f"{measure} over training",
+            f"{figures.words(measure).capitalize()} over training, one line per run",
             "training step",
-            measure.replace("_", " "),
+            figures.words(measure),
         )
 
 

@@ -90,7 +90,7 @@ class FamilyResult(Result):
                 go.Scatter(
                     x=self.df.depth,
                     y=self.df[column],
-                    name=column,
+                    name={"d_model": "residual width d_model", "d_mlp": "MLP width d_mlp"}[column],
                     mode="lines+markers",
                     line={"color": figures.PALETTE[i]},
                 ),
@@ -107,8 +107,9 @@ class FamilyResult(Result):
             secondary_y=True,
         )
         fig.update_xaxes(title_text="depth (layers)")
-        fig.update_yaxes(title_text="width", secondary_y=False)
-        fig.update_yaxes(title_text="parameters", secondary_y=True)
+        figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
+        fig.update_yaxes(title_text="width (units)", secondary_y=False)
+        fig.update_yaxes(title_text="parameters (count)", secondary_y=True)
         return figures.base_layout(
             fig,
             f"Depth/width family at {self.summary['budget']:,} parameters "

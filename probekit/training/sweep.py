@@ -45,6 +45,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probekit import figures
 from probekit.errors import ConfigError
 from probekit.io import atomic_write_text
 from probekit.result import Result
@@ -66,6 +67,16 @@ ACC_METRICS = (
     "test_task_symmetric",
     "test_task_other",
 )
+
+
+_AXES = {
+    "gamma": "γ, initialization rate (std = d_in^−γ)",
+    "depth": "depth (layers)",
+    "weight_decay": "weight decay",
+    "seed": "seed",
+    "lr": "learning rate",
+}
+"""Axis titles of the sweep's settings."""
 
 
 def _fraction_heatmap(table: pd.DataFrame, **style: Any) -> go.Heatmap:
@@ -276,14 +287,20 @@ class SweepResult(Result):
                 fix=f"use one of {list(ACC_METRICS)} with which=final|best",
             )
         table = _grid_table(self.df, y, x, col)
-        fig = go.Figure(_fraction_heatmap(table, colorbar={"title": metric}))
-        fig.update_layout(
-            title=f"{which} {metric} over {x} x {y} (mean over other settings)",
-            xaxis_title=x,
-            yaxis_title=y,
-            template="plotly_white",
+        words = metric.replace("test_task_", "held-out ").replace("_", " ")
+        fig = go.Figure(
+            _fraction_heatmap(table, colorbar={"title": {"text": f"{words}<br>(fraction)"}})
         )
-        return fig
+        fig.update_yaxes(type="category")
+        fig.update_xaxes(type="category")
+        return figures.base_layout(
+            fig,
+            f"{which} {words} over {x} × {y} (mean over the other settings)",
+            _AXES.get(x, x.replace("_", " ")),
+            _AXES.get(y, y.replace("_", " ")),
+            width=700,
+            height=500,
+        )
 
     def figure(self) -> go.Figure:
         """The papers' four phase diagrams: held-out inferential / symmetric accuracy over
@@ -299,25 +316,32 @@ class SweepResult(Result):
             cols=2,
             horizontal_spacing=0.12,
             vertical_spacing=0.16,
-            subplot_titles=[f"held-out {m.split('_')[-1]}: gamma x {y}" for m, y in specs],
+            subplot_titles=[
+                f"held-out pair {m.split('_')[-1]} (fraction): γ × {y.replace('_', ' ')}"
+                for m, y in specs
+            ],
         )
         for i, (metric, y) in enumerate(specs):
             table = _grid_table(self.df, y, "gamma", f"final_{metric}")
             fig.add_trace(
-                _fraction_heatmap(table, showscale=i == 0, colorbar={"title": "fraction"}),
+                _fraction_heatmap(
+                    table, showscale=i == 0, colorbar={"title": {"text": "fraction of<br>outputs"}}
+                ),
                 row=i // 2 + 1,
                 col=i % 2 + 1,
             )
-            fig.update_xaxes(title_text="gamma (init rate)", row=i // 2 + 1, col=i % 2 + 1)
-            fig.update_yaxes(
-                title_text=y.replace("_", " "), type="category", row=i // 2 + 1, col=i % 2 + 1
+            fig.update_xaxes(
+                title_text=_AXES["gamma"], type="category", row=i // 2 + 1, col=i % 2 + 1
             )
-        fig.update_layout(
-            title="Phase diagrams on the held-out pair (mean over seeds)",
-            template="plotly_white",
+            fig.update_yaxes(
+                title_text=_AXES.get(y, y), type="category", row=i // 2 + 1, col=i % 2 + 1
+            )
+        return figures.base_layout(
+            fig,
+            "Phase diagrams on the held-out pair (mean over seeds; blank: no run or all diverged)",
+            width=1000,
             height=760,
         )
-        return fig
 
 
 def _summary(df: pd.DataFrame) -> dict[str, Any]:

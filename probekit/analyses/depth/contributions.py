@@ -107,11 +107,12 @@ class ContributionResult(Result):
             "layer",
             "value",
             "component",
-            f"Zero-ablation contribution per layer ({measure}); second-half share "
-            f"{self.second_half_share(measure):.1%}",
+            f"Zero-ablation contribution per layer: {figures.words(measure)}; second-half "
+            f"share {self.second_half_share(measure):.1%}",
             "layer",
-            measure,
+            figures.words(measure),
         )
+        figures.integer_axis(fig, "x", n=n_layers)
         return figures.shade_second_half(fig, n_layers)
 
 

@@ -59,10 +59,16 @@ class GradientResult(Result):
 
     def figure(self) -> go.Figure:
         fig = figures.lines(
-            self.df, "layer", "value", "measure", "Gradient norm per layer", "layer", "L2 norm"
+            self.df,
+            "layer",
+            "value",
+            "measure",
+            "Gradient norm per layer (of the mean token loss)",
+            "layer",
+            "gradient L2 norm (log scale)",
         )
-        fig.update_yaxes(type="log")
-        return fig
+        figures.integer_axis(fig, "x", n=int(self.df.layer.max()) + 1)
+        return figures.log_axis(fig, "y", values=self.df.value)
 
 
 @contextmanager

@@ -57,22 +57,37 @@ class LogitLensResult(Result):
         kl = self.df[self.df.measure == "kl"]
         ov = self.df[self.df.measure == "topk_overlap"]
         fig.add_trace(
-            go.Scatter(x=kl.depth, y=kl.value, name="KL(p_l || p_final)", mode="lines+markers"),
+            go.Scatter(
+                x=kl.depth,
+                y=kl.value,
+                name="KL(p_l ‖ p_final)",
+                mode="lines+markers",
+                line={"color": figures.PALETTE[0]},
+            ),
             secondary_y=False,
         )
         fig.add_trace(
             go.Scatter(
                 x=ov.depth,
                 y=ov.value,
-                name=f"top-{self.summary['k']} overlap",
+                name=f"top-{self.summary['k']} overlap with the final output",
                 mode="lines+markers",
                 line={"color": figures.PALETTE[1]},
             ),
             secondary_y=True,
         )
         fig.update_yaxes(title_text="KL (nats)", secondary_y=False)
-        fig.update_yaxes(title_text="overlap", range=[0, 1.05], secondary_y=True)
-        fig.update_xaxes(title_text="blocks applied (0 = embeddings)")
+        fig.update_yaxes(
+            title_text="top-k overlap (fraction)",
+            range=[0, 1.05],
+            tickmode="linear",
+            tick0=0,
+            dtick=0.2,
+            showgrid=False,
+            secondary_y=True,
+        )
+        fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
+        figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
         return figures.base_layout(fig, "Logit lens")
 
 

@@ -86,7 +86,9 @@ class ResidualResult(Result):
         from plotly.subplots import make_subplots
 
         fig = make_subplots(
-            rows=1, cols=2, subplot_titles=("cosine similarities", "relative norms")
+            rows=1,
+            cols=2,
+            subplot_titles=("cosine similarities", "update norms relative to the input"),
         )
         for i, measure in enumerate(RESIDUAL_MEASURES):
             part = self.df[self.df.measure == measure]
@@ -94,7 +96,7 @@ class ResidualResult(Result):
                 go.Scatter(
                     x=part.layer,
                     y=part.value,
-                    name=measure,
+                    name=figures.words(measure),
                     mode="lines+markers",
                     line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
                 ),
@@ -102,7 +104,12 @@ class ResidualResult(Result):
                 col=1 if measure.startswith("cos") else 2,
             )
         fig.update_xaxes(title_text="layer")
-        return figures.base_layout(fig, "Residual stream: similarity and relative update size")
+        figures.integer_axis(fig, "x", n=int(self.df.layer.max()) + 1)
+        fig.update_yaxes(title_text="cosine", row=1, col=1)
+        fig.update_yaxes(title_text="ratio of L2 norms", row=1, col=2)
+        return figures.base_layout(
+            fig, "Residual stream: similarity and relative update size", width=1100
+        )
 
 
 @torch.no_grad()

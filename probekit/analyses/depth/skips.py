@@ -99,11 +99,11 @@ class SkipEffectResult(Result):
             mat.to_numpy(),
             x=list(mat.columns),
             y=list(mat.index),
-            title="Effect of skipping layer s on later updates ||D_l - D'_l|| / ||D_l|| "
-            f"(depth score {self.summary['depth_score']:.2f})",
+            title="Effect of skipping layer s on the update of each later layer l, "
+            f"‖D_l − D'_l‖ ÷ ‖D_l‖ (depth score {self.summary['depth_score']:.2f})",
             x_title="affected layer l",
             y_title="skipped layer s",
-            colorbar="relative change",
+            colorbar="relative change of the update",
         )
 
 

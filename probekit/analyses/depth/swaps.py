@@ -144,10 +144,10 @@ class SwapResult(Result):
             x=list(range(n)),
             y=list(range(n)),
             title=f"Loss change of swapping layers i and j; {self.summary['n_blocks']} "
-            "permutable blocks (boundary confidence above)",
+            "permutable block(s) (framed; bootstrap confidence of each boundary above)",
             x_title="layer j",
             y_title="layer i",
-            colorbar="Δ loss",
+            colorbar="Δ loss (nats)",
             signed=True,
         )
         for start, stop in self.summary["blocks"]:

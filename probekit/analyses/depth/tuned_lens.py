@@ -641,7 +641,9 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
         color = figures.PALETTE[i % len(figures.PALETTE)]
         for measure, dash, secondary in (("kl", None, False), ("topk_overlap", "dot", True)):
             part = res.df[res.df.measure == measure].sort_values("depth")
-            label = f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']}"
+            label = (
+                f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']} overlap"
+            )
             fig.add_trace(
                 go.Scatter(
                     x=part.depth,
@@ -652,7 +654,17 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
                 ),
                 secondary_y=secondary,
             )
-    fig.update_yaxes(title_text="KL(p_l || p_final), nats", secondary_y=False)
-    fig.update_yaxes(title_text="top-k overlap", range=[0, 1.05], secondary_y=True)
-    fig.update_xaxes(title_text="blocks applied (0 = embeddings)")
-    return figures.base_layout(fig, "Logit lens and tuned lens")
+    fig.update_yaxes(title_text="KL(p_l ‖ p_final) (nats)", secondary_y=False)
+    fig.update_yaxes(
+        title_text="top-k overlap (fraction)",
+        range=[0, 1.05],
+        tickmode="linear",
+        tick0=0,
+        dtick=0.2,
+        showgrid=False,
+        secondary_y=True,
+    )
+    fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
+    depth = max(int(r.df.depth.max()) for r in results)
+    figures.integer_axis(fig, "x", n=depth + 1)
+    return figures.base_layout(fig, "Logit lens and tuned lens (dotted: top-k overlap)")

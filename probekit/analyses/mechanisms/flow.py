@@ -60,8 +60,14 @@ class FlowResult(Result):
             _lines(fig, df[(df.scope == scope) & (df.weight >= min_weight)], col)
             ticks = tokens if scope == "single" and len(tokens) == n_pos else None
             _grid(fig, n_layers, n_pos, ticks, col)
-        figures.base_layout(fig, "Information flow: attention moved by each layer")
-        fig.update_layout(height=140 + 110 * n_layers, width=520 * len(scopes))
+        per_layer = 110 if n_layers <= 4 else 60
+        figures.base_layout(
+            fig,
+            "Information flow: attention moved by each layer (line width: attention weight, "
+            f"at least {min_weight})",
+            width=520 * len(scopes),
+            height=180 + per_layer * n_layers,
+        )
         return fig
 
 
@@ -102,11 +108,16 @@ def _grid(fig: go.Figure, n_layers: int, n_pos: int, tokens: list | None, col: i
         list(range(n_pos)) if tokens is None else [f"{i}<br>{t}" for i, t in enumerate(tokens)]
     )
     fig.update_xaxes(
-        tickvals=list(range(n_pos)), ticktext=ticktext, title_text="position", row=1, col=col
+        tickvals=list(range(n_pos)),
+        ticktext=ticktext,
+        title_text="position" + (" and token" if tokens else ""),
+        row=1,
+        col=col,
     )
     fig.update_yaxes(
         tickvals=list(range(n_layers + 1)),
         ticktext=["embed"] + [f"after L{i}" for i in range(n_layers)],
+        title_text="residual stream: layers applied" if col == 1 else "",
         row=1,
         col=col,
     )

@@ -81,10 +81,11 @@ class KnockoutResult(Result):
             table.to_numpy(),
             x=[str(c) for c in table.columns],
             y=list(table.index),
-            title=f"Attention knockout into the query position ({heads}, {group}): {measure}",
-            x_title="source " + self.meta.get("by", "position"),
+            title=f"Attention knockout into the query position ({heads}, {group} inputs): "
+            f"{figures.words(measure)}",
+            x_title="blocked source " + self.meta.get("by", "position"),
             y_title="layer",
-            colorbar=measure,
+            colorbar=figures.words(measure),
             signed=True,
         )
 

@@ -116,12 +116,16 @@ class HiddenMapResult(Result):
                 pts = sub[sub.group.astype(str) == g]
                 trace = _group_trace(pts, g, k, len(groups), i == 0)
                 fig.add_trace(trace, row=i // cols + 1, col=i % cols + 1)
+        axis = "PCA" if self.summary.get("method") == "pca" else str(self.summary.get("method"))
+        fig.update_xaxes(title_text=f"{axis} 1 (arbitrary units)")
+        fig.update_yaxes(title_text=f"{axis} 2 (arbitrary units)")
         figures.base_layout(
             fig,
             f"States at {self.meta.get('position', 'last')!r} ({self.summary.get('method')}), "
             "coloured by group; diamonds: held-out groups and their mirrors",
+            width=380 * cols + 80,
+            height=340 * rows + 60,
         )
-        fig.update_layout(height=360 * rows + 80, width=420 * cols + 150)
         return fig
 
 
@@ -296,8 +300,11 @@ class PairCosineResult(Result):
 
     def figure(self, site: str = "resid_out") -> go.Figure:
         layers = sorted(set(self.df[self.df.site == site].layer))
+        cols = min(2, len(layers))
         fig = make_subplots(
-            rows=1, cols=len(layers), subplot_titles=[f"{site} of layer {ly}" for ly in layers]
+            rows=-(-len(layers) // cols),
+            cols=cols,
+            subplot_titles=[f"{site} of layer {ly}" for ly in layers],
         )
         for i, ly in enumerate(layers):
             m = self.matrix(ly, site)
@@ -310,17 +317,21 @@ class PairCosineResult(Result):
                     zmax=1,
                     colorscale=figures.DIVERGING,
                     showscale=i == 0,
-                    colorbar={"title": {"text": "cosine"}},
+                    colorbar={"title": {"text": "cosine similarity"}},
                     hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
                 ),
-                row=1,
-                col=i + 1,
+                row=i // cols + 1,
+                col=i % cols + 1,
             )
-            fig.update_yaxes(autorange="reversed", row=1, col=i + 1)
+            fig.update_yaxes(autorange="reversed", row=i // cols + 1, col=i % cols + 1)
+        fig.update_xaxes(title_text="anchor pair")
+        fig.update_yaxes(title_text="anchor pair", col=1)
         figures.base_layout(
-            fig, f"Cosine of states ({site}) between pairs at equal inferential answers"
+            fig,
+            f"Cosine of states ({site}) between pairs at equal inferential answers",
+            width=430 * min(len(layers), 2) + 100,
+            height=480 * -(-len(layers) // 2),
         )
-        fig.update_layout(height=480, width=430 * len(layers) + 100)
         return fig
 
 

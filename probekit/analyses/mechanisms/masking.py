@@ -64,15 +64,19 @@ class MaskingResult(Result):
 
     def figure(self, measure: str = "p_target_delta") -> go.Figure:
         part = self.df[self.df.measure == measure]
-        return figures.bars(
+        fig = figures.bars(
             part,
             "unit",
             "value",
             "group",
-            f"Token masking ({self.meta.get('mode', '')}): {measure} at the query position",
+            f"Token masking ({self.meta.get('mode', '')}): {figures.words(measure)} at the "
+            "query position, per group of inputs",
             "masked " + self.meta.get("by", "unit"),
-            measure,
+            figures.words(measure),
         )
+        if self.meta.get("by", "position") == "position":
+            figures.integer_axis(fig, "x", n=len(set(part.unit)))
+        return fig
 
 
 def mask_tokens(

@@ -127,58 +127,86 @@ class ProbeResult(Result):
         return first.reindex(index=variables, columns=positions)
 
     def figure(self, value: str = "score", site: str = "resid") -> go.Figure:
-        """One heatmap (layers x positions) per variable, plus the first-decodable-layer map."""
+        """One heatmap (depths x positions) per variable, plus the first-decodable-depth map
+        (its own colour scale; blank where nothing decodes)."""
         variables = list(dict.fromkeys(self.df.variable))
-        titles = [
-            f"{v}: {value} (first decodable depth {self.first_layer(v)})" for v in variables
-        ] + ["first decodable depth"]
+        titles = [f"{v}: {self._first_text(v)}" for v in variables] + [
+            "first decodable depth (blank: none)"
+        ]
         cols = min(3, len(variables) + 1)
         rows = -(-(len(variables) + 1) // cols)
-        fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
+        fig = make_subplots(
+            rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.08,
+            vertical_spacing=0.22 / rows + 0.08,
+        )
+        depths = sorted(set(self.df.layer))
         for i, v in enumerate(variables):
             table = self.map(v, value, site)
             fig.add_trace(
                 go.Heatmap(
                     z=table.to_numpy(),
                     x=[str(c) for c in table.columns],
-                    y=[str(r) for r in table.index],
+                    y=[int(r) for r in table.index],
                     zmin=0,
                     zmax=1,
                     colorscale=figures.SEQUENTIAL,
                     showscale=i == 0,
-                    colorbar={"title": {"text": value}, "x": 1.02},
+                    colorbar={
+                        "title": {"text": figures.wrap(figures.words(value), 12)},
+                        "x": 1.02, "y": 1.0, "yanchor": "top", "len": 0.45,
+                    },
                     hovertemplate=f"{v}<br>position %{{x}}<br>depth %{{y}}<br>{value} %{{z:.3f}}"
                     "<extra></extra>",
                 ),
                 row=i // cols + 1,
                 col=i % cols + 1,
             )
-        first = self.first_layers(site)
-        fig.add_trace(
-            go.Heatmap(
-                z=first.to_numpy(dtype=float),
-                x=[str(c) for c in first.columns],
-                y=list(first.index),
-                colorscale="Cividis_r",
-                showscale=False,
-                text=first.to_numpy(dtype=float),
-                texttemplate="%{text}",
-                hovertemplate="%{y} at position %{x}: depth %{z}<extra></extra>",
-            ),
-            row=len(variables) // cols + 1,
-            col=len(variables) % cols + 1,
-        )
-        for r in range(1, rows + 1):
-            for c in range(1, cols + 1):
-                fig.update_xaxes(title_text="position", row=r, col=c)
+            figures.integer_axis(fig, "y", n=len(depths), row=i // cols + 1, col=i % cols + 1)
+        self._first_panel(fig, site, len(variables) // cols + 1, len(variables) % cols + 1)
+        fig.update_xaxes(title_text="position")
+        fig.update_yaxes(title_text="depth (layers applied)", col=1)
         figures.base_layout(
             fig,
-            f"Linear probes at site {site!r} ({value}; decodable: score >= "
+            f"Linear probes at site {site!r} ({figures.words(value)}; decodable: score >= "
             f"{self.summary.get('threshold')} and selectivity >= "
             f"{self.summary.get('min_selectivity')})",
+            width=360 * cols + 160,
+            height=300 * rows + 80,
         )
-        fig.update_layout(height=320 * rows + 60, width=420 * cols)
         return fig
+
+    def _first_text(self, variable: str) -> str:
+        first = self.first_layer(variable)
+        return "not decodable" if first is None else f"decodable from depth {first}"
+
+    def _first_panel(self, fig: go.Figure, site: str, row: int, col: int) -> None:
+        """Variables x positions map of the first decodable depth, with its own colour bar."""
+        first = self.first_layers(site)
+        z = first.to_numpy(dtype=float)
+        deepest = max(1, int(self.df.layer.max()))
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[str(c) for c in first.columns],
+                y=list(first.index),
+                zmin=0,
+                zmax=deepest,
+                colorscale="Cividis_r",
+                colorbar={
+                    "title": {"text": "first<br>decodable<br>depth"},
+                    "x": 1.02, "y": 0.0, "yanchor": "bottom", "len": 0.45,
+                    "tickmode": "linear", "tick0": 0,
+                    "dtick": max(1, -(-deepest // 6)),
+                },
+                text=[["" if np.isnan(d) else str(int(d)) for d in line] for line in z],
+                texttemplate="%{text}",
+                hovertemplate="%{y} at position %{x}: first decodable at depth %{z}"
+                "<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
+        fig.update_yaxes(title_text="variable", row=row, col=col)
 
 
 # ---------------------------------------------------------------- labels

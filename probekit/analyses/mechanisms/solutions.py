@@ -39,12 +39,20 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from probekit import figures
 from probekit.data import TaskData, task_data
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
 from probekit.model import Model, load
 from probekit.result import Result
 
 COLORS = {"inferential": "#2a9d8f", "symmetric": "#e76f51", "other": "#8d99ae"}
+SEEN_COLORS = {"correct": "#457b9d", "wrong": "#d4d4d4"}
+DIFF_COLORS = ("#264653", "#6d597a", "#b56576")
+LABELS = {
+    "inferential": "inferential (composite)",
+    "symmetric": "symmetric (mirrored pair's target)",
+    "other": "other",
+}
 ANSWERS = ("inferential", "symmetric")
 """The named answers of the task data that the solution types are read against."""
 METRICS = ("accuracy", "inferential", "symmetric", "other")
@@ -75,46 +83,99 @@ class SolutionResult(Result):
         ).reset_index()
 
     def figure(self) -> go.Figure:
-        """Stacked bars of the solution fractions per pair, and the held-out diff histogram."""
-        df = self.df
-        frac = df[df["metric"].isin(list(COLORS))]
+        """Stacked bars per pair (seen pairs: correct or wrong; held-out pairs: inferential,
+        symmetric or other), and the held-out pairs' histogram of prediction - composite with
+        the composite (0) and the symmetric answer marked."""
         fig = make_subplots(
             rows=1,
             cols=2,
-            column_widths=[0.62, 0.38],
+            column_widths=[0.6, 0.4],
+            horizontal_spacing=0.1,
             subplot_titles=(
-                "Solution type per anchor pair (seen: test keys; held-out: all keys)",
-                "Held-out pairs: prediction - composite",
+                "Outputs per anchor pair (seen: test keys; held-out: all keys)",
+                "Held-out pairs: prediction − composite",
             ),
         )
-        pairs = list(
-            dict.fromkeys(frac.sort_values(["heldout", "pair"], ascending=[False, True])["pair"])
-        )
+        self._pair_bars(fig)
+        self._diff_bars(fig)
+        figures.base_layout(fig, self._title(), width=1150, height=440)
+        fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="normal")
+        fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
+        fig.update_yaxes(title_text="fraction of held-out outputs", row=1, col=2)
+        fig.update_xaxes(title_text="anchor pair (seen, then held-out)", row=1, col=1)
+        fig.update_xaxes(title_text="prediction − composite (tokens)", row=1, col=2)
+        return fig
+
+    def _pair_bars(self, fig: go.Figure) -> None:
+        frac = self.df[self.df["metric"] != "diff"]
+        seen = list(dict.fromkeys(frac[~frac["heldout"].astype(bool)].sort_values("pair")["pair"]))
+        held = list(dict.fromkeys(frac[frac["heldout"].astype(bool)].sort_values("pair")["pair"]))
+        table = frac.pivot_table(index="pair", columns="metric", values="value")
+        acc = table.reindex(seen).get("accuracy", pd.Series(0.0, index=seen)).fillna(0.0)
+        bars = [
+            (seen, acc, "correct (trained target)", SEEN_COLORS["correct"], "seen pairs"),
+            (seen, 1 - acc, "wrong", SEEN_COLORS["wrong"], "seen pairs"),
+        ]
         for metric, color in COLORS.items():
-            sub = frac[frac["metric"] == metric].set_index("pair").reindex(pairs)
+            part = table.reindex(held).get(metric, pd.Series(0.0, index=held)).fillna(0.0)
+            bars.append((held, part, metric, color, "held-out pairs"))
+        for pairs, values, name, color, group in bars:
+            if pairs:
+                bar = go.Bar(
+                    x=pairs,
+                    y=list(values),
+                    name=name,
+                    marker_color=color,
+                    legendgroup=group,
+                    legendgrouptitle_text=group,
+                    hovertext=LABELS.get(name, name),
+                )
+                fig.add_trace(bar, row=1, col=1)
+        fig.update_xaxes(categoryorder="array", categoryarray=seen + held, row=1, col=1)
+
+    def _diff_bars(self, fig: go.Figure) -> None:
+        diff = self.df[self.df["metric"] == "diff"]
+        offsets = [int(v) for v in (self.meta.get("symmetric_offsets") or {}).values()]
+        reach = max([10, *(abs(o) + 4 for o in offsets)])
+        clipped = diff.assign(bin=diff["diff"].clip(-reach - 2, reach + 2))
+        for k, (pair, sub) in enumerate(clipped.groupby("pair")):
+            counts = sub.groupby("bin")["value"].sum()
             fig.add_trace(
-                go.Bar(x=pairs, y=sub["value"].fillna(0.0), name=metric, marker_color=color),
-                row=1,
-                col=1,
-            )
-        diff = df[df["metric"] == "diff"]
-        for pair, sub in diff.groupby("pair"):
-            fig.add_trace(
-                go.Bar(x=sub["diff"], y=sub["value"], name=f"{pair} diff", marker_color="#264653"),
+                go.Bar(
+                    x=list(counts.index),
+                    y=list(counts.values),
+                    name=f"held-out pair {pair}",
+                    marker_color=DIFF_COLORS[k % len(DIFF_COLORS)],
+                    width=0.8,
+                ),
                 row=1,
                 col=2,
             )
-        fig.update_layout(
-            barmode="stack",
-            template="plotly_white",
-            height=420,
-            title=self._title(),
-            legend_title_text="output",
+        marked = {0, *offsets}
+        grid = [t for t in range(-reach, reach + 1, 5) if all(abs(t - m) > 2 for m in marked)]
+        ticks = sorted({*marked, *grid})
+        fig.update_xaxes(
+            range=[-reach - 3, reach + 3],
+            tickvals=[-reach - 2, *ticks, reach + 2],
+            ticktext=[f"≤{-reach - 2}", *[f"{t:+d}" if t else "0" for t in ticks], f"≥{reach + 2}"],
+            tickangle=0,
+            row=1,
+            col=2,
         )
-        fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
-        fig.update_xaxes(title_text="anchor pair", row=1, col=1)
-        fig.update_xaxes(title_text="prediction - composite", row=1, col=2)
-        return fig
+        marks = [(0, "composite ", "right")] + [(o, " symmetric", "left") for o in set(offsets)]
+        for x, text, side in marks:
+            fig.add_vline(x=x, line={"dash": "dot", "color": "#555", "width": 1}, row=1, col=2)
+            fig.add_annotation(
+                x=x,
+                xref="x2",
+                y=0.98,
+                yref="y2 domain",
+                text=text,
+                showarrow=False,
+                yanchor="top",
+                xanchor=side,
+                font={"size": 11},
+            )
 
     def _title(self) -> str:
         s = self.summary
@@ -170,6 +231,7 @@ def solution_types(
     summary = _summary(task, pred, held, memorizing_threshold)
     df = pd.DataFrame(rows, columns=["pair", "heldout", "n", "metric", "diff", "value"])
     meta = {
+        "symmetric_offsets": _symmetric_offsets(task, held),
         "memorizing_threshold": memorizing_threshold,
         "n_seen": int((~held).sum()),
         "n_heldout": int(held.sum()),
@@ -289,6 +351,21 @@ def _fractions(task: TaskData, pred: torch.Tensor, sel: torch.Tensor, suffix: st
             strict=True,
         )
     )
+
+
+def _symmetric_offsets(task: TaskData, held: torch.Tensor) -> dict[str, int]:
+    """Per held-out group, the symmetric answer minus the inferential one when it is one
+    number for the whole group (the anchor task's (4,3): +4), for the figure's marker."""
+    answers = {k: task.answers()[k].cpu()[held] for k in ANSWERS}
+    labels = np.array(task.groups())[held.numpy()]
+    out = {}
+    for group in sorted(set(labels)):
+        sel = torch.from_numpy(labels == group)
+        has = answers["symmetric"][sel] != -1
+        values = set((answers["symmetric"][sel] - answers["inferential"][sel])[has].tolist())
+        if len(values) == 1:
+            out[str(group)] = int(values.pop())
+    return out
 
 
 def _summary(

@@ -160,20 +160,24 @@ class CondensationResult(Result):
                         zmax=1,
                         colorscale=figures.DIVERGING,
                         showscale=(r == 0 and c == 0),
-                        colorbar={"title": {"text": "cosine"}},
-                        hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
+                        colorbar={"title": {"text": "cosine<br>similarity"}},
+                        hovertemplate="neuron %{y} vs %{x}: %{z:.3f}<extra></extra>",
                     ),
                     row=r + 1,
                     col=c + 1,
                 )
                 fig.update_yaxes(autorange="reversed", showticklabels=False, row=r + 1, col=c + 1)
                 fig.update_xaxes(showticklabels=False, row=r + 1, col=c + 1)
+                fig.update_xaxes(title_text="neuron (clustered order)", row=r + 1, col=c + 1)
+                if c == 0:
+                    fig.update_yaxes(title_text="neuron", row=r + 1, col=c + 1)
         figures.base_layout(
             fig,
             f"Condensation: cosine between neurons' input weights (clustered, threshold "
             f"{self.summary.get('threshold', 0.7)})",
+            width=min(figures.MAX_WIDTH, max(500, 260 * len(names) + 120)),
+            height=max(340, 280 * len(layers) + 60),
         )
-        fig.update_layout(height=max(320, 260 * len(layers)), width=max(500, 260 * len(names)))
         return fig
 
 
@@ -270,28 +274,52 @@ class CondensationTimelineResult(TimelineResult):
 
     def figure(self) -> go.Figure:
         fig = make_subplots(
-            rows=1, cols=3, subplot_titles=("condensation score", "groups", "stable rank")
+            rows=1,
+            cols=3,
+            subplot_titles=("condensation score", "groups of neurons", "stable rank"),
         )
+        shown = self.df[self.df.quantity.isin(["score", "groups", "stable_rank"])]
+        order = list(dict.fromkeys(shown.matrix))
+        n_layers = int(self.df.layer.max()) + 1
         for col, quantity in enumerate(("score", "groups", "stable_rank"), start=1):
             part = self.df[self.df.quantity == quantity]
-            for k, ((m, ly), sub) in enumerate(part.groupby(["matrix", "layer"], sort=False)):
+            for (m, ly), sub in part.groupby(["matrix", "layer"], sort=False):
                 fig.add_trace(
                     go.Scatter(
                         x=sub.step,
                         y=sub.value,
                         mode="lines+markers",
-                        name=f"{m} L{ly}" if ly >= 0 else m,
-                        legendgroup=quantity,
-                        showlegend=col != 2,
-                        line={"color": figures.PALETTE[k % len(figures.PALETTE)]},
+                        name=m,
+                        legendgroup=m,
+                        showlegend=False,
+                        opacity=0.35 + 0.65 * (max(ly, 0) + 1) / (n_layers + 1),
+                        hovertext=f"{m} layer {ly}" if ly >= 0 else m,
+                        line={"color": figures.PALETTE[order.index(m) % len(figures.PALETTE)]},
                     ),
                     row=1,
                     col=col,
                 )
-            fig.update_xaxes(title_text="checkpoint step", row=1, col=col)
+            fig.update_xaxes(title_text="training step", row=1, col=col)
+        for k, m in enumerate(order):  # one legend entry per matrix (lines: its layers)
+            fig.add_trace(
+                go.Scatter(
+                    x=[None], y=[None], mode="lines+markers", name=m, legendgroup=m,
+                    line={"color": figures.PALETTE[k % len(figures.PALETTE)]},
+                ),
+                row=1,
+                col=1,
+            )
+        fig.update_yaxes(title_text="score (0 to 1)", row=1, col=1)
+        fig.update_yaxes(title_text="number of groups", row=1, col=2)
+        fig.update_yaxes(title_text="stable rank (dimensions)", row=1, col=3)
         onset = self.summary.get("onset_step")
-        figures.base_layout(fig, f"Condensation over training (onset step: {onset})")
-        fig.update_layout(height=420, width=1250)
+        figures.base_layout(
+            fig,
+            f"Condensation over training (onset step: {onset}); one line per layer, darker = "
+            "deeper",
+            width=1150,
+            height=420,
+        )
         return fig
 
 

@@ -50,7 +50,7 @@ class EmbeddingMapResult(Result):
                     "color": self.df.token,
                     "colorscale": figures.SEQUENTIAL,
                     "size": 8,
-                    "colorbar": {"title": {"text": "token"}},
+                    "colorbar": {"title": {"text": "token id"}},
                 },
                 hovertemplate="token %{text}<extra></extra>",
             )
@@ -61,8 +61,10 @@ class EmbeddingMapResult(Result):
             f"Token embeddings ({s.get('method')}): neighbour ratio "
             f"{s.get('neighbour_ratio', float('nan')):.2f}, |rank corr| with an axis "
             f"{s.get('order_corr', float('nan')):.2f}",
-            "map 1",
-            "map 2",
+            f"{s.get('method')} axis 1 (arbitrary units)",
+            f"{s.get('method')} axis 2 (arbitrary units)",
+            width=900,
+            height=600,
         )
 
 

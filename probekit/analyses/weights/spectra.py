@@ -90,14 +90,16 @@ class SpectraResult(Result):
             fig.add_trace(_spectrum_trace(part, ly, m, i), row=1, col=1)
         ranks = self.stable_ranks()
         per_layer = ranks[ranks.layer >= 0]
-        for k, (m, part) in enumerate(per_layer.groupby("matrix", sort=False)):
+        for m, part in per_layer.groupby("matrix", sort=False):
             fig.add_trace(
                 go.Scatter(
                     x=part.layer,
                     y=part.stable_rank,
                     mode="lines+markers",
-                    name=f"{m} stable rank",
-                    line={"color": figures.PALETTE[k % len(figures.PALETTE)]},
+                    name=m,
+                    legendgroup=m,
+                    showlegend=False,
+                    line={"color": _color(m)},
                 ),
                 row=1,
                 col=2,
@@ -105,38 +107,47 @@ class SpectraResult(Result):
         cov = self.df[self.df.matrix == "emb_cov"]
         fig.add_trace(
             go.Bar(
-                x=cov["index"], y=cov["value"], name="emb cov eigenvalue", marker_color="#264653"
+                x=cov["index"], y=cov["value"], name="embedding covariance",
+                marker_color="#264653", showlegend=False,
             ),
             row=1,
             col=3,
         )
-        fig.update_yaxes(type="log", row=1, col=1)
-        fig.update_yaxes(type="log", row=1, col=3)
-        fig.update_xaxes(title_text="index", row=1, col=1)
-        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=2)
+        figures.log_axis(fig, "y", row=1, col=1)
+        figures.log_axis(fig, "y", row=1, col=3, values=cov["value"])
+        fig.update_xaxes(title_text="singular value index", row=1, col=1)
+        fig.update_yaxes(title_text="σ_i ÷ σ_1 (log scale)", row=1, col=1)
+        fig.update_xaxes(title_text="layer", row=1, col=2)
+        figures.integer_axis(fig, "x", n=int(per_layer.layer.max()) + 1, row=1, col=2)
+        fig.update_yaxes(title_text="stable rank (dimensions)", row=1, col=2)
         fig.update_xaxes(title_text="eigenvalue index", row=1, col=3)
+        fig.update_yaxes(title_text="eigenvalue (log scale)", row=1, col=3)
         figures.base_layout(
             fig,
             f"Spectra: stable rank of W_E {self.stable_rank('W_E'):.2f}"
             f", embedding covariance top share "
-            f"{self.summary.get('emb_cov_top_share', float('nan')):.2f}",
+            f"{self.summary.get('emb_cov_top_share', float('nan')):.2f}; one line per layer",
+            width=1150,
+            height=420,
         )
-        fig.update_layout(height=420, width=1250)
         return fig
 
 
+def _color(name: str) -> str:
+    return figures.PALETTE[list(WEIGHT_NAMES + ("W_E", "W_U")).index(name) % len(figures.PALETTE)]
+
+
 def _spectrum_trace(part: pd.DataFrame, layer: int, name: str, i: int) -> go.Scatter:
+    """One matrix's spectrum; the legend shows each matrix once (its first layer's line)."""
     return go.Scatter(
         x=part["index"],
         y=part["normalized"],
         mode="lines",
-        name=name if layer < 0 else f"{name} L{layer}",
+        name=name,
         legendgroup=name,
-        line={
-            "color": figures.PALETTE[
-                list(WEIGHT_NAMES + ("W_E", "W_U")).index(name) % len(figures.PALETTE)
-            ]
-        },
+        showlegend=layer <= 0,
+        hovertext=name if layer < 0 else f"{name} layer {layer}",
+        line={"color": _color(name)},
         opacity=0.5 + 0.5 * (i % 2),
     )
 
