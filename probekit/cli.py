@@ -103,6 +103,32 @@ def _check_paths(*paths: str | None) -> None:
             raise InputError(f"{path!r} is not a path", fix="pass a file or folder name")
 
 
+def checkpoints_below(path: str | os.PathLike, depth: int = 3) -> list[str]:
+    """Folders up to ``depth`` levels below ``path`` that hold a checkpoint (a config.json
+    beside weights), sorted; hidden and temporary folders are left out.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> for name in ("config.json", "model.safetensors"):
+        ...     _ = (root / "runs" / "a" / "checkpoint").mkdir(parents=True, exist_ok=True)
+        ...     _ = (root / "runs" / "a" / "checkpoint" / name).write_text("{}")
+        >>> checkpoints_below(root / "runs") == [str(root / "runs" / "a" / "checkpoint")]
+        True
+    """
+    found: list[str] = []
+    if not os.path.isdir(path):
+        return found
+    for root, dirs, files in os.walk(path):
+        level = os.path.relpath(root, path).count(os.sep) + (root != os.fspath(path))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if level < depth else []
+        weights = any(f.endswith((".safetensors", ".bin")) for f in files)
+        if root != os.fspath(path) and "config.json" in files and weights:
+            found.append(root)
+            dirs[:] = []
+    return sorted(found)
+
+
 def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     """Every check of ``probekit diagnose`` that needs no model: the checkpoint path and
     ``--out``. Prints a warning for a non-UTF-8 ``--text`` and a notice per ignored file."""
@@ -121,7 +147,17 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     check_int_flags(args)
     check_device(args.device)
     path = runs.checkpoint_of(args.model)
-    runs.check_checkpoint_folder(path)
+    try:
+        runs.check_checkpoint_folder(path)
+    except CheckpointError as err:
+        below = checkpoints_below(path)
+        if not below:
+            raise
+        shown = ", ".join(below[:8]) + (f" and {len(below) - 8} more" if len(below) > 8 else "")
+        raise CheckpointError(
+            f"{path} holds no checkpoint itself, but these folders below it do: {shown}",
+            fix=f"pass one of them, e.g. probekit diagnose {below[0]} --out report/",
+        ) from err
     warning = runs.check_text_file(args.text) if args.text is not None else None
     from probekit import report  # the analyses, plotly and torch
 
@@ -131,6 +167,20 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     for line in runs.ignored_files(path):
         print(f"probekit: notice: ignored {line}", file=sys.stderr)
     return path, out
+
+
+def data_source(args: argparse.Namespace, positions: str) -> str:
+    """In words, where ``probekit diagnose``'s data came from (see runs.default_data)."""
+    if args.text:
+        return f"text file {os.path.abspath(args.text)}, tokenized with the model's tokenizer"
+    if positions == "last":
+        return "the anchor task's test split stored with the run (answer at the last token)"
+    from probekit import runs
+    from probekit.training.runs import load_run
+
+    if load_run(runs.checkpoint_of(args.model)) is not None:
+        return "the validation split of the run's byte corpus"
+    return f"tokens drawn uniformly from the vocabulary (seed {args.seed})"
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -169,13 +219,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         lens_data=lens_data,
         lens_steps=args.lens_steps,
     )
+    diagnosis.meta = {
+        "checkpoint": os.path.abspath(path),
+        "data_source": data_source(args, positions),
+        "dtype": args.dtype,
+        **diagnosis.meta,
+    }
     title = f"probekit depth diagnosis: {path}"
     page, _ = report.save_report(diagnosis, out, title=title, images=not args.no_images)
-    if not args.no_images and not report.can_export_images():
-        print(
-            "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
-            file=sys.stderr,
-        )
+    missing = None if args.no_images else report.missing_for_images()
+    if missing:
+        print(f"probekit: no PNG/SVG images: missing {missing}; wrote HTML figures only",
+              file=sys.stderr)
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
