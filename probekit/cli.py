@@ -29,7 +29,28 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"probekit: error: {message} (see {self.prog} --help)\n")
+        self.exit(
+            2, f"probekit: error: {message}{self.suggest(message)} (see {self.prog} --help)\n"
+        )
+
+    def suggest(self, message: str) -> str:
+        """ "; did you mean --x?" for an unrecognized flag close to one of a subcommand's."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known |= set(sub._option_string_actions)
+        hints = []
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
+            if flag.startswith("-") and close:
+                hints.append(f"{flag} -> {close[0]}")
+        return f"; did you mean {', '.join(hints)}?" if hints else ""
 
 
 LIMITS = {
@@ -229,13 +250,26 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     page, _ = report.save_report(diagnosis, out, title=title, images=not args.no_images)
     missing = None if args.no_images else report.missing_for_images()
     if missing:
-        print(f"probekit: no PNG/SVG images: missing {missing}; wrote HTML figures only",
-              file=sys.stderr)
+        print(
+            f"probekit: no PNG/SVG images: missing {missing}; wrote HTML figures only",
+            file=sys.stderr,
+        )
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
         print(f"report: {page}")
     return 0
+
+
+def print_demo_verdicts(summary: os.PathLike) -> None:
+    """Print each demo model's verdict lines from the demo's summary.json."""
+    import json
+
+    for name, value in json.loads(open(summary, encoding="utf-8").read()).items():
+        if isinstance(value, dict) and "verdict" in value:
+            print(f"{name} model:")
+            for line in value["verdict"]:
+                print(f"- {line}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -251,6 +285,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         force=args.force,
     )
     if not args.quiet:
+        print_demo_verdicts(index.parent / "summary.json")
         print(f"demo report: {index}")
     return 0
 
