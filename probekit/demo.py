@@ -62,7 +62,7 @@ def reference_configs(quick: bool = False) -> list[Any]:
     for name, gamma in REFERENCE.items():
         quick_settings = dict(
             model=ModelConfig(n_layers=2, d_model=64, n_heads=4, gamma=gamma),
-            task=AnchorTask(n_train=20000, n_test=256),
+            task=AnchorTask(n_train=20000, n_test=128),
             steps=QUICK_STEPS,
             batch_size=128,
             lr=5e-3,
@@ -104,6 +104,7 @@ def analyse(
     phases: Phases | None = None,
     banner: str = "",
     plotly_src: str | None = None,
+    checkpoint_label: str | None = None,
 ) -> dict[str, Any]:
     """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``.
 
@@ -131,7 +132,7 @@ def analyse(
     )
     diagnosis.results = {"solutions": solutions, **mechanisms, **diagnosis.results}
     diagnosis.meta = {
-        "checkpoint": os.path.abspath(checkpoint),
+        "checkpoint": checkpoint_label or os.path.abspath(checkpoint),
         "data_source": "the anchor task's test split (answer at the last token)",
         **diagnosis.meta,
     }
@@ -258,8 +259,9 @@ def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
             phases=phases,
             banner=QUICK_BANNER if quick else "",
             plotly_src="../plotly.min.js",
+            checkpoint_label=os.path.relpath(run.checkpoint, out) + " (in the demo folder)",
         )
-        if images and can_export_images():
+        if images and not quick and can_export_images():  # a smoke run: HTML figures only
             phases("PNG/SVG images", partial(export_images, result["diagnosis"], out / run.name))
         summary[run.name] = {**result["headline"], "verdict": result["verdict"]}
         cards.append(_card(run.name, result))
