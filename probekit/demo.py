@@ -290,8 +290,11 @@ def _card(name: str, result: dict[str, Any]) -> str:
         if head.get(key) is not None
     )
     figure = result["diagnosis"].results["attention_knockout"].figure()
-    figure.update_layout(width=None, height=420, autosize=True)
-    plot = figure.to_html(full_html=False, include_plotlyjs=False)
+    figure.layout.width = None  # the card's width, not the figure's own
+    figure.update_layout(height=420, autosize=True)
+    plot = figure.to_html(
+        full_html=False, include_plotlyjs=False, default_width="100%", config={"responsive": True}
+    )
     items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
     return (
         f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(name)} model</a></h2>"
@@ -310,7 +313,7 @@ def _index_page(cards: list[str], quick: bool = False) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>probekit demo</title>"
         "<script src='plotly.min.js'></script>"
         "<style>body{font-family:sans-serif;max-width:1200px;margin:2rem auto;"
-        "line-height:1.5;color:#222}.cards{display:flex;gap:1.5rem}.card{flex:1;min-width:0}"
+        "line-height:1.5;color:#222}.cards{display:flex;gap:1.5rem}.card{flex:1;min-width:0;overflow:hidden}"
         "table{border-collapse:collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;"
         "padding:.25rem .6rem;text-align:left}.banner{background:#fff4e0;border-left:4px solid "
         "#e08a00;padding:.6rem 1.2rem}</style></head><body>"

@@ -28,7 +28,7 @@ def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
         page = (out / name / "report.html").read_text()
         assert "Solution:" in page and "second half of the network" in page
         assert "Smoke run" in page and 'src="../plotly.min.js"' in page
-        assert len(page) < 1_000_000  # plotly.js is not inlined per report
+        assert "plotly.js v" not in page  # the library is read from the demo's one copy
         assert "Warning: the clean loss" in page  # 20 steps: still at chance
         measured = json.loads((out / name / "summary.json").read_text())["measured"]
         assert measured["checkpoint"].startswith("runs") and measured["n_bootstrap"] == 10
