@@ -29,7 +29,28 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"probekit: error: {message} (see {self.prog} --help)\n")
+        self.exit(
+            2, f"probekit: error: {message}{self.suggest(message)} (see {self.prog} --help)\n"
+        )
+
+    def suggest(self, message: str) -> str:
+        """ "; did you mean --x?" for an unrecognized flag close to one of a subcommand's."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known |= set(sub._option_string_actions)
+        hints = []
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
+            if flag.startswith("-") and close:
+                hints.append(f"{flag} -> {close[0]}")
+        return f"; did you mean {', '.join(hints)}?" if hints else ""
 
 
 LIMITS = {
@@ -103,6 +124,32 @@ def _check_paths(*paths: str | None) -> None:
             raise InputError(f"{path!r} is not a path", fix="pass a file or folder name")
 
 
+def checkpoints_below(path: str | os.PathLike, depth: int = 3) -> list[str]:
+    """Folders up to ``depth`` levels below ``path`` that hold a checkpoint (a config.json
+    beside weights), sorted; hidden and temporary folders are left out.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> for name in ("config.json", "model.safetensors"):
+        ...     _ = (root / "runs" / "a" / "checkpoint").mkdir(parents=True, exist_ok=True)
+        ...     _ = (root / "runs" / "a" / "checkpoint" / name).write_text("{}")
+        >>> checkpoints_below(root / "runs") == [str(root / "runs" / "a" / "checkpoint")]
+        True
+    """
+    found: list[str] = []
+    if not os.path.isdir(path):
+        return found
+    for root, dirs, files in os.walk(path):
+        level = os.path.relpath(root, path).count(os.sep) + (root != os.fspath(path))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if level < depth else []
+        weights = any(f.endswith((".safetensors", ".bin")) for f in files)
+        if root != os.fspath(path) and "config.json" in files and weights:
+            found.append(root)
+            dirs[:] = []
+    return sorted(found)
+
+
 def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     """Every check of ``probekit diagnose`` that needs no model: the checkpoint path and
     ``--out``. Prints a warning for a non-UTF-8 ``--text`` and a notice per ignored file."""
@@ -123,7 +170,17 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     if getattr(args, "device_map", None) is not None and args.device is not None:
         raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
     path = runs.checkpoint_of(args.model)
-    runs.check_checkpoint_folder(path)
+    try:
+        runs.check_checkpoint_folder(path)
+    except CheckpointError as err:
+        below = checkpoints_below(path)
+        if not below:
+            raise
+        shown = ", ".join(below[:8]) + (f" and {len(below) - 8} more" if len(below) > 8 else "")
+        raise CheckpointError(
+            f"{path} holds no checkpoint itself, but these folders below it do: {shown}",
+            fix=f"pass one of them, e.g. probekit diagnose {below[0]} --out report/",
+        ) from err
     warning = runs.check_text_file(args.text) if args.text is not None else None
     from probekit import report  # the analyses, plotly and torch
 
@@ -133,6 +190,20 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     for line in runs.ignored_files(path):
         print(f"probekit: notice: ignored {line}", file=sys.stderr)
     return path, out
+
+
+def data_source(args: argparse.Namespace, positions: str) -> str:
+    """In words, where ``probekit diagnose``'s data came from (see runs.default_data)."""
+    if args.text:
+        return f"text file {os.path.abspath(args.text)}, tokenized with the model's tokenizer"
+    if positions == "last":
+        return "the anchor task's test split stored with the run (answer at the last token)"
+    from probekit import runs
+    from probekit.training.runs import load_run
+
+    if load_run(runs.checkpoint_of(args.model)) is not None:
+        return "the validation split of the run's byte corpus"
+    return f"tokens drawn uniformly from the vocabulary (seed {args.seed})"
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -171,11 +242,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         lens_data=lens_data,
         lens_steps=args.lens_steps,
     )
+    diagnosis.meta = {
+        "checkpoint": os.path.abspath(path),
+        "data_source": data_source(args, positions),
+        "dtype": args.dtype,
+        **diagnosis.meta,
+    }
     title = f"probekit depth diagnosis: {path}"
     page, _ = report.save_report(diagnosis, out, title=title, images=not args.no_images)
-    if not args.no_images and not report.can_export_images():
+    missing = None if args.no_images else report.missing_for_images()
+    if missing:
         print(
-            "probekit: no Chrome/Chromium (or kaleido) found; wrote HTML figures only",
+            f"probekit: no PNG/SVG images: missing {missing}; wrote HTML figures only",
             file=sys.stderr,
         )
     if not args.quiet:
@@ -183,6 +261,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             print(f"- {line}")
         print(f"report: {page}")
     return 0
+
+
+def print_demo_verdicts(summary: os.PathLike) -> None:
+    """Print each demo model's verdict lines from the demo's summary.json."""
+    import json
+
+    for name, value in json.loads(open(summary, encoding="utf-8").read()).items():
+        if isinstance(value, dict) and "verdict" in value:
+            print(f"{name} model:")
+            for line in value["verdict"]:
+                print(f"- {line}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -198,6 +287,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         force=args.force,
     )
     if not args.quiet:
+        print_demo_verdicts(index.parent / "summary.json")
         print(f"demo report: {index}")
     return 0
 

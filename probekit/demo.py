@@ -7,8 +7,8 @@ pair, runs the mechanism analyses (attention-edge knockout by role, condensation
 the token-embedding map) and the depth-use diagnosis, and writes one report per model plus an
 index page to ``out`` (default ``./probekit-demo/``).
 
-From a shell: ``probekit demo`` (about 10-15 minutes on 2 CPU cores), or ``probekit demo
---quick`` for a tiny smoke run whose numbers mean nothing.
+From a shell: ``probekit demo`` (minutes on 2 CPU cores; see the README), or ``probekit demo
+--quick``, a smoke run of the same pipeline on briefly trained models (its pages say so).
 
 Example:
     >>> [(config.name, config.model.gamma) for config in reference_configs(quick=True)]
@@ -20,6 +20,10 @@ from __future__ import annotations
 import html
 import json
 import os
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,24 @@ from probekit.io import atomic_write_text, swapped_directory
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
 """Run name -> initialization rate gamma of the two reference models."""
+
+QUICK_BANNER = (
+    "Smoke run (probekit demo --quick): the models trained for only a few hundred steps, so "
+    "they have not settled on a solution yet; the numbers show that the pipeline works, not "
+    "what the reference models learn. Run probekit demo for those."
+)
+"""The banner above every page of a quick demo."""
+
+BAR_FIELDS = (
+    "training bar: loss = training loss of the last batch; data = accuracy on seen anchor "
+    "pairs with unseen keys; inf / sym = share of the held-out pair's outputs that are "
+    "inferential / symmetric (mean over the two stacked models)"
+)
+"""The training progress bar's fields, in words."""
+
+
+QUICK_STEPS = 400
+"""Optimizer steps of each model in ``probekit demo --quick``."""
 
 
 def reference_configs(quick: bool = False) -> list[Any]:
@@ -39,13 +61,14 @@ def reference_configs(quick: bool = False) -> list[Any]:
     configs = []
     for name, gamma in REFERENCE.items():
         quick_settings = dict(
-            model=ModelConfig(n_layers=2, d_model=16, n_heads=2, gamma=gamma),
-            task=AnchorTask(n_train=512, n_test=128),
-            steps=20,
-            batch_size=32,
-            eval_every=10,
-            checkpoint_every=20,
-            warmup_steps=2,
+            model=ModelConfig(n_layers=2, d_model=64, n_heads=4, gamma=gamma),
+            task=AnchorTask(n_train=20000, n_test=128),
+            steps=QUICK_STEPS,
+            batch_size=128,
+            lr=5e-3,
+            eval_every=QUICK_STEPS // 2,
+            checkpoint_every=QUICK_STEPS,
+            warmup_steps=40,
         )
         configs.append(
             anchor_cpu_config(gamma, seed=0, name=name, **(quick_settings if quick else {}))
@@ -53,12 +76,41 @@ def reference_configs(quick: bool = False) -> list[Any]:
     return configs
 
 
+class Phases:
+    """Prints one line per phase with its time (to stderr), unless ``quiet``."""
+
+    def __init__(self, prefix: str = "", quiet: bool = False) -> None:
+        self.prefix, self.quiet = prefix, quiet
+
+    def __call__(self, what: str, call: Callable[[], Any]) -> Any:
+        """Run ``call``, then print ``what`` and the seconds it took."""
+        start = time.perf_counter()
+        value = call()
+        self.say(f"{what} ({time.perf_counter() - start:.1f} s)")
+        return value
+
+    def say(self, line: str) -> None:
+        """Print one progress line."""
+        if not self.quiet:
+            print(f"probekit demo: {self.prefix}{line}", file=sys.stderr, flush=True)
+
+
 def analyse(
-    checkpoint: str | os.PathLike, out: str | os.PathLike, title: str, n_bootstrap: int = 100
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    title: str,
+    n_bootstrap: int = 100,
+    *,
+    phases: Phases | None = None,
+    banner: str = "",
+    plotly_src: str | None = None,
+    checkpoint_label: str | None = None,
 ) -> dict[str, Any]:
     """Solution type, mechanisms and depth use of one anchor checkpoint, written to ``out``.
 
-    Returns the verdict lines, the headline numbers and the :class:`~probekit.report.Diagnosis`.
+    ``phases`` prints a line per analysis with its time; ``banner`` and ``plotly_src`` go to
+    :func:`~probekit.report.write_report`. Returns the verdict lines, the headline numbers
+    and the :class:`~probekit.report.Diagnosis`.
     """
     import probekit
     from probekit.analyses.mechanisms.solutions import solution_types
@@ -66,19 +118,35 @@ def analyse(
     from probekit.runs import default_data
     from probekit.training.runs import load_run
 
+    step = phases or Phases(quiet=True)
     model = probekit.load(checkpoint, device="cpu")
     task = load_run(checkpoint).task
-    solutions = solution_types(model, task.solution_data())
+    solutions = step("solution types", lambda: solution_types(model, task.solution_data()))
+    mechanisms = {
+        name: step(name.replace("_", " "), call) for name, call in _mechanisms(model, task).items()
+    }
     data, positions = default_data(checkpoint)
-    diagnosis = diagnose(model, data, positions=positions, pairs="all", n_bootstrap=n_bootstrap)
-    diagnosis.results = {"solutions": solutions, **_mechanisms(model, task), **diagnosis.results}
+    diagnosis = step(
+        "depth diagnosis (6 analyses)",
+        lambda: diagnose(model, data, positions=positions, pairs="all", n_bootstrap=n_bootstrap),
+    )
+    diagnosis.results = {"solutions": solutions, **mechanisms, **diagnosis.results}
+    diagnosis.meta = {
+        "checkpoint": checkpoint_label or os.path.abspath(checkpoint),
+        "data_source": "the anchor task's test split (answer at the last token)",
+        **diagnosis.meta,
+    }
     _add_solution(diagnosis, solutions.summary)
-    write_report(diagnosis, out, title=title)
+    step(
+        "report",
+        lambda: write_report(diagnosis, out, title=title, banner=banner, plotly_src=plotly_src),
+    )
     return {"verdict": diagnosis.verdict, "headline": diagnosis.headline, "diagnosis": diagnosis}
 
 
-def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
-    """The mechanism analyses of an anchor model: knockout, probes, condensation, token map."""
+def _mechanisms(model: Any, task: Any) -> dict[str, Callable[[], Any]]:
+    """The mechanism analyses of an anchor model, as calls still to make: knockout, probes,
+    condensation, token map."""
     from probekit.analyses.mechanisms.knockout import attention_knockout
     from probekit.analyses.mechanisms.probes import linear_probes
     from probekit.analyses.weights.condensation import condensation
@@ -86,16 +154,16 @@ def _mechanisms(model: Any, task: Any) -> dict[str, Any]:
 
     held = task.dataset("test_task")
     return {
-        "attention_knockout": attention_knockout(model, held, by="role"),
+        "attention_knockout": lambda: attention_knockout(model, held, by="role"),
         # probes on up to 800 sequences at the role positions: 80-class logistic probes are slow
-        "probes": linear_probes(
+        "probes": lambda: linear_probes(
             model,
             task.generate("test_data", min(800, task.n_test)),
             sites=("resid",),
             positions="roles",
         ),
-        "condensation": condensation(model),
-        "embedding_map": embedding_map(model, tokens=range(task.item_low, task.item_high)),
+        "condensation": lambda: condensation(model),
+        "embedding_map": lambda: embedding_map(model, tokens=range(task.item_low, task.item_high)),
     }
 
 
@@ -168,39 +236,106 @@ def run_demo(
 
 def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
     """The demo's runs, reports and index page, written into ``out``."""
+    import plotly.offline
+
     from probekit.report import can_export_images, export_images, write_json
     from probekit.training.trainer import train_stack
 
-    runs = train_stack(reference_configs(quick), out / "runs", progress=progress)
-    pages, summary = [], {}
+    phases = Phases(quiet=not progress)
+    configs = reference_configs(quick)
+    phases.say(
+        f"training the two models as one stack ({configs[0].steps} steps each); {BAR_FIELDS}"
+    )
+    runs = phases("training", lambda: train_stack(configs, out / "runs", progress=progress))
+    atomic_write_text(out / "plotly.min.js", plotly.offline.get_plotlyjs())
+    cards, summary = [], {}
     for run in runs:
+        phases.prefix = f"{run.name}: "
         result = analyse(
             run.checkpoint,
             out / run.name,
-            f"probekit demo: {run.name} model",
+            f"probekit demo: {run.name} model" + (" (smoke run)" if quick else ""),
             n_bootstrap=10 if quick else 100,
+            phases=phases,
+            banner=QUICK_BANNER if quick else "",
+            plotly_src="../plotly.min.js",
+            checkpoint_label=os.path.relpath(run.checkpoint, out) + " (in the demo folder)",
         )
-        if images and can_export_images():
-            export_images(result["diagnosis"], out / run.name)
-        summary[run.name] = result["headline"]
-        items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
-        pages.append(
-            f'<h2><a href="{run.name}/report.html">{html.escape(run.name)} model</a>'
-            f"</h2><ul>{items}</ul>"
-        )
+        if images and not quick and can_export_images():  # a smoke run: HTML figures only
+            phases("PNG/SVG images", partial(export_images, result["diagnosis"], out / run.name))
+        summary[run.name] = {**result["headline"], "verdict": result["verdict"]}
+        cards.append(_card(run.name, result))
+    summary["_about"] = {"quick": quick, "steps": configs[0].steps, "gammas": REFERENCE}
     write_json(out / "summary.json", summary)
-    return atomic_write_text(out / "index.html", _index_page(pages))
+    return atomic_write_text(out / "index.html", _index_page(cards, quick))
 
 
-def _index_page(pages: list[str]) -> str:
-    """The demo's index.html around one section per model."""
+_HEADLINE_ROWS = (
+    ("solution", "solution on the held-out pair", str),
+    ("heldout_inferential", "held-out outputs inferential", "{:.1%}".format),
+    ("heldout_symmetric", "held-out outputs symmetric", "{:.1%}".format),
+    ("seen_test_accuracy", "seen pairs, unseen keys: accuracy", "{:.1%}".format),
+    ("second_half_share", "second-half share of the output change", "{:.1%}".format),
+    ("clean_loss", "loss of the answer", "{:.3f}".format),
+    ("chance_loss", "loss of a uniform guess", "{:.3f}".format),
+)
+
+
+def _card(name: str, result: dict[str, Any]) -> str:
+    """One model's column of the index: γ, headline numbers, key figure, verdict."""
+    head = result["headline"]
+    rows = "".join(
+        f"<tr><th>{label}</th><td>{html.escape(fmt(head[key]))}</td></tr>"
+        for key, label, fmt in _HEADLINE_ROWS
+        if head.get(key) is not None
+    )
+    figure = result["diagnosis"].results["attention_knockout"].figure()
+    figure.layout.width = None  # the card's width, not the figure's own
+    figure.update_layout(height=420, autosize=True)
+    plot = figure.to_html(
+        full_html=False, include_plotlyjs=False, default_width="100%", config={"responsive": True}
+    )
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>probekit demo</title>"
-        "<style>body{font-family:sans-serif;max-width:900px;margin:2rem auto;"
-        "line-height:1.5}</style></head><body><h1>probekit demo</h1>"
-        "<p>Two 2-layer models trained on the anchor-function task, differing only in "
-        "their initialization rate.</p>" + "".join(pages) + "</body></html>"
+        f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(name)} model</a></h2>"
+        f"<p>initialization rate γ = {REFERENCE[name]} "
+        f"({'large' if REFERENCE[name] < 0.65 else 'small'} initial weights)</p>"
+        f"<table>{rows}</table><h3>Attention-edge knockout</h3>{plot}"
+        f"<details><summary>Verdict</summary><ul>{items}</ul></details>"
+        f"<p><a href='{name}/report.html'>full report</a></p></div>"
     )
 
 
-__all__ = ["REFERENCE", "analyse", "is_demo_folder", "reference_configs", "run_demo"]
+def _index_page(cards: list[str], quick: bool = False) -> str:
+    """The demo's index.html: the two models side by side."""
+    banner = f"<p class='banner'>{html.escape(QUICK_BANNER)}</p>" if quick else ""
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>probekit demo</title>"
+        "<script src='plotly.min.js'></script>"
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2rem auto;"
+        "line-height:1.5;color:#222}.cards{display:flex;gap:1.5rem}.card{flex:1;min-width:0;overflow:hidden}"
+        "table{border-collapse:collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;"
+        "padding:.25rem .6rem;text-align:left}.banner{background:#fff4e0;border-left:4px solid "
+        "#e08a00;padding:.6rem 1.2rem}</style></head><body>"
+        + banner
+        + "<h1>probekit demo"
+        + (" (smoke run)" if quick else "")
+        + "</h1><p>Two 2-layer models trained on the anchor-function task, differing only in "
+        "their initialization rate γ. On the held-out anchor pair (4,3) the inferential "
+        "solution composes the two anchors' shifts (x−10); the symmetric one copies the "
+        "answer of the mirrored pair (3,4), x−6.</p><div class='cards'>"
+        + "".join(cards)
+        + "</div></body></html>"
+    )
+
+
+__all__ = [
+    "BAR_FIELDS",
+    "Phases",
+    "QUICK_BANNER",
+    "REFERENCE",
+    "analyse",
+    "is_demo_folder",
+    "reference_configs",
+    "run_demo",
+]

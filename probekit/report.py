@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import shutil
 import sys
@@ -41,7 +42,7 @@ from probekit.data import Data
 from probekit.errors import InputError
 from probekit.io import atomic_write_text, swapped_directory
 from probekit.model import Model, load
-from probekit.result import Result, json_ready
+from probekit.result import Result, json_ready, readable_value, summary_table
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
@@ -59,6 +60,9 @@ class Diagnosis:
     results: dict[str, Result]
     verdict: list[str] = field(default_factory=list)
     headline: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What was measured: data size, positions, bootstrap, versions, device, date; callers add
+    ``checkpoint`` and ``data_source``."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,42 @@ def diagnose(
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens)
     results = _run(steps, progress)
     headline, verdict = _verdict(model, results)
-    return Diagnosis(repr(model), results, verdict, headline)
+    meta = measured(model, data, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap)
+    return Diagnosis(repr(model), results, verdict, headline, meta)
+
+
+def measured(model: Model, data: Data, **settings: Any) -> dict[str, Any]:
+    """What a diagnosis measured: the data's size, ``settings``, versions, device, date, threads.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> meta = measured(load(toy_model("gpt2", n_layers=2)), toy_tokens(4, 8), positions="all")
+        >>> meta["n_sequences"], meta["seq_len"], meta["positions"]
+        (4, 8, 'all')
+    """
+    import datetime
+    import importlib.metadata
+
+    import torch
+
+    from probekit.data import as_batches
+
+    batches = as_batches(data)
+    versions = {}
+    for package in ("probekit", "torch", "transformer-lens", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return {
+        "n_sequences": sum(int(b.tokens.shape[0]) for b in batches),
+        "seq_len": max(int(b.tokens.shape[1]) for b in batches),
+        **settings,
+        "versions": versions,
+        "device": str(model.device),
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def _steps(
@@ -176,11 +215,13 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
     confidence = swaps.boundary_confidence()
     headline = {
         "n_layers": n,
+        "chance_loss": math.log(model.d_vocab),
         "second_half_share": share,
         "clean_loss": clean_loss,
         "skippable_layers": skippable,
         "skippable_threshold": threshold,
         "permutable_blocks": blocks,
+        "permutable_blocks_convention": "half-open [start, stop) layer indices, counted from 0",
         "depth_score": results["skip_effects"].summary["depth_score"],
         "prediction_formed_at_depth": lens.summary["formed_at_depth"],
         "convention": results["skip_effects"].meta.get("convention", "probekit"),
@@ -189,10 +230,15 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
     }
     first_late = (n + 1) // 2
     late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
-    verdict = [
+    verdict = _chance_warning(clean_loss, model.d_vocab) + [
         f"The second half of the network ({late}) accounts for "
-        f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share; "
-        "static pre-LN models typically stay below 15%, a depth-using model nears 50%).",
+        f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share"
+        + (
+            "; static pre-LN models typically stay below 15%, a depth-using model nears 50%)."
+            if n > 2 and not model.post_norm
+            else "; no reference range: the published ones are for pre-LN models of more than "
+            "2 layers)."
+        ),
         _skip_line(n, {layer: loss_delta[layer] for layer in skippable}, clean_loss),
         _blocks_line(blocks, confidence),
         f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
@@ -241,6 +287,19 @@ def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, lis
     return headline, verdict
 
 
+def _chance_warning(clean_loss: float, d_vocab: int) -> list[str]:
+    """A warning line when the clean loss is near ln(vocab), the loss of a uniform guess."""
+    chance = math.log(d_vocab)
+    if not clean_loss >= 0.9 * chance:
+        return []
+    return [
+        f"Warning: the clean loss {clean_loss:.3f} is close to ln(vocabulary) = {chance:.3f}, "
+        "the loss of a uniform guess: the model looks untrained or at chance on this data "
+        "(random tokens are unpredictable to any model), so the depth measures below describe "
+        "an untrained network, not learned computation."
+    ]
+
+
 def _skip_line(n: int, skippable: dict[int, float], clean_loss: float) -> str:
     """The verdict on skippable layers (``skippable``: layer -> loss change)."""
     if not skippable:
@@ -256,52 +315,202 @@ def _skip_line(n: int, skippable: dict[int, float], clean_loss: float) -> str:
 
 
 def _blocks_line(blocks: list, confidence: Any) -> str:
-    """The verdict on permutable blocks ``[(start, stop), ...]`` and their boundaries."""
-    parts = [f"{start}–{stop - 1}" if stop - start > 1 else f"{start}" for start, stop in blocks]
+    """The verdict on permutable blocks ``[(start, stop), ...]`` (half-open) and their
+    boundaries, written for people: "layers 0–7" counts from 0 and includes both ends."""
     conf_text = ", ".join(
         f"before layer {k}: {confidence[k]:.0%}" for k in [b[0] for b in blocks[1:]]
     )
-    return f"Layers form {len(blocks)} permutable block(s): {'; '.join(parts)}" + (
-        f" (bootstrap boundary confidence {conf_text})." if conf_text else "."
-    )
+    conf = f" (bootstrap boundary confidence {conf_text})." if conf_text else "."
+    wide = [(start, stop) for start, stop in blocks if stop - start > 1]
+    if not wide:
+        return (
+            "No permutable block: swapping any two layers raises the loss, so every layer "
+            f"stands alone{conf}"
+        )
+    parts = "; ".join(human_layers(start, stop) for start, stop in wide)
+    return f"Permutable block(s), whose layers can be reordered at little cost: {parts}{conf}"
+
+
+def human_layers(start: int, stop: int) -> str:
+    """A half-open layer range ``[start, stop)`` for people.
+
+    Example:
+        >>> human_layers(0, 8), human_layers(3, 4)
+        ('layers 0–7', 'layer 3')
+    """
+    return f"layer {start}" if stop - start == 1 else f"layers {start}–{stop - 1}"
 
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<script type="text/javascript">{plotly}</script>
+{plotly}
 <style>
 body {{ font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
        max-width: 1100px; color: #222; line-height: 1.5; }}
 h1 {{ font-size: 1.7rem; margin-bottom: .2rem; }}
 .sub {{ color: #666; margin-top: 0; }}
+.banner {{ background: #fff4e0; border-left: 4px solid #e08a00; padding: .6rem 1.2rem; }}
 .verdict {{ background: #f4f7fb; border-left: 4px solid #1f77b4; padding: .8rem 1.2rem; }}
 .verdict li {{ margin: .3rem 0; }}
+.conclusion {{ font-weight: 600; }}
+.explain {{ color: #444; }}
 table {{ border-collapse: collapse; font-size: .9rem; }}
 td, th {{ border-bottom: 1px solid #ddd; padding: .25rem .8rem; text-align: left; }}
 section {{ margin-top: 2.2rem; }}
 </style></head><body>
-<h1>{title}</h1><p class="sub">{model}</p>
+{banner}<h1>{title}</h1><p class="sub">{model}</p>
 <div class="verdict"><strong>Verdict</strong><ul>{verdict}</ul></div>
+<details><summary>What was measured</summary>{meta}</details>
 {sections}
 </body></html>
 """
 
+TITLES = {
+    "solutions": "Solution type on the held-out pair",
+    "attention_knockout": "Attention-edge knockout",
+    "probes": "Linear probes of the intermediate results",
+    "condensation": "Condensation of the weights",
+    "embedding_map": "Token-embedding map",
+    "contributions": "Zero-ablation contributions",
+    "skip_effects": "Skip effects",
+    "layer_swaps": "Layer swaps and permutable blocks",
+    "residual": "Residual stream",
+    "logit_lens": "Logit lens",
+    "gradients": "Gradient norms",
+    "tuned_lens": "Tuned lens",
+}
+"""The heading of each report section."""
 
-def _summary_table(summary: dict) -> str:
-    rows = []
-    for key, value in summary.items():
-        if isinstance(value, float):
-            text = f"{value:.4g}"
-        else:
-            text = html.escape(json.dumps(json_ready(value)))
-        rows.append(f"<tr><th>{html.escape(key)}</th><td>{text}</td></tr>")
-    return "<table>" + "".join(rows) + "</table>"
+EXPLAIN = {
+    "solutions": "The figure shows, for each anchor pair, the share of outputs that follow each "
+    "candidate shift; the held-out pair tells the inferential solution (the composite) from "
+    "the symmetric one.",
+    "attention_knockout": "Each cell is the change of the target's probability when one "
+    "attention edge (a layer's attention from the last token to one role) is blocked; large "
+    "negative cells are the edges the answer flows through.",
+    "probes": "Accuracy of a linear probe for each intermediate quantity at each layer and "
+    "role position, against a control with shuffled labels (selectivity).",
+    "condensation": "Cosine similarity between the input weights of the neurons of each "
+    "matrix, neurons sorted into groups; bright blocks are groups of neurons that point the "
+    "same way (condensed).",
+    "embedding_map": "The item tokens' embeddings projected to two dimensions, coloured by "
+    "their value; an ordered curve means the model embeds numbers by their order.",
+    "contributions": "How much the output changes when one layer (or its attention or MLP) is "
+    "removed, per layer and measure.",
+    "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
+    "writes (relative), and the output change in the last column.",
+    "layer_swaps": "The loss change for swapping each pair of layers; low cells mean the two "
+    "layers can change places, and runs of them form permutable blocks.",
+    "residual": "Cosine between each block's output and input, and the relative size of the "
+    "attention and MLP updates, per layer.",
+    "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
+    "overlap; where it drops to near zero the prediction is formed.",
+    "gradients": "Gradient norm of each layer's weights and at its residual input.",
+    "tuned_lens": "The tuned lens (a learned affine read-out per layer) over the logit lens.",
+}
+"""What each section's figure shows, written above it."""
+
+
+def conclusion(name: str, result: Result) -> str:
+    """One sentence in words: what a section's numbers say.
+
+    Example:
+        >>> import pandas as pd
+        >>> conclusion("gradients", Result(pd.DataFrame(), {"second_half_over_first_half": 2.0}))
+        'The second half of the layers gets 2 times the gradient norm of the first half.'
+    """
+    s = result.summary
+    pick = _CONCLUSIONS.get(name)
+    try:
+        return pick(s) if pick is not None else ""
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
+def _share(value: Any) -> str:
+    return readable_value(value) if value is None else f"{value:.1%}"
+
+
+_CONCLUSIONS: dict[str, Callable[[dict], str]] = {
+    "solutions": lambda s: f"Solution: {s['solution']}; on the held-out pair "
+    f"{_share(s['heldout_inferential'])} of outputs are inferential and "
+    f"{_share(s['heldout_symmetric'])} symmetric.",
+    "attention_knockout": lambda s: "The strongest edges (change of the target's probability): "
+    f"{', '.join(s['strongest_edges'])}.",
+    "probes": lambda s: f"A quantity counts as decodable at accuracy ≥ {s['threshold']} and "
+    f"selectivity ≥ {s['min_selectivity']}; the table below gives where each one is.",
+    "condensation": lambda s: f"Mean condensation score {s['mean_score']:.3f} (the share of "
+    f"neuron pairs with cosine ≥ {s['threshold']}; 0 means no two neurons align).",
+    "embedding_map": lambda s: f"Neighbour ratio {s['neighbour_ratio']:.2f} (below 1: "
+    "neighbouring numbers sit closer than random pairs) and rank correlation of the first "
+    f"axis with the value {s['order_corr']:.2f}.",
+    "contributions": lambda s: f"Layer {s['most_important_layer']} matters most and layer "
+    f"{s['least_important_layer']} least; the second half carries "
+    f"{_share(s['second_half_share'])} of the output change.",
+    "skip_effects": lambda s: f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
+    "possible: how much the later layers' work depends on the earlier ones.",
+    "layer_swaps": lambda s: f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
+    f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}.",
+    "residual": lambda s: "Each block's output keeps a cosine of "
+    f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
+    "(second half) with its input.",
+    "logit_lens": lambda s: f"The logit lens matches the final prediction (KL < "
+    f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of {s['n_layers']} "
+    "blocks.",
+    "gradients": lambda s: "The second half of the layers gets "
+    f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half.",
+}
+
+
+def _details_table(result: Result) -> str:
+    """A readable table of per-matrix statistics where a result has them (condensation)."""
+    stats = getattr(result, "stats", None)
+    if not callable(stats):
+        return ""
+    table = stats()
+    table.columns = [str(c).replace("_", " ") for c in table.columns]
+    return (
+        "<details open><summary>Per layer and matrix</summary>"
+        + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="n/a", border=0)
+        + "</details>"
+    )
+
+
+def _meta_table(meta: dict[str, Any]) -> str:
+    """The 'what was measured' table of a report."""
+    return summary_table({k: v for k, v in meta.items() if k != "versions"}) + (
+        "<p>versions: "
+        + html.escape(", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()))
+        + "</p>"
+    )
+
+
+def _section(name: str, result: Result, figure: str) -> str:
+    """One report section: heading, conclusion, what the figure shows, figure, tables."""
+    title = TITLES.get(name, name.replace("_", " "))
+    said = conclusion(name, result)
+    return (
+        f"<section><h2>{html.escape(title)}</h2>"
+        + (f"<p class='conclusion'>{html.escape(said)}</p>" if said else "")
+        + f"<p class='explain'>{html.escape(EXPLAIN.get(name, ''))}</p>{figure}"
+        f"{summary_table(result.summary)}{_details_table(result)}</section>"
+    )
 
 
 def write_report(
-    diagnosis: Diagnosis, out_dir: str | os.PathLike, title: str = "probekit depth diagnosis"
+    diagnosis: Diagnosis,
+    out_dir: str | os.PathLike,
+    title: str = "probekit depth diagnosis",
+    *,
+    banner: str = "",
+    plotly_src: str | None = None,
 ) -> Path:
-    """Write report.html, summary.json and each analysis's JSON and CSV into ``out_dir``."""
+    """Write report.html, summary.json and each analysis's JSON and CSV into ``out_dir``.
+
+    ``banner`` is shown above the title (e.g. "smoke run"). plotly.js is embedded once in the
+    page, or read from ``plotly_src`` (a relative path, e.g. ``../plotly.min.js`` shared by the
+    reports of a demo) when given.
+    """
     import plotly.offline
 
     out = Path(out_dir)
@@ -311,21 +520,26 @@ def write_report(
         result.save(out / f"{name}.json")
         atomic_write_text(out / f"{name}.csv", result.df.to_csv(index=False))
         figure = _figure(name, diagnosis.results).to_html(full_html=False, include_plotlyjs=False)
-        sections.append(
-            f"<section><h2>{html.escape(name.replace('_', ' '))}</h2>{figure}"
-            f"{_summary_table(result.summary)}</section>"
-        )
+        sections.append(_section(name, result, figure))
+    script = (
+        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
+        if plotly_src is None
+        else f'<script src="{html.escape(plotly_src)}"></script>'
+    )
     page = _PAGE.format(
         title=html.escape(title),
         model=html.escape(diagnosis.model),
-        plotly=plotly.offline.get_plotlyjs(),
+        plotly=script,
+        banner=f"<p class='banner'>{html.escape(banner)}</p>" if banner else "",
         verdict="".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict),
+        meta=_meta_table(diagnosis.meta),
         sections="\n".join(sections),
     )
     summary = {
         "model": diagnosis.model,
         "verdict": diagnosis.verdict,
         "headline": diagnosis.headline,
+        "measured": diagnosis.meta,
     }
     write_json(out / "summary.json", summary)
     return atomic_write_text(out / "report.html", page)
@@ -518,6 +732,23 @@ def can_export_images() -> bool:
     return _chromium_available() and importlib.util.find_spec("kaleido") is not None
 
 
+def missing_for_images() -> str | None:
+    """What PNG/SVG export lacks here, in words with the install command; ``None``: nothing.
+
+    Example:
+        >>> missing_for_images() is None or "install" in missing_for_images()
+        True
+    """
+    import importlib.util
+
+    lacks = []
+    if importlib.util.find_spec("kaleido") is None:
+        lacks.append('the kaleido package (pip install -e ".[png]", or pip install kaleido)')
+    if not _chromium_available():
+        lacks.append("a Chrome/Chromium browser (e.g. apt-get install chromium)")
+    return " and ".join(lacks) or None
+
+
 def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
     """PNG and SVG copies of every figure (kaleido with a Chrome/Chromium), written atomically.
 
@@ -550,6 +781,8 @@ __all__ = [
     "check_out_dir",
     "diagnose",
     "export_images",
+    "measured",
+    "missing_for_images",
     "is_report_folder",
     "save_report",
     "write_json",

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import math
@@ -21,10 +22,16 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from probekit.errors import CheckpointError
-from probekit.io import atomic_write_text
+from probekit.io import atomic_write_bytes, atomic_write_text
+
+SIDECAR_CELLS = 20_000
+"""A table with more cells than this keeps its numeric columns in a ``.npz`` beside the JSON."""
+
+_INF = {"inf": math.inf, "-inf": -math.inf}
 
 _REGISTRY: dict[str, type[Result]] = {}
 
@@ -72,13 +79,39 @@ class Result:
         )
         return f"{type(self).__name__}({head}; df: {len(self.df)} rows)"
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the headline numbers as a small table (the figure: ``.figure()``)."""
+        return (
+            f"<div><strong>{html.escape(type(self).__name__)}</strong> "
+            f"<span style='color:#666'>({len(self.df)} rows in <code>.df</code>; draw it with "
+            f"<code>.figure()</code>)</span>{summary_table(self.summary)}</div>"
+        )
+
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the result to one JSON file, atomically; :meth:`load` reads it back."""
+        """Write the result to one JSON file, atomically; :meth:`load` reads it back exactly.
+
+        Floats are written with ``repr`` precision, so a loaded ``df`` equals the saved one. A
+        large table (over :data:`SIDECAR_CELLS` cells) keeps its numeric columns in a compressed
+        ``.npz`` of the same name beside the JSON (exact binary), written first.
+        """
+        path = Path(path)
+        df = self.df.reset_index(drop=True)
+        binary = _numeric_columns(df) if df.size > SIDECAR_CELLS else []
+        table: dict[str, Any] = {
+            "columns": [str(c) for c in df.columns],
+            "dtypes": {str(c): str(df[c].dtype) for c in df.columns},
+            "data": {str(c): _column_values(df[c]) for c in df.columns if c not in binary},
+        }
+        if binary:
+            buffer = io.BytesIO()
+            np.savez_compressed(buffer, **{str(c): df[c].to_numpy() for c in binary})
+            atomic_write_bytes(path.with_suffix(".npz"), buffer.getvalue())
+            table["npz"] = path.with_suffix(".npz").name
         payload = {
             "kind": self.kind,
             "summary": json_ready(self.summary),
             "meta": json_ready(self.meta),
-            "df": json.loads(self.df.to_json(orient="table", index=False)),
+            "df": table,
         }
         return atomic_write_text(path, json.dumps(payload, indent=1))
 
@@ -91,8 +124,8 @@ class Result:
             if not isinstance(payload, dict):
                 raise ValueError(f"the file holds a JSON {type(payload).__name__}, not an object")
             kind = payload["kind"]
-            df = pd.read_json(io.StringIO(json.dumps(payload["df"])), orient="table")
-        except (OSError, ValueError, KeyError) as err:
+            df = _read_table(payload["df"], path)
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
                 f"cannot read a probekit result from {path} ({err})",
                 fix="pass a file written by Result.save()",
@@ -106,3 +139,112 @@ class Result:
         result = klass.__new__(klass)
         Result.__init__(result, df.reset_index(drop=True), payload["summary"], payload["meta"])
         return result
+
+
+_REGISTRY[Result.kind] = Result
+
+
+def _numeric_columns(df: pd.DataFrame) -> list[Any]:
+    """The columns of ``df`` a ``.npz`` holds exactly: plain numpy numbers and booleans."""
+    return [
+        c
+        for c in df.columns
+        if isinstance(df[c].dtype, np.dtype)
+        and df[c].dtype.kind in "biuf"
+        and str(c).isidentifier()
+    ]
+
+
+def _column_values(column: pd.Series) -> list[Any]:
+    """A column as JSON values: floats at full precision, NaN as null, infinities as strings."""
+    values = []
+    for value in column.tolist():
+        if isinstance(value, float) and math.isinf(value):
+            values.append("inf" if value > 0 else "-inf")
+        else:
+            values.append(json_ready(value))
+    return values
+
+
+def _read_table(table: dict[str, Any], path: Path) -> pd.DataFrame:
+    """The DataFrame of a saved ``df`` entry (this format, or the older pandas table JSON)."""
+    if "schema" in table:  # written by probekit before the exact format (10 decimals)
+        return pd.read_json(io.StringIO(json.dumps(table)), orient="table")
+    columns: dict[str, Any] = {}
+    arrays = {}
+    if "npz" in table:
+        with np.load(path.parent / table["npz"], allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    for name in table["columns"]:
+        dtype = table["dtypes"][name]
+        if name in arrays:
+            columns[name] = pd.Series(arrays[name], dtype=dtype)
+            continue
+        values = table["data"][name]
+        if dtype.startswith("float"):
+            values = [_INF.get(v, v) if isinstance(v, str) else v for v in values]
+            values = [math.nan if v is None else v for v in values]
+        columns[name] = pd.Series(values, dtype=object).astype(dtype)
+    return pd.DataFrame(columns, columns=table["columns"])
+
+
+_LABELS = {
+    "second_half_share": "share of the output change from the second half",
+    "clean_loss": "loss of the unmodified model",
+    "depth_score": "depth score (how much later layers depend on earlier ones)",
+    "formed_at_depth": "blocks until the logit lens matches the final prediction",
+    "n_layers": "layers",
+}
+
+
+def readable(key: str) -> str:
+    """A summary key in words: ``second_half_share`` -> ``share of the output change ...``.
+
+    Example:
+        >>> readable("seen_test_accuracy")
+        'seen test accuracy'
+    """
+    return _LABELS.get(key, key.replace("_", " "))
+
+
+def readable_value(value: Any) -> str:
+    """A summary value for a reader: 4 significant digits, lists joined, a missing number as
+    ``n/a`` with the reason.
+
+    Example:
+        >>> readable_value(0.04096981166747418), readable_value(float("nan"))
+        ('0.04097', 'n/a (not reached or not defined for this model and data)')
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a (not reached or not defined for this model and data)"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(readable_value(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{readable(str(k))}: {readable_value(v)}" for k, v in value.items())
+    return str(json_ready(value))
+
+
+def summary_table(summary: dict[str, Any], limit: int = 40) -> str:
+    """The headline numbers as an HTML table in words; past ``limit`` rows the rest is folded
+    into a ``<details>`` element.
+
+    Example:
+        >>> "loss of the unmodified model" in summary_table({"clean_loss": 2.0})
+        True
+    """
+    rows = [
+        f"<tr><th>{html.escape(readable(str(k)))}</th>"
+        f"<td>{html.escape(readable_value(json_ready(v)))}</td></tr>"
+        for k, v in summary.items()
+    ]
+    head, rest = rows[:limit], rows[limit:]
+    more = (
+        f"<details><summary>{len(rest)} more</summary><table>{''.join(rest)}</table></details>"
+        if rest
+        else ""
+    )
+    return f"<table>{''.join(head)}</table>{more}"

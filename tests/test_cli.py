@@ -46,6 +46,14 @@ def test_diagnose_writes_report(checkpoint, tmp_path, capsys):
     assert page.count("plotly-graph-div") >= 6
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["headline"]["second_half_share"] <= 1
+    measured = summary["measured"]
+    assert measured["checkpoint"] == str(checkpoint.resolve())
+    assert "drawn uniformly" in measured["data_source"]
+    assert (measured["n_sequences"], measured["seq_len"], measured["n_bootstrap"]) == (6, 8, 5)
+    assert {"probekit", "torch", "transformer-lens"} <= set(measured["versions"])
+    assert measured["device"] == "cpu" and measured["date"]
+    assert "What was measured" in page and "Zero-ablation contributions" in page
+    assert "second_half_share" not in page.split("<section>", 1)[1].split("<script")[0]
     for name in ANALYSES:
         assert (out / f"{name}.json").is_file() and (out / f"{name}.csv").is_file()
     assert "report:" in capsys.readouterr().out
@@ -104,6 +112,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
+    assert "Chromium" in err and "kaleido" not in err
     assert not list((tmp_path / "a").glob("*.png"))
     monkeypatch.undo()
     argv[3] = str(tmp_path / "b")
@@ -265,3 +274,54 @@ def test_diagnose_in_another_dtype(checkpoint, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert "torch.bfloat16" in summary["model"]
     assert 0 <= summary["headline"]["second_half_share"] <= 1
+
+
+def test_missing_image_pieces_are_named(monkeypatch):
+    import importlib.util
+
+    import probekit.report as report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "kaleido" else real(n))
+    monkeypatch.setattr(report, "_chromium_available", lambda: True)
+    assert 'pip install -e ".[png]"' in report.missing_for_images()
+    assert "Chromium" not in report.missing_for_images()
+
+
+def test_a_folder_of_runs_lists_its_checkpoints(checkpoint, tmp_path, capsys):
+    import shutil
+
+    for name in ("a", "b"):
+        shutil.copytree(checkpoint, tmp_path / "runs" / name / "checkpoint")
+    assert main(["diagnose", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "a/checkpoint" in err and "b/checkpoint" in err and len(err.splitlines()) == 1
+
+
+def test_a_typo_suggests_the_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--out", "x", "--weight-decy", "0.1"])
+    assert stop.value.code == 2
+    assert "did you mean --weight-decy -> --weight-decay?" in capsys.readouterr().err
+
+
+def test_train_help_reads_right_and_the_preset_is_the_reference(capsys):
+    from probekit.training.cli import build_train_config
+    from probekit.training.trainer import anchor_cpu_config
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "skip the evaluation before the first step --device" in text  # no "(default: True)"
+    assert "(default: 20,100)" in text and "[20, 100]" not in text
+    args = build_parser().parse_args(["train", "--out", "x", "--preset", "cpu-reference"])
+    args_lr = build_parser().parse_args(
+        ["train", "--out", "x", "--preset", "cpu-reference", "--lr", "0.01", "--gamma", "0.8"]
+    )
+    reference = anchor_cpu_config(0.5).to_dict()
+    got = build_train_config(args).to_dict()
+    assert {k: v for k, v in got.items() if k != "name"} == {
+        k: v for k, v in reference.items() if k != "name"
+    }
+    changed = build_train_config(args_lr)
+    assert changed.lr == 0.01 and changed.model.gamma == 0.8 and changed.steps == 1500

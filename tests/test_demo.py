@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import json
 
+import probekit.demo as demo
 from probekit.cli import main
 
 
-def test_quick_demo_writes_every_report(tmp_path):
+def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "QUICK_STEPS", 20)  # the documented quick run trains longer
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--out", str(out), "--quiet", "--no-images"]) == 0
+    assert main(["demo", "--quick", "--out", str(out), "--no-images"]) == 0
+    captured = capsys.readouterr()
+    for phase in ("training", "symmetric: probes", "inferential: depth diagnosis", " s)"):
+        assert phase in captured.err, phase
+    assert "data = accuracy on seen anchor pairs" in captured.err
+    assert "symmetric model:" in captured.out and "- Solution:" in captured.out
     index = (out / "index.html").read_text()
     summary = json.loads((out / "summary.json").read_text())
+    assert "Smoke run" in index and "class='cards'" in index
+    assert index.count("plotly-graph-div") == 2 and (out / "plotly.min.js").is_file()
     for name in ("symmetric", "inferential"):
-        assert f'href="{name}/report.html"' in index
+        assert f"href='{name}/report.html'" in index
         assert summary[name]["solution"] in ("inferential", "symmetric", "other", "memorizing")
         assert 0 <= summary[name]["second_half_share"] <= 1
         page = (out / name / "report.html").read_text()
         assert "Solution:" in page and "second half of the network" in page
+        assert "Smoke run" in page and 'src="../plotly.min.js"' in page
+        assert "plotly.js v" not in page  # the library is read from the demo's one copy
+        measured = json.loads((out / name / "summary.json").read_text())["measured"]
+        assert measured["checkpoint"].startswith("runs") and measured["n_bootstrap"] == 10
         for analysis in (
             "solutions",
             "attention_knockout",

@@ -98,3 +98,40 @@ def test_failed_save_leaves_no_partial_file(results, tmp_path, monkeypatch):
         res.save(target)
     assert target.read_text() == original
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def _exact_table():
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    return pd.DataFrame(
+        {
+            "layer": np.arange(6),
+            "value": [0.04096981166747418, np.nan, np.inf, -np.inf, 1e-300, rng.random()],
+            "name": ["a", "b", "c", "d", "e", "f"],
+            "flag": [True, False, True, True, False, False],
+        }
+    )
+
+
+@pytest.mark.parametrize("sidecar", [False, True])
+def test_save_load_is_exact(tmp_path, monkeypatch, sidecar):
+    """Floats come back bit for bit (repr precision in the JSON, or the .npz sidecar)."""
+    import pandas as pd
+
+    import probekit.result as result_module
+
+    monkeypatch.setattr(result_module, "SIDECAR_CELLS", 0 if sidecar else 10**9)
+    df = _exact_table()
+    path = probekit.Result(df, {"x": 0.04096981166747418}).save(tmp_path / "r.json")
+    assert (tmp_path / "r.npz").is_file() == sidecar
+    back = probekit.Result.load(path)
+    pd.testing.assert_frame_equal(back.df, df, check_exact=True)
+    assert back.summary["x"] == 0.04096981166747418
+
+
+def test_result_shows_a_table_in_jupyter():
+    res = probekit.Result(_exact_table(), {"clean_loss": 2.123456, "blocks": float("nan")})
+    page = res._repr_html_()
+    assert "loss of the unmodified model" in page and "2.123" in page and "n/a" in page
+    assert "6 rows" in page and "Result(" in repr(res)

@@ -105,8 +105,12 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             or action.default is None
             or action.default is False
             or action.default is argparse.SUPPRESS
+            or isinstance(action, argparse._StoreFalseAction | argparse._StoreTrueAction)
         ):
-            return text
+            return text  # a switch's help says what it does; "(default: True)" misreads
+        if isinstance(action.default, list | tuple):  # as typed: comma-separated
+            shown = ",".join(str(v) for v in action.default).replace("%", "%%")
+            return f"{text} (default: {shown})"
         return super()._get_help_string(action)
 
 
@@ -331,10 +335,27 @@ def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings of ``--config`` (a run's config.json or run_config.json), or none."""
-    if getattr(args, "config", None) is None:
+PRESETS = {"cpu-reference": "anchor_cpu_config"}
+"""``probekit train --preset`` name -> the function in probekit.training.trainer giving it."""
+
+
+def _preset_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``--preset`` (gamma and seed from their flags), or none."""
+    preset = getattr(args, "preset", None)
+    if preset is None:
         return {}
+    from probekit.training import trainer
+
+    cfg = getattr(trainer, PRESETS[preset])(args.gamma, seed=args.seed).to_dict()
+    cfg.pop("name", None)
+    return cfg
+
+
+def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``--config`` (a run's config.json or run_config.json), else of
+    ``--preset``, or none."""
+    if getattr(args, "config", None) is None:
+        return _preset_settings(args)
     try:
         base = json.loads(Path(args.config).read_text(), object_pairs_hook=_no_repeats)
     except (OSError, ValueError) as err:
@@ -403,6 +424,8 @@ def _model_settings(base: dict, task: dict, pick: _Picker, sweep: bool) -> dict[
 
 def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainConfig:
     """The :class:`TrainConfig` described by parsed ``train``/``sweep`` arguments."""
+    if getattr(args, "preset", None) and not hasattr(args, "_given") and hasattr(args, "_parser"):
+        _mark_given(args._parser, args)
     base = _base_settings(args)
     pick = _Picker(args)
     task = _task_settings(args, base, pick)
@@ -424,9 +447,19 @@ def run_train(args: argparse.Namespace) -> int:
     """``probekit train``: train one run; print where its checkpoint and metrics are."""
     from probekit.training.trainer import train
 
-    if getattr(args, "config", None) is not None:
+    if getattr(args, "config", None) is not None and getattr(args, "preset", None) is not None:
+        raise ConfigError(
+            "--config and --preset both give every setting", fix="pass one of them"
+        )
+    if getattr(args, "config", None) is not None or getattr(args, "preset", None) is not None:
         _mark_given(args._parser, args)
     cfg = build_train_config(args)
+    if not args.no_progress:
+        print(
+            "training bar: loss = training loss of the last batch; data = accuracy on seen "
+            "anchor pairs with unseen keys; inf / sym = share of the held-out pairs' outputs "
+            "that are inferential / symmetric"
+        )
     out = train(cfg, args.out, resume=not args.no_resume, progress=not args.no_progress)
     f = out.final
     print(f"checkpoint: {out.checkpoint}")
@@ -507,6 +540,15 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Hugging Face checkpoint in OUT/checkpoint; run the same command again to "
         "resume after an interruption.",
         formatter_class=_HelpFormatter,
+    )
+    p.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="start from these settings (flags given on the command line override them): "
+        "cpu-reference is the README's CPU reference run, anchor_cpu_config (2 layers, d_model "
+        "64, 4 heads, 1500 steps of batch 256, lr 2.5e-3, weight decay 0.1); default: the "
+        "defaults shown below",
     )
     _add_common(p, sweep=False)
     p.set_defaults(func=run_train, _parser=p)

@@ -1,0 +1,43 @@
+"""The report speaks plainly: warnings, where reference ranges apply, block wording, tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from probekit.report import _blocks_line, diagnose, write_report
+from probekit.toy import toy_model, toy_tokens
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    return diagnose(toy_model("gpt2", n_layers=2), toy_tokens(4, 8), n_bootstrap=2)
+
+
+def test_an_untrained_model_is_flagged_and_gets_no_reference_range(untrained):
+    assert untrained.verdict[0].startswith("Warning: the clean loss")
+    share_line = next(line for line in untrained.verdict if "second half" in line)
+    assert "no reference range" in share_line and "15%" not in share_line
+    assert untrained.meta["n_sequences"] == 4 and untrained.meta["n_bootstrap"] == 2
+
+
+def test_reference_range_for_deeper_pre_ln_models():
+    diagnosis = diagnose(toy_model("gpt2", n_layers=3), toy_tokens(4, 8), n_bootstrap=0)
+    assert any("typically stay below 15%" in line for line in diagnosis.verdict)
+
+
+def test_block_wording():
+    alone = _blocks_line([(0, 1), (1, 2)], {1: 1.0})
+    assert alone.startswith("No permutable block") and "0; 1" not in alone
+    wide = _blocks_line([(0, 8), (8, 12)], {8: 0.9})
+    assert "layers 0–7; layers 8–11" in wide and "before layer 8: 90%" in wide
+
+
+def test_report_sections_speak_in_words(untrained, tmp_path):
+    page = write_report(untrained, tmp_path).read_text()
+    assert "Skip effects</h2><p class='conclusion'>Depth score" in page
+    assert "loss of the unmodified model" in page and "The figure" not in page[:500]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["headline"]["permutable_blocks_convention"].startswith("half-open")
+    assert summary["measured"]["positions"] == "all"
