@@ -126,7 +126,8 @@ def output_change(
     KL(p || p') = log1p(S) - sum p d, ||p' - p|| = ||p (e^d - 1 - S)|| / (1 + S) and the loss
     change is log1p(S) - d[y]; per-token values are float64. Against the all-float64 formulas
     the differences are ~1e-7 relative (tests/test_fast_paths.py); tokens whose logits rise by
-    more than :data:`EXP_SAFE` are measured in float64.
+    more than :data:`EXP_SAFE`, or whose S < -0.5 (1 + S would lose digits), are measured in
+    float64.
     """
     side = clean if isinstance(clean, CleanSide) else clean_side(clean, labels, chunk)
     flat = changed.reshape(-1, changed.shape[-1])
@@ -145,7 +146,7 @@ def output_change(
         )
         picked = d.gather(-1, y.clamp(min=0)[:, None])[:, 0].double()
         out["loss_delta"][part] = torch.where(y != -100, shift - picked, 0.0)
-        wild = d.amax(-1) > EXP_SAFE
+        wild = (d.amax(-1) > EXP_SAFE) | (s[:, 0] < -0.5)  # e^d overflows, or 1 + S loses digits
         if bool(wild.any()):
             rows = torch.arange(part.start, part.stop, device=flat.device)[wild]
             exact = _output_change64(z[wild], z[wild] + d[wild], y[wild])
