@@ -6,16 +6,26 @@ adjacent layer swaps two ways:
 
 - naive: a Python loop with one full ``bridge.run_with_hooks`` forward per variant (swaps run
   a full forward with the blocks reordered), every number computed from those logits;
-- probekit: ``contributions`` + ``skip_effects`` + ``layer_swaps(pairs="adjacent")``, which
-  cache the residual entering each block once and resume each variant after its clean prefix.
+- probekit: ``contributions`` + ``skip_effects`` + ``layer_swaps(pairs="adjacent")`` sharing
+  one :class:`~probekit.analyses.depth.shared.Shared` cache, as ``diagnose`` does (a fresh one
+  per run): the residual entering each block is kept once, each variant resumes after its
+  clean prefix, and the whole-layer skips run once for both analyses.
 
-Each way runs in its own subprocess so peak memory (max RSS on CPU, max allocated on CUDA) is
-its own. Prints the wall-clock ratio, the largest absolute difference between the two sets of
-numbers, and peak memory.
+Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive), ``--repeats``
+times, in one process after a warm-up of each; the script prints every repetition, the
+medians and their ratio, ``uptime`` before and after (the machine may be shared), and the
+largest absolute difference between the two sets of numbers. ``--memory`` also runs each way
+once in its own subprocess for its peak memory (max RSS on CPU, max allocated on CUDA).
+
+Threads: one by default (``--threads``). ``OMP_WAIT_POLICY`` is set to ``PASSIVE`` unless
+already set: with OpenMP's default spinning wait, two threads on a busy machine can slow
+either way several times, which says nothing about the method. ``--variants-per-pass`` and
+``--autocast`` pass to the cache (stacked variants and autocast, for accelerators).
 
 Usage:
     python benchmarks/bench_depth.py [--layers 24] [--d-model 256] [--batch 8] [--seq 64]
-                                     [--device cpu|cuda] [--threads N]
+        [--repeats 1] [--threads 1] [--device cpu|cuda] [--variants-per-pass 1]
+        [--autocast bf16|fp16] [--memory]
 """
 
 from __future__ import annotations
@@ -24,12 +34,13 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported
 
 
 def build(args):
@@ -58,23 +69,27 @@ def build(args):
     return model, tokens
 
 
-def run_probekit(model, tokens) -> dict:
+def run_probekit(model, tokens, args) -> dict:
     import probekit
+    from probekit.analyses.depth.shared import Shared
 
+    cache = Shared(model, variants_per_pass=args.variants_per_pass, autocast=args.autocast)
     numbers = {}
-    res = probekit.contributions(model, tokens)
+    res = probekit.contributions(model, tokens, cache=cache)
     for row in res.df.itertuples():
         numbers[f"contrib/{row.component}/{row.layer}/{row.measure}"] = row.value
-    res = probekit.skip_effects(model, tokens)
+    res = probekit.skip_effects(model, tokens, cache=cache)
     for row in res.df.itertuples():
         numbers[f"skip/{row.skipped_layer}/{row.target_layer}"] = row.value
-    res = probekit.layer_swaps(model, tokens, pairs="adjacent", blocks=None, n_bootstrap=0)
+    res = probekit.layer_swaps(
+        model, tokens, pairs="adjacent", blocks=None, n_bootstrap=0, cache=cache
+    )
     for row in res.df[res.df.kind == "layer_swap"].itertuples():
         numbers[f"swap/{row.first_start}/{row.second_start}"] = row.value
     return numbers
 
 
-def run_naive(model, tokens) -> dict:
+def run_naive(model, tokens, args=None) -> dict:
     """The way people write it by hand: one full hooked forward per variant."""
     import torch
 
@@ -149,7 +164,22 @@ def run_naive(model, tokens) -> dict:
     return numbers
 
 
-def worker(args) -> None:
+WAYS = {"naive": run_naive, "probekit": run_probekit}
+
+
+def timed(way: str, model, tokens, args) -> tuple[float, dict]:
+    import torch
+
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    numbers = WAYS[way](model, tokens, args)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, numbers
+
+
+def setup(args):
     import torch
 
     torch.set_num_threads(args.threads)
@@ -158,24 +188,32 @@ def worker(args) -> None:
     from probekit import contributions, layer_swaps, skip_effects  # noqa: F401
     from probekit.interventions import swap_layers  # noqa: F401
 
-    run = run_naive if args.worker == "naive" else run_probekit
-    run(model, tokens) if args.warmup else None
+    return model, tokens
+
+
+def peak_memory(args) -> None:
+    """One run of ``args.memory_only`` in this fresh process; print its peak memory."""
+    import torch
+
+    model, tokens = setup(args)
     if model.device.type == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    numbers = run(model, tokens)
+    timed(args.memory_only, model, tokens, args)
     if model.device.type == "cuda":
-        torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    seconds = time.perf_counter() - start
-    with open(args.out, "w") as handle:
-        json.dump({"seconds": seconds, "peak_mib": peak, "numbers": numbers}, handle)
+    print(json.dumps({"way": args.memory_only, "peak_mib": round(peak, 1)}))
 
 
-def main() -> None:
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "uptime unavailable"
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--d-model", type=int, default=256)
@@ -183,34 +221,53 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", action="store_true", help="run each way once before timing")
-    parser.add_argument("--worker", choices=["naive", "probekit"], help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="A B B A rounds")
+    parser.add_argument("--variants-per-pass", type=int, default=1)
+    parser.add_argument("--autocast", choices=["bf16", "fp16"], default=None)
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument("--memory-only", choices=list(WAYS), help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.memory_only:
+        peak_memory(args)
         return
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for way in ("naive", "probekit"):
-            out = os.path.join(tmp, f"{way}.json")
-            cmd = [sys.executable, __file__, "--worker", way, "--out", out] + sys.argv[1:]
-            subprocess.run(cmd, check=True)
-            with open(out) as handle:
-                results[way] = json.load(handle)
-    naive, fast = results["naive"], results["probekit"]
-    missing = set(naive["numbers"]) ^ set(fast["numbers"])
-    diffs = [abs(naive["numbers"][k] - fast["numbers"][k]) for k in naive["numbers"]]
+    print(f"before: {uptime()}", flush=True)
+    model, tokens = setup(args)
+    for way in WAYS:  # warm-up
+        timed(way, model, tokens, args)
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    numbers: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for way in ("naive", "probekit", "probekit", "naive"):
+            seconds, numbers[way] = timed(way, model, tokens, args)
+            times[way].append(round(seconds, 2))
+            print(f"  {way:9s} {seconds:8.2f} s", flush=True)
+    print(f"after:  {uptime()}")
+    naive, fast = numbers["naive"], numbers["probekit"]
+    missing = set(naive) ^ set(fast)
+    diffs = [abs(naive[k] - fast[k]) for k in naive if k in fast]
+    med = {way: statistics.median(t) for way, t in times.items()}
     print(
         f"model: GPT-2-style, {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}; "
-        f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}"
+        f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; variants per pass "
+        f"{args.variants_per_pass}; autocast {args.autocast}; {2 * args.repeats} runs each "
+        "(A B B A)"
     )
     print(f"variants compared: {len(diffs)} numbers ({len(missing)} unmatched)")
-    print(f"naive    : {naive['seconds']:8.2f} s   peak memory {naive['peak_mib']:8.1f} MiB")
-    print(f"probekit : {fast['seconds']:8.2f} s   peak memory {fast['peak_mib']:8.1f} MiB")
-    print(f"speed-up : {naive['seconds'] / fast['seconds']:.2f}x")
+    print(f"naive    : median {med['naive']:8.2f} s   runs {times['naive']}")
+    print(f"probekit : median {med['probekit']:8.2f} s   runs {times['probekit']}")
+    print(f"speed-up : {med['naive'] / med['probekit']:.2f}x (ratio of the medians)")
     print(f"max |difference| between the two sets of numbers: {max(diffs):.2e}")
+    if args.memory:
+        cmd = [sys.executable, __file__, *sys.argv[1:]]
+        for way in WAYS:
+            out = subprocess.run([*cmd, "--memory-only", way], capture_output=True, text=True)
+            print(f"peak memory {way}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
 
 if __name__ == "__main__":

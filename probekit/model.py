@@ -912,6 +912,89 @@ class Trace:
             out = self.model.blocks[layer](**{**kwargs, "hidden_states": residual})
         return out[0] if isinstance(out, tuple) else out
 
+    def _stacked_call(self, layer: int, copies: int) -> tuple[tuple, dict]:
+        """The clean call arguments of block ``layer`` with every tensor that has the batch
+        dimension first repeated ``copies`` times along it (masks, position ids, ...)."""
+        size = self.batch.tokens.shape[0]
+
+        def tile(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == size:
+                return torch.cat([value] * copies)
+            if isinstance(value, tuple | list):
+                return type(value)(tile(v) for v in value)
+            return value
+
+        args, kwargs = self.calls[layer]
+        return tile(args), {key: tile(value) for key, value in kwargs.items()}
+
+    def run_stacked(self, layer: int, residuals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run block ``layer`` once on several variants' residuals stacked along the batch
+        dimension (the clean call's arguments repeated); returns each variant's output."""
+        if len(residuals) == 1:
+            return [self.run_block(layer, residuals[0])]
+        size = residuals[0].shape[0]
+        args, kwargs = self._stacked_call(layer, len(residuals))
+        stacked = torch.cat(list(residuals))
+        if args:
+            out = self.model.blocks[layer](stacked, *args[1:], **kwargs)
+        else:
+            out = self.model.blocks[layer](**{**kwargs, "hidden_states": stacked})
+        out = out[0] if isinstance(out, tuple) else out
+        return list(out.split(size))
+
+    @torch.no_grad()
+    def resume_stacked(
+        self,
+        starts: Sequence[int],
+        residuals: Sequence[torch.Tensor | None] | None = None,
+        orders: Sequence[Sequence[int] | None] | None = None,
+        observe: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> list[torch.Tensor]:
+        """The final residuals of several hook-free variants resumed together.
+
+        Variant v resumes at block ``starts[v]`` from ``residuals[v]`` (default: the clean
+        one) and runs ``orders[v]`` (default ``start .. n_layers-1``; a permutation of the
+        remaining positions, as in :meth:`resume`). Step by step, the variants that run the
+        same block at the same position are stacked along the batch dimension and the block
+        runs once for all of them (one variant alone runs exactly as :meth:`resume` does).
+        ``observe(v, layer, h_in, h_out)`` sees every block run. Apply :meth:`Model.head` to
+        each returned residual for its logits.
+
+        Example:
+            >>> from probekit.toy import toy_model, toy_tokens
+            >>> model = toy_model(n_layers=3)
+            >>> trace = model.trace(model.prepare(toy_tokens())[0])
+            >>> a, b = trace.resume_stacked([1, 2], [trace.residuals[0], trace.residuals[1]])
+            >>> bool(torch.allclose(model.head(a), trace.resume(1, trace.residuals[0]), atol=1e-5))
+            True
+        """
+        n, k = self.model.n_layers, len(starts)
+        residuals = [None] * k if residuals is None else list(residuals)
+        orders = [None] * k if orders is None else list(orders)
+        plan = []
+        for start, order in zip(starts, orders, strict=True):
+            if not 0 <= start <= n:
+                raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+            plan.append(list(range(start, n)) if order is None else list(order))
+            if len(plan[-1]) != n - start:
+                raise InputError(
+                    f"a stacked variant starting at {start} lists {len(plan[-1])} blocks",
+                    fix=f"give the order of the {n - start} remaining positions",
+                )
+        hs = [self.residuals[s] if r is None else r for s, r in zip(starts, residuals, strict=True)]
+        for pos in range(min(starts, default=n), n):
+            groups: dict[int, list[int]] = {}
+            for v in range(k):
+                if starts[v] <= pos:
+                    groups.setdefault(plan[v][pos - starts[v]], []).append(v)
+            for layer, members in groups.items():
+                outs = self.run_stacked(layer, [hs[v] for v in members])
+                for v, h_out in zip(members, outs, strict=True):
+                    if observe is not None:
+                        observe(v, layer, hs[v], h_out)
+                    hs[v] = h_out
+        return hs
+
     @torch.no_grad()
     def resume(
         self,

@@ -37,6 +37,7 @@ from probekit.analyses import (
     residual_stats,
     skip_effects,
 )
+from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
 from probekit.data import Data
 from probekit.errors import InputError
@@ -90,6 +91,8 @@ def diagnose(
     lens: TunedLens | str | os.PathLike | None = None,
     lens_data: Data | None = None,
     lens_steps: int | None = None,
+    variants_per_pass: int | None = 1,
+    autocast: str | None = None,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -98,16 +101,23 @@ def diagnose(
     lens analyses; ``progress`` shows a bar over the analyses. A tuned lens is read beside the
     logit lens when ``lens`` (a fitted :class:`~probekit.analyses.depth.tuned_lens.TunedLens`
     or its folder) or ``lens_data`` (data to fit one on, kept apart from ``data``; ``lens_steps``
-    steps, default one pass) is given.
+    steps, default one pass) is given. One :class:`~probekit.analyses.depth.shared.Shared`
+    cache serves the analyses, so no variant runs twice (the whole-layer skips of
+    ``contributions`` and ``skip_effects``, the clean traces); ``variants_per_pass`` (None: from
+    free accelerator memory) stacks that many hook-free variants into one forward and
+    ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
     """
     model = load(model)
     if lens is not None or lens_data is not None:
         model.require_vocabulary("the tuned lens")
+    shared = Shared(model, variants_per_pass=variants_per_pass, autocast=autocast)
     if lens is None and lens_data is not None:
         lens = TunedLens.fit(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
-    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens)
+    steps = _steps(
+        model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens, shared
+    )
     results = _run(steps, progress)
     headline, verdict = _verdict(model, results)
     meta = measured(model, data, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap)
@@ -157,16 +167,19 @@ def _steps(
     batch_size: int | None,
     conventions: Conventions,
     lens: TunedLens | str | os.PathLike | None,
+    shared: Shared | None = None,
 ) -> dict[str, Callable[[], Result]]:
-    """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make."""
+    """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make,
+    those that can sharing the ``shared`` cache."""
     reduce = {"convention": conventions.convention}
     intervene = {**reduce, "mode": conventions.mode, "keep_first": conventions.keep_first}
+    cache = {"cache": shared}
     analyzers: dict[str, Callable[..., Result]] = {
-        "contributions": partial(contributions, **intervene),
-        "skip_effects": partial(skip_effects, **intervene),
-        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap),
+        "contributions": partial(contributions, **intervene, **cache),
+        "skip_effects": partial(skip_effects, **intervene, **cache),
+        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, **cache),
         "residual": partial(residual_stats, **reduce),
-        "logit_lens": partial(logit_lens, **reduce),
+        "logit_lens": partial(logit_lens, **reduce, **cache),
         "gradients": gradient_norms,
     }
     if lens is not None:

@@ -20,7 +20,9 @@ embedding; see :data:`probekit.analyses._common.HIDDEN_MEASURES`) is measured in
 
 Fast path: one clean forward keeps the residual entering every block; removing layer l only
 changes what comes after it, so the ablated forward resumes at l+1 from the cached residual
-(sublayer ablations resume at l). Numbers equal a full hooked forward per variant.
+(sublayer ablations resume at l). Numbers equal a full hooked forward per variant. Given the
+``cache`` of a diagnosis (:class:`~probekit.analyses.depth.shared.Shared`), the clean trace
+and the whole-layer skips are those ``skip_effects`` uses too, each run once.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -45,11 +47,10 @@ from probekit.analyses._common import (
     check_finite,
     headline_measure,
     loss_mask,
-    measured_changes,
+    measure_positions,
     output_measures,
     output_note,
     second_half,
-    token_loss,
 )
 from probekit.analyses.depth.conventions import (
     Reduction,
@@ -57,14 +58,14 @@ from probekit.analyses.depth.conventions import (
     Windows,
     make_setup,
     masked_ablate_hooks,
-    merge,
     plan_windows,
     slot_masks,
 )
+from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import ablate_hooks
-from probekit.model import Model, Trace, load
+from probekit.model import Model, load
 from probekit.result import Result
 
 COMPONENTS = ("layer", "attn", "mlp")
@@ -130,6 +131,7 @@ def contributions(
     n_future: int = 4,
     seed: int = 123,
     answer_start: Sequence[int] | None = None,
+    cache: Shared | None = None,
 ) -> ContributionResult:
     """Zero-ablate every layer and sublayer and measure the change of the output.
 
@@ -147,6 +149,8 @@ def contributions(
             always under 'csordas2025').
         n_future, seed: how many positions t per prompt future mode draws, and its seed.
         answer_start: future mode at one given position per prompt (e.g. the answer start).
+        cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis, so
+            the clean traces and the whole-layer skips are shared with ``skip_effects``.
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -155,13 +159,14 @@ def contributions(
         ([0, 1], True)
     """
     model = load(model)
+    shared = make_shared(model, cache)
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
     batches = model.prepare(data, batch_size)
     windows = plan_windows(setup, batches)
-    red, clean_loss = _ablation_means(model, batches, windows, setup, positions, components)
+    red, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
     rows = [
         {
             "layer": layer,
@@ -188,7 +193,7 @@ def contributions(
 
 @torch.no_grad()
 def _ablation_means(
-    model: Model,
+    shared: Shared,
     batches: list,
     windows: Windows,
     setup: Setup,
@@ -198,46 +203,55 @@ def _ablation_means(
     """Every output measure per (layer, component), reduced per the convention, and the
     clean loss (token mean over the selected positions)."""
     red, clean = Reduction(setup.reduction), TokenMeans()
-    first = 0
+    n_layers, first = shared.model.n_layers, 0
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        trace = model.trace(batch)
-        check_finite(trace.logits)
         mask = position_mask(batch, positions)
-        if model.output_kind == "logits":  # no loss without a vocabulary: NaN
-            loss = token_loss(trace.logits, batch.labels)
-            clean.add("clean_loss", loss, loss_mask(batch.labels, mask))
+        if shared.model.output_kind == "logits":  # no loss without a vocabulary: NaN
+            side = shared.side(batch)
+            clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
         for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            for layer in range(model.n_layers):
+            for layer in range(n_layers):
                 for component in components:
-                    logits = _ablated(trace, layer, component, inter)
-                    _add_change(red, (layer, component), trace, logits, measure, ids)
+                    if component == "layer":
+                        values = shared.skip(batch, layer, inter).measures
+                    else:
+                        values = _sublayer_ablated(shared, batch, layer, component, inter)
+                    key = (layer, component)
+                    _add_change(red, shared.model, key, values, batch.labels, measure, ids)
     return red, clean.mean("clean_loss")
 
 
-def _ablated(trace: Trace, layer: int, component: str, inter: torch.Tensor | None) -> torch.Tensor:
-    """Logits with ``component`` of ``layer`` removed at the positions in ``inter`` (all: None)."""
-    if component == "layer":
-        residual = merge(inter, trace.residuals[layer], trace.residuals[layer + 1])
-        return trace.resume(layer + 1, residual)
+def _sublayer_ablated(
+    shared: Shared, batch, layer: int, component: str, inter: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """The output measures with ``component`` of ``layer`` zeroed at the positions in
+    ``inter`` (all: None); a hooked forward resumed at ``layer``."""
+    trace = shared.trace(batch)
     model = trace.model
     if inter is None:
         hooks = ablate_hooks(model, layer, component)
     else:
         hooks = masked_ablate_hooks(model, layer, component, inter)
-    return trace.resume(layer, fwd_hooks=hooks)
+    with shared.precision():
+        logits = trace.resume(layer, fwd_hooks=hooks)
+    check_finite(logits, "the outputs of an intervened forward")
+    return shared.measure(batch, logits)
 
 
 def _add_change(
-    red: Reduction, key: tuple, trace: Trace, logits: torch.Tensor, mask: torch.Tensor, ids: list
+    red: Reduction,
+    model: Model,
+    key: tuple,
+    values: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    ids: list,
 ) -> None:
     """Add every output measure of one variant under ``key + (measure,)``."""
-    check_finite(logits, "the outputs of an intervened forward")
-    for name, values, where in measured_changes(
-        trace.model, trace.batch, trace.logits, logits, mask
-    ):
-        red.add(key + (name,), values, where, ids)
+    for name, per_token in values.items():
+        red.add(key + (name,), per_token, measure_positions(model, name, labels, mask), ids)
 
 
 def _add_shares(df: pd.DataFrame, n_layers: int, model: Model) -> dict:

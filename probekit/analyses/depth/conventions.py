@@ -305,5 +305,9 @@ def relative_change(clean: torch.Tensor, changed: torch.Tensor, convention: str)
     """Per token ``||clean - changed|| / ||clean||`` (float64; the denominator clamped at 1e-6
     under ``'csordas2025'``, plus 1e-12 under ``'probekit'``)."""
     num = (changed - clean).double().norm(dim=-1)
-    den = clean.double().norm(dim=-1)
+    return relative_from_norms(num, clean.double().norm(dim=-1), convention)
+
+
+def relative_from_norms(num: torch.Tensor, den: torch.Tensor, convention: str) -> torch.Tensor:
+    """``num / den`` per token, the denominator clamped as :func:`relative_change` says."""
     return num / (den.clamp(min=CSORDAS_EPS) if convention == "csordas2025" else den + 1e-12)

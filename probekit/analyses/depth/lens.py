@@ -23,8 +23,9 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import check_finite
+from probekit.analyses._common import CHUNK_TOKENS, CleanSide, clean_side, softmax_parts
 from probekit.analyses.depth.conventions import Reduction, check_convention
+from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -32,15 +33,31 @@ from probekit.result import Result
 
 
 def lens_measures(
-    layer_logits: torch.Tensor, final_logits: torch.Tensor, k: int
+    layer_logits: torch.Tensor, final_logits: torch.Tensor | CleanSide, k: int
 ) -> dict[str, torch.Tensor]:
-    """Per-token KL(p_layer || p_final) and top-k overlap with the final prediction."""
-    logp = layer_logits.double().log_softmax(-1)
-    logq = final_logits.double().log_softmax(-1)
-    top_layer = layer_logits.topk(k, dim=-1).indices
-    top_final = final_logits.topk(k, dim=-1).indices
-    overlap = (top_layer[..., :, None] == top_final[..., None, :]).any(-1).double().sum(-1) / k
-    return {"kl": (logp.exp() * (logp - logq)).sum(-1), "topk_overlap": overlap}
+    """Per-token KL(p_layer || p_final) and top-k overlap with the final prediction.
+
+    ``final_logits`` may be the :func:`~probekit.analyses._common.clean_side` of the final
+    logits, computed once per batch. Computed in float32 chunks of
+    :data:`~probekit.analyses._common.CHUNK_TOKENS` tokens (memory bounded by a chunk), with
+    KL = sum p_layer (z_layer - z_final) - (lse_layer - lse_final), the log-sum-exps in float64.
+    """
+    labels = torch.full(layer_logits.shape[:-1], -100, device=layer_logits.device)
+    side = final_logits if isinstance(final_logits, CleanSide) else clean_side(final_logits, labels)
+    flat = layer_logits.reshape(-1, layer_logits.shape[-1])
+    top_final = side.top(k)
+    n, f64 = flat.shape[0], torch.float64
+    kl = torch.empty(n, dtype=f64, device=flat.device)
+    overlap = torch.empty(n, dtype=f64, device=flat.device)
+    for start in range(0, n, CHUNK_TOKENS):
+        part = slice(start, min(start + CHUNK_TOKENS, n))
+        z = flat[part].float()
+        q, lse = softmax_parts(z)
+        kl[part] = (q * (z - side.logits[part])).sum(-1).double() - (lse - side.lse[part])
+        top_layer = z.topk(k, dim=-1).indices
+        hits = (top_layer[:, :, None] == top_final[part][:, None, :]).any(-1)
+        overlap[part] = hits.double().sum(-1) / k
+    return {"kl": kl.view(side.shape), "topk_overlap": overlap.view(side.shape)}
 
 
 class LogitLensResult(Result):
@@ -101,11 +118,13 @@ def logit_lens(
     kl_threshold: float = 0.1,
     batch_size: int | None = None,
     convention: str = "probekit",
+    cache: Shared | None = None,
 ) -> LogitLensResult:
     """Decode every layer's residual with the final head and compare with the final output.
 
     ``convention``: 'probekit' (token mean over all prompts) or 'csordas2025' (mean per
-    prompt, then over prompts).
+    prompt, then over prompts). ``cache``: a
+    :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (its clean traces).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -115,6 +134,7 @@ def logit_lens(
     """
     model = load(model)
     model.require_vocabulary("the logit lens")
+    shared = make_shared(model, cache)
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
     check_convention(convention)
@@ -123,11 +143,12 @@ def logit_lens(
     for batch in model.prepare(data, batch_size):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        trace = model.trace(batch)
-        check_finite(trace.logits)
+        trace, side = shared.trace(batch), shared.side(batch)
         mask = position_mask(batch, positions)
         for depth, residual in enumerate(trace.residuals):
-            measures = lens_measures(model.head(residual), trace.logits, k)
+            with shared.precision():
+                layer_logits = model.head(residual)
+            measures = lens_measures(layer_logits, side, k)
             for name, values in measures.items():
                 red.add((depth, name), values, mask, ids)
     rows = [

@@ -46,17 +46,17 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import check_finite, headline_measure, measured_changes, output_note
+from probekit.analyses._common import headline_measure, measure_positions, output_note
 from probekit.analyses.depth.conventions import (
     Reduction,
     make_setup,
-    merge,
     plan_windows,
-    relative_change,
+    relative_from_norms,
     slot_masks,
 )
-from probekit.data import Data
-from probekit.model import Model, Trace, load
+from probekit.analyses.depth.shared import Shared, make_shared
+from probekit.data import Batch, Data
+from probekit.model import Model, load
 from probekit.result import Result
 
 
@@ -120,6 +120,7 @@ def skip_effects(
     n_future: int = 4,
     seed: int = 123,
     answer_start: Sequence[int] | None = None,
+    cache: Shared | None = None,
 ) -> SkipEffectResult:
     """Skip every layer in turn and measure the change of each later layer's update.
 
@@ -136,6 +137,8 @@ def skip_effects(
             always under 'csordas2025').
         n_future, seed: how many positions t per prompt future mode draws, and its seed.
         answer_start: future mode at one given position per prompt (e.g. the answer start).
+        cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (the
+            skips ``contributions`` ran are reused, not run again).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -145,6 +148,7 @@ def skip_effects(
         (0, True)
     """
     model = load(model)
+    shared = make_shared(model, cache)
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
     batches = model.prepare(data, batch_size)
     windows = plan_windows(setup, batches)
@@ -153,10 +157,8 @@ def skip_effects(
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        trace = model.trace(batch)
-        check_finite(trace.logits)
         for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            _skip_all(trace, red, setup.convention, inter, measure, ids)
+            _skip_all(shared, batch, red, setup.convention, inter, measure, ids)
     df = _rows(red, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
     summary.update(output_note(model))
@@ -171,7 +173,8 @@ def skip_effects(
 
 
 def _skip_all(
-    trace: Trace,
+    shared: Shared,
+    batch: Batch,
     red: Reduction,
     convention: str,
     inter: torch.Tensor | None,
@@ -179,23 +182,19 @@ def _skip_all(
     ids: list[int],
 ) -> None:
     """Skip each layer at the positions in ``inter``; reduce the effects over ``measure``."""
+    trace = shared.trace(batch)
     n = trace.model.n_layers
-    clean_updates = [trace.residuals[i + 1] - trace.residuals[i] for i in range(n)]
+    clean_norms = [
+        (trace.residuals[i + 1] - trace.residuals[i]).double().norm(dim=-1) for i in range(n)
+    ]
     for skipped in range(n):
-
-        def observe(layer: int, h_in, h_out, skipped=skipped) -> None:
-            change = relative_change(clean_updates[layer], h_out - h_in, convention)
+        record = shared.skip(batch, skipped, inter)
+        for layer in range(skipped + 1, n):
+            change = relative_from_norms(record.diffs[layer], clean_norms[layer], convention)
             red.add((skipped, layer), change, measure, ids)
-
-        residual = merge(inter, trace.residuals[skipped], trace.residuals[skipped + 1])
-        logits = trace.resume(skipped + 1, residual, observe=observe)
-        check_finite(logits, "the outputs of a skipped-layer forward")
         headline = headline_measure(trace.model)
-        for name, values, where in measured_changes(
-            trace.model, trace.batch, trace.logits, logits, measure
-        ):
-            if name == headline:
-                red.add((skipped, "output"), values, where, ids)
+        where = measure_positions(trace.model, headline, batch.labels, measure)
+        red.add((skipped, "output"), record.measures[headline], where, ids)
 
 
 def _rows(red: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from itertools import combinations
 
@@ -41,15 +42,8 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
-from probekit.analyses._common import (
-    check_finite,
-    headline_measure,
-    loss_mask,
-    measured_changes,
-    output_note,
-    sequence_mask,
-    token_loss,
-)
+from probekit.analyses._common import loss_mask, output_note, sequence_mask
+from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import swapped_order
@@ -192,16 +186,13 @@ class _SequenceLosses:
     """Per-sequence sums of the token loss for the clean run and each swap variant (of the
     ``rel_l2`` output change, clean 0, for a model without an LM head)."""
 
-    def __init__(self, model: Model, batches: list, positions: str) -> None:
-        self.model, self.batches, self.positions = model, batches, positions
-        self.traces = []
+    def __init__(self, shared: Shared, batches: list, positions: str) -> None:
+        self.model, self.batches, self.positions = shared.model, batches, positions
+        self.shared = shared
         clean, counts, batch_ids = [], [], []
         for index, batch in enumerate(batches):
-            trace = model.trace(batch)
-            check_finite(trace.logits)
-            self.traces.append(trace)
             mask = self._mask(batch)
-            clean.append(self._sums(trace, trace.logits, mask))
+            clean.append(self._sums(shared.clean_cost(batch), mask))
             counts.append(mask.sum(-1).double().cpu().numpy())
             batch_ids.append(np.full(batch.tokens.shape[0], index))
         self.clean = np.concatenate(clean)
@@ -221,26 +212,28 @@ class _SequenceLosses:
             return loss_mask(batch.labels, selected)
         return sequence_mask(selected) if self.model.output_kind == "embedding" else selected
 
-    def _sums(self, trace, logits: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        if self.model.output_kind == "logits":
-            return (token_loss(logits, trace.batch.labels) * mask).sum(-1).cpu().numpy()
-        headline = headline_measure(self.model)
-        [values] = [
-            v
-            for name, v, _ in measured_changes(self.model, trace.batch, trace.logits, logits, mask)
-            if name == headline
-        ]
-        return (values * mask).sum(-1).cpu().numpy()
+    @staticmethod
+    def _sums(costs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        return (costs * mask).sum(-1).cpu().numpy()
+
+    def variants(self, pairs: Sequence[tuple[Range, Range]]) -> np.ndarray:
+        """Per-sequence cost sums ``[variants, sequences]`` of the swaps of ``pairs`` (the
+        :func:`~probekit.analyses._common.cost_measure`); each resumes at the first swapped
+        layer, stacked per pass (see :class:`Shared`)."""
+        n = self.model.n_layers
+        orders = [swapped_order(n, first, second) for first, second in pairs]
+        starts = [min(first[0], second[0]) for first, second in pairs]
+        per_batch = []
+        for batch in self.batches:
+            clean, mask = self.shared.clean_cost(batch), self._mask(batch)
+            changes = self.shared.swap_costs(batch, orders, starts)
+            per_batch.append([self._sums(clean + change, mask) for change in changes])
+        return np.array(
+            [np.concatenate([rows[v] for rows in per_batch]) for v in range(len(pairs))]
+        ).reshape(len(pairs), len(self.clean))
 
     def variant(self, first: Range, second: Range) -> np.ndarray:
-        order = swapped_order(self.model.n_layers, first, second)
-        start = min(first[0], second[0])
-        sums = []
-        for trace, batch in zip(self.traces, self.batches, strict=True):
-            logits = trace.resume(start, order=order[start:])
-            check_finite(logits, "the outputs of a swapped forward")
-            sums.append(self._sums(trace, logits, self._mask(batch)))
-        return np.concatenate(sums)
+        return self.variants([(first, second)])[0]
 
 
 class _SwapDeltas:
@@ -250,7 +243,7 @@ class _SwapDeltas:
         self.losses, self.variants, self.adjacent_only = losses, variants, adjacent_only
         self.n = losses.model.n_layers
         self.sums = (
-            np.stack([losses.variant(first, second) for _, first, second in variants])
+            losses.variants([(first, second) for _, first, second in variants])
             if variants
             else np.zeros((0, len(losses.clean)))
         )
@@ -327,6 +320,8 @@ def layer_swaps(
     seed: int = 0,
     positions: str = "all",
     batch_size: int | None = None,
+    cache: Shared | None = None,
+    estimate: bool = True,
 ) -> SwapResult:
     """Swap layers (and blocks) and cluster the layers into contiguous permutable blocks.
 
@@ -344,6 +339,10 @@ def layer_swaps(
         seed: seed of the bootstrap.
         positions: 'all' real tokens, or the 'last' real token of each sequence.
         batch_size: split the data into batches of at most this many sequences.
+        cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (its
+            clean traces; ``variants_per_pass`` stacks swaps into one forward).
+        estimate: before running more than ``ESTIMATE_ABOVE`` swaps (``pairs='all'`` costs
+            O(L^2)), print their count and the block passes they cost (to stderr).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -354,7 +353,11 @@ def layer_swaps(
     model = load(model)
     _check_swap_options(bootstrap_unit, blocks, n_bootstrap)
     variants = _variant_orders(model.n_layers, pairs)
-    losses = _SequenceLosses(model, model.prepare(data, batch_size), positions)
+    shared = make_shared(model, cache)
+    batches = model.prepare(data, batch_size)
+    if estimate:
+        _print_estimate(model.n_layers, variants, batches)
+    losses = _SequenceLosses(shared, batches, positions)
     swaps = _SwapDeltas(losses, variants, adjacent_only=pairs == "adjacent")
     if tolerance is None:
         tolerance = 0.02 * swaps.clean_loss if model.output_kind == "logits" else 0.02
@@ -387,6 +390,24 @@ def layer_swaps(
         "model": repr(model),
     }
     return SwapResult(df, summary, meta)
+
+
+ESTIMATE_ABOVE = 64
+"""More swap variants than this print an estimate of their cost before they run."""
+
+
+def _print_estimate(n: int, variants: list, batches: list) -> None:
+    """Print how many swaps will run and their cost in block passes (prefixes reused)."""
+    if len(variants) <= ESTIMATE_ABOVE:
+        return
+    passes = sum(n - min(first[0], second[0]) for _, first, second in variants)
+    tokens = sum(batch.tokens.numel() for batch in batches)
+    print(
+        f"layer_swaps: {len(variants)} swap variants, {passes} block passes over {tokens} "
+        f"tokens with prefixes reused (a clean forward is {n}); about "
+        f"{passes / max(n, 1):.0f} clean forwards",
+        file=sys.stderr,
+    )
 
 
 def _swap_rows(variants: list, point: np.ndarray, replicates: np.ndarray | None) -> list[dict]:

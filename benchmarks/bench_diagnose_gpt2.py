@@ -1,0 +1,165 @@
+"""Benchmark: a full ``diagnose`` at GPT-2-small size, its time per analysis and its peak memory.
+
+Builds GPT-2 small from its config with random weights (12 layers, d_model 768, vocabulary
+50257; nothing is downloaded), then on ``--batch`` x ``--seq`` random tokens (default 8 x 128):
+
+- ``diagnose`` mode runs :func:`probekit.report.diagnose` (adjacent swaps, ``--bootstrap``
+  replicates) and prints its wall time, the seconds of each analysis, and the peak resident
+  set beyond what the process held after building the model (sampled every 2 ms);
+- ``cache`` mode runs one ``bridge.run_with_cache`` of every hook on the same batch and prints
+  the bytes the cache holds and the same peak, the memory a full cache needs.
+
+Each mode runs in its own process (``--mode``; the default runs both, one after the other) so
+each peak is its own. ``uptime`` is printed before and after: the machine may be shared. A
+single slow run (minutes), so no A B B A here; compare two code versions by running this script
+with ``PYTHONPATH`` pointing at each.
+
+Usage:
+    python benchmarks/bench_diagnose_gpt2.py [--batch 8] [--seq 128] [--threads 1]
+        [--bootstrap 100] [--mode both|diagnose|cache] [--layers 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def build(args):
+    import torch
+    import transformers
+
+    import probekit
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=args.layers, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    model = probekit.load(hf)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(1, config.vocab_size, (args.batch, args.seq), generator=g)
+    return model, tokens
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class PeakRSS:
+    """The peak resident set while the ``with`` body runs, beyond the one at its start."""
+
+    def __enter__(self) -> PeakRSS:
+        self.base, self.peak, self.done = _rss_mib(), 0.0, threading.Event()
+
+        def sample() -> None:
+            while not self.done.is_set():
+                self.peak = max(self.peak, _rss_mib())
+                time.sleep(0.002)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+        self.peak = max(self.peak, _rss_mib())
+
+    @property
+    def extra_mib(self) -> float:
+        return round(self.peak - self.base, 1)
+
+
+def run_diagnose(args) -> dict:
+    from probekit import report
+
+    model, tokens = build(args)
+    times: dict[str, float] = {}
+    original = report._run
+
+    def timed_run(steps, progress):
+        results = {}
+        for name, step in steps.items():
+            start = time.perf_counter()
+            results.update(original({name: step}, progress))
+            times[name] = round(time.perf_counter() - start, 2)
+        return results
+
+    report._run = timed_run
+    start = time.perf_counter()
+    with PeakRSS() as peak:
+        report.diagnose(model, tokens, n_bootstrap=args.bootstrap)
+    seconds = time.perf_counter() - start
+    return {
+        "mode": "diagnose",
+        "seconds": round(seconds, 1),
+        "per_analysis_s": times,
+        "base_rss_mib": round(peak.base, 1),
+        "peak_extra_mib": peak.extra_mib,
+    }
+
+
+def run_cache(args) -> dict:
+    import torch
+
+    model, tokens = build(args)
+    with PeakRSS() as peak, torch.no_grad():
+        _, cache = model.bridge.run_with_cache(tokens, use_cache=False)
+        held = sum(t.numel() * t.element_size() for t in cache.values())
+    return {
+        "mode": "cache",
+        "n_hooks": len(cache),
+        "cache_mib": round(held / 2**20, 1),
+        "base_rss_mib": round(peak.base, 1),
+        "peak_extra_mib": peak.extra_mib,
+    }
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "uptime unavailable"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bootstrap", type=int, default=100)
+    parser.add_argument("--mode", choices=["both", "diagnose", "cache"], default="both")
+    args = parser.parse_args()
+    if args.mode != "both":
+        import torch
+
+        torch.set_num_threads(args.threads)
+        run = run_diagnose if args.mode == "diagnose" else run_cache
+        print(json.dumps(run(args)), flush=True)
+        return
+    print(f"before: {uptime()}", flush=True)
+    print(
+        f"GPT-2 small config, {args.layers} layers, random weights; {args.batch} x {args.seq} "
+        f"tokens; threads {args.threads}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}",
+        flush=True,
+    )
+    for mode in ("cache", "diagnose"):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        print(out.stdout.strip() or out.stderr.strip()[-2000:], flush=True)
+    print(f"after:  {uptime()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""Work shared between the depth analyses of one diagnosis, so no variant runs twice.
+
+A :class:`Shared` object is made per diagnosis (:func:`probekit.report.diagnose` makes one)
+and passed explicitly to the analyzers (``cache=``); an analyzer given none makes its own.
+It keeps:
+
+- the clean :class:`~probekit.model.Trace` of the latest batch and its output side
+  (:func:`~probekit.analyses._common.clean_side`): one batch's residuals at a time, never more;
+- per whole-layer skip variant (batch, skipped layer, intervened positions) its per-token
+  output measures and, per later layer, ``||D'_l - D_l||``: what ``contributions`` (component
+  'layer') and ``skip_effects`` both need, so each skip runs once (a few ``[B, T]`` float64
+  tensors per variant, not its logits);
+- per swap order, the per-token loss change.
+
+Hook-free variants (whole-layer skips, swaps) can run several at a time stacked along the
+batch dimension (:meth:`probekit.model.Trace.resume_stacked`): ``variants_per_pass`` sets how
+many (``None``: as many as half the free accelerator memory holds; 1 on CPU, where stacking
+does not pay), and ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under
+``torch.autocast`` with the measures still taken in float32.
+
+Example:
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model = toy_model(n_layers=3)
+    >>> shared = Shared(model)
+    >>> [batch] = model.prepare(toy_tokens())
+    >>> record = shared.skip(batch, 0, None)
+    >>> sorted(record.diffs), shared.skip(batch, 0, None) is record
+    ([1, 2], True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from probekit.analyses._common import (
+    CleanSide,
+    check_finite,
+    clean_side,
+    cost_measure,
+    variant_measures,
+)
+from probekit.analyses.depth.conventions import merge
+from probekit.data import Batch
+from probekit.errors import InputError
+from probekit.model import Model, Trace, available_memory
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class SkipRecord:
+    """What one whole-layer skip variant changed, per token ``[B, T]`` (float64):
+    ``measures`` (every output measure) and ``diffs[l]`` = ``||D'_l - D_l||`` for each later
+    layer l."""
+
+    measures: dict[str, torch.Tensor]
+    diffs: dict[int, torch.Tensor]
+
+
+def _fingerprint(*tensors: torch.Tensor | None) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in tensors:
+        if tensor is None:
+            digest.update(b"none")
+            continue
+        digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _batch_key(batch: Batch) -> str:
+    return _fingerprint(batch.tokens, batch.attention_mask, batch.labels)
+
+
+class Shared:
+    """The per-diagnosis cache of clean traces and hook-free variants (see the module)."""
+
+    def __init__(
+        self, model: Model, *, variants_per_pass: int | None = 1, autocast: str | None = None
+    ) -> None:
+        if variants_per_pass is not None and (
+            isinstance(variants_per_pass, bool)
+            or not isinstance(variants_per_pass, int)
+            or variants_per_pass < 1
+        ):
+            raise InputError(
+                f"variants_per_pass={variants_per_pass!r} is not a positive integer",
+                fix="pass 1 (one variant per forward), a larger count, or None (from memory)",
+            )
+        if autocast is not None and autocast not in AUTOCAST:
+            raise InputError(f"unknown autocast={autocast!r}", fix=f"use one of {list(AUTOCAST)}")
+        self.model = model
+        self.variants_per_pass = variants_per_pass
+        self.autocast = autocast
+        self._key: str | None = None
+        self._trace: Trace | None = None
+        self._side: CleanSide | None = None
+        self.skips: dict[tuple, SkipRecord] = {}
+        self.swaps: dict[tuple, torch.Tensor] = {}
+        self.runs = {"traces": 0, "skips": 0, "swaps": 0}
+
+    def check_model(self, model: Model) -> None:
+        """Refuse a cache made for another model."""
+        if model is not self.model:
+            raise InputError(
+                "the shared cache was made for another model",
+                fix="make one Shared(model) per model and pass it with that model only",
+            )
+
+    @contextlib.contextmanager
+    def precision(self) -> Iterator[None]:
+        """The ``autocast`` context of the forwards (nothing without one)."""
+        if self.autocast is None:
+            yield
+            return
+        with torch.autocast(self.model.device.type, dtype=AUTOCAST[self.autocast]):
+            yield
+
+    def _load(self, batch: Batch) -> str:
+        key = _batch_key(batch)
+        if key != self._key:
+            self._key, self._trace, self._side = key, None, None
+            with self.precision():
+                trace = self.model.trace(batch)
+            check_finite(trace.logits)
+            self._trace = trace
+            if self.model.output_kind == "logits":
+                self._side = clean_side(trace.logits, batch.labels)
+            self.runs["traces"] += 1
+        return key
+
+    def trace(self, batch: Batch) -> Trace:
+        """The clean trace of ``batch`` (kept for the latest batch only)."""
+        self._load(batch)
+        return self._trace  # type: ignore[return-value]
+
+    def side(self, batch: Batch) -> CleanSide:
+        """The clean output side of ``batch`` (see :func:`clean_side`); models with a
+        vocabulary only."""
+        self._load(batch)
+        if self._side is None:
+            raise InputError(
+                f"the {self.model.architecture} model has no vocabulary, so no clean loss",
+                fix="use clean_cost() / measure() for models without an LM head",
+            )
+        return self._side
+
+    def clean_cost(self, batch: Batch) -> torch.Tensor:
+        """The clean per-token cost ``[B, T]`` of :func:`cost_measure`: the loss with a
+        vocabulary, 0 without one (the clean output's change from itself)."""
+        self._load(batch)
+        if self._side is not None:
+            return self._side.loss.view(self._side.shape)
+        return torch.zeros(batch.tokens.shape, dtype=torch.float64, device=batch.tokens.device)
+
+    def measure(self, batch: Batch, changed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every output measure ``[B, T]`` of the output ``changed`` against the clean one of
+        ``batch`` (:func:`variant_measures`)."""
+        self._load(batch)
+        trace = self._trace
+        assert trace is not None
+        clean = self._side if self._side is not None else trace.logits
+        return variant_measures(self.model, trace.batch, clean, changed)
+
+    def per_pass(self) -> int:
+        """How many variants one stacked forward runs."""
+        if self.variants_per_pass is not None:
+            return self.variants_per_pass
+        device = self.model.device
+        if device.type == "cpu" or self._trace is None:
+            return 1
+        free = available_memory(device) or 0
+        tokens = self._trace.batch.tokens.numel()
+        per_variant = 4 * tokens * (16 * self.model.d_model + self.model.d_vocab)
+        per_variant *= 2 if self.autocast is None else 1
+        return max(1, min(self.model.n_layers, int(0.5 * free // max(per_variant, 1))))
+
+    def skip(self, batch: Batch, layer: int, inter: torch.Tensor | None) -> SkipRecord:
+        """The record of skipping ``layer`` at the positions in ``inter`` (all: None); on a
+        miss every layer's skip of this batch and mask is computed, stacked per pass."""
+        key = self._load(batch)
+        mask_key = None if inter is None else _fingerprint(inter)
+        if (key, layer, mask_key) not in self.skips:
+            for record_layer, record in self._run_skips(inter):
+                self.skips[(key, record_layer, mask_key)] = record
+        return self.skips[(key, layer, mask_key)]
+
+    def _run_skips(self, inter: torch.Tensor | None) -> Iterator[tuple[int, SkipRecord]]:
+        trace, n = self._trace, self.model.n_layers
+        assert trace is not None
+        layers = list(range(n))
+        step = self.per_pass()
+        for first in range(0, n, step):
+            group = layers[first : first + step]
+            residuals = [
+                merge(inter, trace.residuals[s], trace.residuals[s + 1]) for s in group
+            ]
+            diffs: list[dict[int, torch.Tensor]] = [{} for _ in group]
+
+            def observe(v: int, block: int, h_in, h_out, diffs=diffs) -> None:
+                clean = trace.residuals[block + 1] - trace.residuals[block]
+                diffs[v][block] = ((h_out - h_in) - clean).double().norm(dim=-1)
+
+            with self.precision():
+                finals = trace.resume_stacked([s + 1 for s in group], residuals, observe=observe)
+            for v, (s, final) in enumerate(zip(group, finals, strict=True)):
+                yield s, SkipRecord(self._measure(final), diffs[v])
+                self.runs["skips"] += 1
+
+    def _measure(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
+        with self.precision():
+            logits = self.model.head(final)
+        check_finite(logits, "the outputs of a skipped-layer forward")
+        trace = self._trace
+        assert trace is not None
+        return self.measure(trace.batch, logits)
+
+    def swap_costs(
+        self, batch: Batch, orders: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> list[torch.Tensor]:
+        """Per-token change ``[B, T]`` of the :func:`cost_measure` (the loss with a
+        vocabulary) of each full layer order (resumed at its start)."""
+        key = self._load(batch)
+        trace = self._trace
+        assert trace is not None
+        todo = [i for i, o in enumerate(orders) if (key, tuple(o)) not in self.swaps]
+        step = self.per_pass()
+        for first in range(0, len(todo), step):
+            group = todo[first : first + step]
+            with self.precision():
+                finals = trace.resume_stacked(
+                    [starts[i] for i in group], orders=[orders[i][starts[i] :] for i in group]
+                )
+            for i, final in zip(group, finals, strict=True):
+                with self.precision():
+                    logits = self.model.head(final)
+                check_finite(logits, "the outputs of a swapped forward")
+                change = self.measure(batch, logits)[cost_measure(self.model)]
+                self.swaps[(key, tuple(orders[i]))] = change
+                self.runs["swaps"] += 1
+        return [self.swaps[(key, tuple(o))] for o in orders]
+
+
+def make_shared(model: Model, cache: Shared | None) -> Shared:
+    """``cache`` checked against ``model``, or a fresh one for a single analysis."""
+    if cache is None:
+        return Shared(model)
+    if not isinstance(cache, Shared):
+        raise InputError(
+            f"cache={type(cache).__name__} is not a probekit Shared cache",
+            fix="pass probekit.analyses.depth.shared.Shared(model) or None",
+        )
+    cache.check_model(model)
+    return cache

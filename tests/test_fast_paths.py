@@ -1,0 +1,170 @@
+"""The fast paths of issue 16: chunked float32 output measures against the float64 formulas,
+the per-diagnosis cache (no variant twice, same numbers), stacked variants against one at a
+time, autocast, and the all-pairs swap estimate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import probekit
+from probekit.analyses import _common
+from probekit.analyses.depth import swaps as swaps_module
+from probekit.analyses.depth.shared import Shared
+from probekit.errors import InputError
+from probekit.report import diagnose
+from tests import reference as ref
+from tests.conftest import make_hf, sample_tokens
+
+
+def _logits(vocab: int, scale: float, eps: float, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randn(3, 70, vocab, generator=g) * scale  # 210 tokens: two chunks of 128
+    changed = clean + torch.randn(clean.shape, generator=g) * eps
+    labels = torch.randint(0, vocab, (3, 70), generator=g)
+    labels[0, -5:] = -100
+    return clean, changed, labels
+
+
+@pytest.mark.parametrize("eps", [1.0, 0.3, 1e-3])
+def test_chunked_measures_match_the_float64_formulas(eps):
+    clean, changed, labels = _logits(4000, 5.0, eps)
+    want = ref.measures(clean, changed, labels)
+    want["loss_delta"] = torch.where(labels != -100, want["loss_delta"], 0.0)
+    side = _common.clean_side(clean, labels)
+    got = _common.output_change(side, changed, labels)
+    for name, values in got.items():
+        assert values.dtype == torch.float64
+        err = float((values - want[name]).abs().max())
+        scale = float(want[name].abs().max())
+        # float32 logits carry ~1e-7 relative error; the measures keep it there
+        assert err <= 1e-6 * max(scale, 1e-3), (name, err, scale)
+    direct = _common.output_change(clean, changed, labels)  # its clean side built inside
+    assert all(torch.equal(got[name], direct[name]) for name in got)
+
+
+def test_identical_outputs_measure_exactly_zero():
+    clean, _, labels = _logits(300, 4.0, 0.0)
+    side = _common.clean_side(clean, labels)
+    for name, values in _common.output_change(side, clean.clone(), labels).items():
+        assert float(values.abs().max()) == 0.0, name
+
+
+def test_huge_logit_changes_take_the_float64_path_and_stay_exact():
+    clean, changed, labels = _logits(200, 300.0, 40.0)  # e^d overflows float32
+    want = _common._output_change64(
+        clean.reshape(-1, 200), changed.reshape(-1, 200), labels.reshape(-1)
+    )
+    got = _common.output_change(clean, changed, labels)
+    for name, values in got.items():
+        assert torch.isfinite(values).all(), name
+        assert torch.allclose(values.reshape(-1), want[name], rtol=1e-6, atol=1e-6), name
+
+
+def test_lens_measures_match_the_float64_formulas():
+    from probekit.analyses.depth.lens import lens_measures
+
+    layer, final, _ = _logits(500, 3.0, 2.0)
+    got = lens_measures(layer, final, 5)
+    logp, logq = layer.double().log_softmax(-1), final.double().log_softmax(-1)
+    want = (logp.exp() * (logp - logq)).sum(-1)
+    assert torch.allclose(got["kl"], want, rtol=1e-6, atol=1e-7)
+
+
+def _model(arch: str = "gpt2", n_layers: int = 4):
+    return probekit.load(make_hf(arch, n_layers=n_layers))
+
+
+def _values(res) -> np.ndarray:
+    return res.df["value"].to_numpy(float)
+
+
+def test_a_shared_cache_runs_each_skip_once_and_changes_no_number():
+    model = _model()
+    data = sample_tokens()
+    alone = [probekit.contributions(model, data), probekit.skip_effects(model, data)]
+    cache = Shared(model)
+    shared = [
+        probekit.contributions(model, data, cache=cache),
+        probekit.skip_effects(model, data, cache=cache),
+    ]
+    assert cache.runs == {"traces": 1, "skips": model.n_layers, "swaps": 0}
+    for a, b in zip(alone, shared, strict=True):
+        np.testing.assert_allclose(_values(a), _values(b), rtol=0, atol=1e-12)
+
+
+def test_a_cache_belongs_to_one_model():
+    cache = Shared(_model())
+    with pytest.raises(InputError, match="another model"):
+        probekit.skip_effects(_model(), sample_tokens(), cache=cache)
+    with pytest.raises(InputError, match="variants_per_pass"):
+        Shared(_model(), variants_per_pass=0)
+    with pytest.raises(InputError, match="autocast"):
+        Shared(_model(), autocast="fp8")
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_stacked_variants_equal_one_at_a_time(arch):
+    model = _model(arch)
+    data = sample_tokens(pad=False)
+    results = {}
+    for per_pass in (1, 3):
+        cache = Shared(model, variants_per_pass=per_pass)
+        results[per_pass] = [
+            probekit.contributions(model, data, cache=cache, components=["layer"]),
+            probekit.skip_effects(
+                model, data, cache=cache, mode="future", answer_start=[4] * 6
+            ),
+            probekit.layer_swaps(model, data, pairs="all", n_bootstrap=0, cache=cache),
+        ]
+    for a, b in zip(results[1], results[3], strict=True):
+        np.testing.assert_allclose(_values(a), _values(b), rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_resume_equals_resume_per_variant():
+    model = _model("llama")
+    [batch] = model.prepare(sample_tokens())
+    trace = model.trace(batch)
+    order = [0, 2, 1, 3]
+    finals = trace.resume_stacked(
+        [1, 0, 2], [trace.residuals[0], None, None], [None, order, None]
+    )
+    want = [trace.resume(1, trace.residuals[0]), trace.resume(0, order=order), trace.logits]
+    for final, logits in zip(finals, want, strict=True):
+        assert torch.allclose(model.head(final), logits, atol=1e-5)
+    with pytest.raises(InputError, match="remaining positions"):
+        trace.resume_stacked([1], orders=[[1, 2]])
+
+
+def test_autocast_runs_on_cpu_with_float32_measures():
+    model = _model()
+    data = sample_tokens()
+    exact = probekit.contributions(model, data, components=["layer"])
+    cache = Shared(model, autocast="bf16")
+    half = probekit.contributions(model, data, components=["layer"], cache=cache)
+    assert cache.trace(model.prepare(data)[0]).logits.dtype == torch.bfloat16
+    values = _values(half)
+    assert np.isfinite(values).all()
+    np.testing.assert_allclose(values, _values(exact), rtol=0.1, atol=0.05)
+
+
+def test_all_pairs_swaps_print_an_estimate_first(monkeypatch, capsys):
+    monkeypatch.setattr(swaps_module, "ESTIMATE_ABOVE", 3)  # all: 6, adjacent: 3
+    model = _model()
+    probekit.layer_swaps(model, sample_tokens(), pairs="all", n_bootstrap=0)
+    err = capsys.readouterr().err
+    assert "6 swap variants" in err and "block passes" in err
+    probekit.layer_swaps(model, sample_tokens(), pairs="adjacent", n_bootstrap=0)
+    assert capsys.readouterr().err == ""
+
+
+def test_diagnose_stacks_variants_when_asked():
+    model = _model()
+    data = sample_tokens()
+    a = diagnose(model, data, n_bootstrap=2)
+    b = diagnose(model, data, n_bootstrap=2, variants_per_pass=4)
+    for name in ("contributions", "skip_effects", "layer_swaps", "logit_lens"):
+        np.testing.assert_allclose(
+            _values(a.results[name]), _values(b.results[name]), rtol=1e-6, atol=1e-6
+        )
