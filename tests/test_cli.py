@@ -325,3 +325,19 @@ def test_train_help_reads_right_and_the_preset_is_the_reference(capsys):
     }
     changed = build_train_config(args_lr)
     assert changed.lr == 0.01 and changed.model.gamma == 0.8 and changed.steps == 1500
+
+
+def test_train_flags_reach_the_task_and_model_settings():
+    from probekit.training.cli import build_train_config
+
+    argv = ["train", "--out", "x", "--key-split", "anchor_function_pub", "--special-form"]
+    argv += ["shift", "--special-targets", "3,4:-6", "--init-scheme", "official"]
+    cfg = build_train_config(build_parser().parse_args(argv + ["--layernorm-scaling"]))
+    assert cfg.task.key_split == "anchor_function_pub" and cfg.task.special_form == "shift"
+    assert cfg.task.special_targets == {(3, 4): -6}
+    assert cfg.model.init_scheme == "official" and cfg.model.layernorm_scaling is True
+    default = build_train_config(build_parser().parse_args(["train", "--out", "x"]))
+    assert default.task.key_split == "complexity_control" and default.model.init_scheme == "fan_in"
+    assert default.task.special_targets == {(3, 4): 4} and not default.model.layernorm_scaling
+    modulus = build_parser().parse_args(["train", "--out", "x", "--key-split", "7"])
+    assert build_train_config(modulus).task.key_split == 7

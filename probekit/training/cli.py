@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from probekit.errors import ConfigError, check_known_keys
-from probekit.tasks.anchor import AnchorTask
+from probekit.tasks.anchor import KEY_SPLITS, SPECIAL_FORMS, AnchorTask
 from probekit.training.checks import check_mapping, is_int
-from probekit.training.models import ACTIVATIONS, ModelConfig
+from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
 from probekit.training.trainer import TrainConfig
 
 _M = ModelConfig()
@@ -114,6 +114,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _key_split(text: str) -> str | int:
+    """A key-split name, or an integer modulus."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
 def _fmt_anchors(d: dict[int, int]) -> str:
     return ",".join(f"{k}:{v}" for k, v in d.items())
 
@@ -169,6 +174,19 @@ def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
             help=f"separate initialization rate of the {what} (default: --gamma)",
         )
     m.add_argument(
+        "--init-scheme",
+        choices=list(INIT_SCHEMES),
+        default=_M.init_scheme,
+        help="'fan_in': std d_in^-gamma; 'official': the anchor papers' code (d_model fan-in, "
+        "output projections / sqrt(2 * layers))",
+    )
+    m.add_argument(
+        "--layernorm-scaling",
+        action="store_true",
+        help="LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm output times "
+        "1/sqrt(layer + 1) (default: off)",
+    )
+    m.add_argument(
         "--tie-embeddings",
         action="store_true",
         help="share the input and output embedding (default: separate)",
@@ -187,8 +205,21 @@ def _add_task(p: argparse.ArgumentParser) -> None:
         "--special-targets",
         type=_special,
         default=_A.special_targets,
-        help="pairs trained on a non-inferential target shift, A1,A2:SHIFT;... "
-        "(default 3,4:-6; 'none' for none)",
+        help="pairs trained on a non-inferential target, A1,A2:OFFSET;... with OFFSET added "
+        "to the composite (see --special-form; default 3,4:4, the papers' +4; 'none' for none)",
+    )
+    t.add_argument(
+        "--special-form",
+        choices=list(SPECIAL_FORMS),
+        default=_A.special_form,
+        help="'offset': a special target is its composite + OFFSET (the official code); "
+        "'shift': key + OFFSET (probekit's old form)",
+    )
+    t.add_argument(
+        "--key-split",
+        type=_key_split,
+        default=_A.key_split,
+        help=f"which keys are test keys at each position: {', '.join(KEY_SPLITS)} or a modulus",
     )
     t.add_argument(
         "--heldout",
@@ -299,11 +330,15 @@ _MODEL_FLAGS = (
     "gamma_qk",
     "gamma_vo",
     "gamma_mlp",
+    "init_scheme",
+    "layernorm_scaling",
     "tie_embeddings",
 )
 _TASK_FLAGS = (
     ("anchors", "anchors"),
     ("special_targets", "special_targets"),
+    ("special_form", "special_form"),
+    ("key_split", "key_split"),
     ("heldout_pairs", "heldout"),
     ("seq_len", "seq_len"),
     ("vocab_size", "vocab_size"),
