@@ -461,8 +461,14 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=cmd_demo)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``probekit`` parser: diagnose, demo, and train/sweep when the trainer imports."""
+LIGHT_COMMANDS = ("diagnose", "demo")
+"""Subcommands whose parser needs no trainer: for them the train/sweep parsers (which import
+torch) are not built, so a wrong path is reported before torch loads."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``probekit`` parser: diagnose, demo, and train/sweep when the trainer imports (not
+    built when ``command`` is one of :data:`LIGHT_COMMANDS`)."""
     parser = _Parser(
         prog="probekit",
         description="probekit: how does a Transformer use its depth, and did it learn a rule "
@@ -471,21 +477,55 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_diagnose_parser(sub)
     _add_demo_parser(sub)
-    try:
-        from probekit.training import cli as training_cli
-    except ImportError:  # the trainer is optional for the analyzers
-        training_cli = None
+    training_cli = None
+    if command not in LIGHT_COMMANDS:
+        try:
+            from probekit.training import cli as training_cli
+        except ImportError:  # the trainer is optional for the analyzers
+            training_cli = None
     if training_cli is not None:
         training_cli.add_train_parser(sub)
         training_cli.add_sweep_parser(sub)
+    for subparser in sub.choices.values():
+        subparser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="CPU threads for torch (default: torch's own choice; results repeat exactly "
+            "only at the same thread count)",
+        )
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(
+            f"--threads {threads} is not a positive count", fix="pass --threads 1 or more"
+        )
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``probekit`` command; returns the exit status."""
-    parser = build_parser()
+    """Entry point of the ``probekit`` command; returns the exit status.
+
+    Before torch is imported it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
+    it: OpenMP threads that spin while they wait slow a shared machine down several times.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     try:
+        _set_threads(args.threads)
         return int(args.func(args) or 0)
     except ProbekitError as err:
         print("probekit: error: " + " ".join(str(err).split()), file=sys.stderr)

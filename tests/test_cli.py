@@ -341,3 +341,27 @@ def test_train_flags_reach_the_task_and_model_settings():
     assert default.task.special_targets == {(3, 4): 4} and not default.model.layernorm_scaling
     modulus = build_parser().parse_args(["train", "--out", "x", "--key-split", "7"])
     assert build_train_config(modulus).task.key_split == 7
+
+
+def test_threads_flag_and_the_omp_wait_policy(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before = torch.get_num_threads()
+    try:
+        missing = ["diagnose", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]
+        assert main(missing + ["--threads", "0"]) == 2
+        assert "--threads 0" in capsys.readouterr().err
+        assert main(missing + ["--threads", "1"]) == 2
+        assert torch.get_num_threads() == 1  # set before the path was checked
+        assert "does not exist" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+    import os
+
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    main(missing)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
+    assert "train" not in build_parser("diagnose")._subparsers._group_actions[0].choices
+    assert "train" in build_parser()._subparsers._group_actions[0].choices
