@@ -468,8 +468,8 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
     f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
     "(second half) with its input.",
     "logit_lens": lambda s: f"The logit lens matches the final prediction (KL < "
-    f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of {s['n_layers']} "
-    "blocks.",
+    f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
+    f"{s['n_layers']} layers.",
     "gradients": lambda s: "The second half of the layers gets "
     f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half.",
 }
