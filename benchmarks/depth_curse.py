@@ -157,40 +157,57 @@ def _diagnose(path: Path, data, lens_data, args) -> dict:
     return row
 
 
+LABELS = {"static": "static pre-LN", "lns": "LayerNorm Scaling", "midas": "MIDAS-grown"}
+
+
 def _figures(out: Path, results: dict, names: list[str]) -> None:
     """contributions.png (per-layer share) and lens.png (held-out KL per depth, both lenses),
-    drawn from the numbers in ``results``."""
+    drawn from the numbers in ``results`` with probekit's figure helpers (integer layer axes,
+    legends in words below the axes, readable log ticks)."""
     import plotly.graph_objects as go
+
+    from probekit import figures
 
     fig = go.Figure()
     for name in names:
         share = results[name]["layer_share"]
         fig.add_trace(
-            go.Scatter(x=list(range(len(share))), y=share, mode="lines+markers", name=name)
+            go.Scatter(x=list(range(len(share))), y=share, mode="lines+markers", name=LABELS[name])
         )
-    fig.update_layout(
-        title="Share of the output change when each layer is zero-ablated",
-        xaxis_title="layer",
-        yaxis_title="share of ||Δ softmax||",
-        width=800,
-        height=450,
-    )
-    fig.write_image(out / "contributions.png")
-    lens_fig = go.Figure()
-    for name in names:
-        for lens, dash in (("logit", "dot"), ("tuned", "solid")):
-            kl = results[name][f"{lens}_lens_kl"][:-1]  # depth L is the output itself: KL 0
-            lens_fig.add_trace(
-                go.Scatter(x=list(range(len(kl))), y=kl, name=f"{name} {lens}", line={"dash": dash})
-            )
-    lens_fig.update_layout(
-        title="Logit vs tuned lens: KL(p_final || p_depth) on held-out sequences",
-        xaxis_title="depth (blocks applied)",
-        yaxis_title="KL (nats)",
-        yaxis_type="log",
+    figures.base_layout(
+        fig,
+        "Share of the output change when each layer is zero-ablated",
+        x="layer (0 = first)",
+        y="share of the summed ||Δ softmax|| (fraction)",
         width=900,
         height=500,
     )
+    figures.integer_axis(fig, "x", n=max(len(results[n]["layer_share"]) for n in names))
+    fig.write_image(out / "contributions.png")
+    lens_fig = go.Figure()
+    values = []
+    for name in names:
+        for lens, dash in (("logit", "dot"), ("tuned", "solid")):
+            kl = results[name][f"{lens}_lens_kl"][:-1]  # depth L is the output itself: KL 0
+            values += kl
+            lens_fig.add_trace(
+                go.Scatter(
+                    x=list(range(len(kl))),
+                    y=kl,
+                    name=f"{LABELS[name]}, {lens} lens",
+                    line={"dash": dash},
+                )
+            )
+    figures.base_layout(
+        lens_fig,
+        "Logit vs tuned lens: KL(p_final || p_depth) on held-out sequences",
+        x="depth (blocks applied)",
+        y="KL (nats)",
+        width=900,
+        height=550,
+    )
+    figures.integer_axis(lens_fig, "x", n=len(results[names[0]]["logit_lens_kl"]))
+    figures.log_axis(lens_fig, "y", values=values)
     lens_fig.write_image(out / "lens.png")
 
 
