@@ -26,7 +26,12 @@ from probekit.runs import N_SEQUENCES, SEQ_LEN
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
+    """argparse, but a usage error is one line on stderr and exit status 2, and a flag must be
+    spelled in full (``--n-layer`` is an error with a suggestion, not ``--n-layers``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(

@@ -365,3 +365,10 @@ def test_threads_flag_and_the_omp_wait_policy(tmp_path, capsys, monkeypatch):
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
     assert "train" not in build_parser("diagnose")._subparsers._group_actions[0].choices
     assert "train" in build_parser()._subparsers._group_actions[0].choices
+
+
+def test_abbreviated_flags_are_refused_with_a_suggestion(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["train", "--out", "x", "--n-layer", "3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--n-layers" in err and "unrecognized" in err
