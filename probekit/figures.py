@@ -74,8 +74,12 @@ def words(key: str) -> str:
 
 
 def integer_axis(
-    fig: go.Figure, axis: str = "x", n: int | None = None, row: int | None = None,
-    col: int | None = None, **kwargs,
+    fig: go.Figure,
+    axis: str = "x",
+    n: int | None = None,
+    row: int | None = None,
+    col: int | None = None,
+    **kwargs,
 ) -> go.Figure:
     """Integer ticks (layers, depths, positions): a tick at every integer up to ~12 ticks,
     every 2nd, 5th, ... beyond; never at 0.5.
@@ -92,7 +96,10 @@ def integer_axis(
 
 
 def log_axis(
-    fig: go.Figure, axis: str = "y", row: int | None = None, col: int | None = None,
+    fig: go.Figure,
+    axis: str = "y",
+    row: int | None = None,
+    col: int | None = None,
     values: Sequence[float] | None = None,
 ) -> go.Figure:
     """A log axis with one labelled tick per power of ten (10⁻², 10⁻¹, ...), or, when
@@ -105,8 +112,7 @@ def log_axis(
         v = v[np.isfinite(v) & (v > 0)]
         if len(v) and np.log10(v.max() / v.min()) < 1.5:
             ticks = {"nticks": 6, "tickformat": ".2~g", "dtick": None}
-    update(type="log", exponentformat="power", minor={"showgrid": True}, row=row, col=col,
-           **ticks)
+    update(type="log", exponentformat="power", minor={"showgrid": True}, row=row, col=col, **ticks)
     return fig
 
 
@@ -136,7 +142,11 @@ def wrap(text: str, limit: int) -> str:
 
 
 def base_layout(
-    fig: go.Figure, title: str, x: str = "", y: str = "", width: int | None = None,
+    fig: go.Figure,
+    title: str,
+    x: str = "",
+    y: str = "",
+    width: int | None = None,
     height: int | None = None,
 ) -> go.Figure:
     """Apply probekit's common layout to ``fig``: white template, a title wrapped to the
@@ -152,13 +162,27 @@ def base_layout(
     bottom = 70 + 24 * rows
     fig.update_layout(
         template=TEMPLATE,
-        title={"text": text, "x": 0.02, "xanchor": "left", "y": 1, "yref": "container",
-               "yanchor": "top", "pad": {"t": 12}},
+        title={
+            "text": text,
+            "x": 0.02,
+            "xanchor": "left",
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
         font={"size": 13},
         showlegend=bool(entries),
-        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom",
-                "x": 0, "xanchor": "left", "entrywidth": (width - 140) // per_row - 4,
-                "entrywidthmode": "pixels"},
+        legend={
+            "orientation": "h",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+            "x": 0,
+            "xanchor": "left",
+            "entrywidth": (width - 140) // per_row - 4,
+            "entrywidthmode": "pixels",
+        },
         margin={"l": 70, "r": 30, "t": top, "b": bottom},
         width=width,
         height=height + 24 * rows,
@@ -264,3 +288,16 @@ def shade_second_half(fig: go.Figure, n_layers: int) -> go.Figure:
         annotation_position="top left",
     )
     return fig
+
+
+def overlap_axis(fig: go.Figure) -> go.Figure:
+    """The secondary y axis of a lens figure: the top-k overlap, a fraction from 0 to 1."""
+    return fig.update_yaxes(
+        title_text="top-k overlap (fraction)",
+        range=[0, 1.05],
+        tickmode="linear",
+        tick0=0,
+        dtick=0.2,
+        showgrid=False,
+        secondary_y=True,
+    )

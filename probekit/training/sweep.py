@@ -238,19 +238,24 @@ def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
     return max(fr, key=fr.get)
 
 
-def _summarize(out: RunOutput, cfg: TrainConfig) -> dict[str, Any]:
-    m = out.metrics
-    row: dict[str, Any] = {
+def _settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) -> dict:
+    """The columns of a sweep row that describe the run rather than its results."""
+    return {
         "run": cfg.name,
         "depth": cfg.model.n_layers,
         "gamma": cfg.model.gamma,
         "weight_decay": cfg.weight_decay,
         "seed": cfg.seed,
         "lr": cfg.lr,
-        "steps": int(m["step"].iloc[-1]),
-        "status": out.status,
-        "checkpoint": str(out.checkpoint),
+        "steps": steps,
+        "status": status,
+        "checkpoint": checkpoint,
     }
+
+
+def _summarize(out: RunOutput, cfg: TrainConfig) -> dict[str, Any]:
+    m = out.metrics
+    row = _settings_row(cfg, int(m["step"].iloc[-1]), out.status, str(out.checkpoint))
     for k in ACC_METRICS:
         row[f"final_{k}"] = float(m[k].iloc[-1])
         row[f"best_{k}"] = float(m[k].max())
@@ -436,17 +441,7 @@ def _failed_rows(group: _Group, error: str) -> list[dict[str, Any]]:
     nan = float("nan")
     rows = []
     for cfg in group.runs:
-        row: dict[str, Any] = {
-            "run": cfg.name,
-            "depth": cfg.model.n_layers,
-            "gamma": cfg.model.gamma,
-            "weight_decay": cfg.weight_decay,
-            "seed": cfg.seed,
-            "lr": cfg.lr,
-            "steps": nan,
-            "status": f"failed: {error}",
-            "checkpoint": "",
-        }
+        row = _settings_row(cfg, nan, f"failed: {error}", "")
         for k in ACC_METRICS:
             row[f"final_{k}"] = row[f"best_{k}"] = nan
         row.update(final_test_data_loss=nan, solution="failed")

@@ -94,15 +94,7 @@ class LogitLensResult(Result):
             secondary_y=True,
         )
         fig.update_yaxes(title_text="KL (nats)", secondary_y=False)
-        fig.update_yaxes(
-            title_text="top-k overlap (fraction)",
-            range=[0, 1.05],
-            tickmode="linear",
-            tick0=0,
-            dtick=0.2,
-            showgrid=False,
-            secondary_y=True,
-        )
+        figures.overlap_axis(fig)
         fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
         figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
         return figures.base_layout(fig, "Logit lens")

@@ -655,15 +655,7 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
                 secondary_y=secondary,
             )
     fig.update_yaxes(title_text="KL(p_l ‖ p_final) (nats)", secondary_y=False)
-    fig.update_yaxes(
-        title_text="top-k overlap (fraction)",
-        range=[0, 1.05],
-        tickmode="linear",
-        tick0=0,
-        dtick=0.2,
-        showgrid=False,
-        secondary_y=True,
-    )
+    figures.overlap_axis(fig)
     fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
     depth = max(int(r.df.depth.max()) for r in results)
     figures.integer_axis(fig, "x", n=depth + 1)
