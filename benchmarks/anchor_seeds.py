@@ -48,6 +48,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=None, help="width")
     p.add_argument("--n-heads", type=int, default=None, help="attention heads")
     p.add_argument("--init-scheme", default=None, help="fan_in or official")
+    p.add_argument(
+        "--key-split",
+        default="complexity_control",
+        help="the task's key split (default: the official code's; anchor_cpu_config itself "
+        "keeps probekit_v1, the rule the demo was measured with)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument(
         "--from-metrics",
@@ -76,6 +82,7 @@ def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
         if v is not None
     }
     task = {"n_train": args.n_train} if args.n_train is not None else {}
+    task["key_split"] = args.key_split
     return train, model, task
 
 

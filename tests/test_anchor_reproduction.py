@@ -57,7 +57,8 @@ def seed_configs(seed: int) -> list:
     """The large- and small-init runs of one seed (they share that seed's data)."""
     return [anchor_cpu_config(g, seed=seed, steps=2000,
                               model=ModelConfig(n_layers=2, d_model=64, n_heads=1, gamma=g,
-                                                init_scheme="official"))
+                                                init_scheme="official"),
+                              task=AnchorTask(n_train=20000, n_test=2000))  # official split
             for g in SEED_GAMMAS]
 
 
