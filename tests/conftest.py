@@ -16,6 +16,20 @@ import transformers  # noqa: E402
 torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves a core free
 
 VOCAB = 50
+
+TINY_LM = dict(
+    d_model=16,
+    n_heads=2,
+    n_layers=2,
+    seq_len=16,
+    batch_size=2,
+    steps=4,
+    eval_every=2,
+    eval_sequences=2,
+    corpus_max_files=30,
+    warmup_steps=1,
+)
+"""LMConfig settings of a byte-level LM that trains in a second (the trainer fault tests)."""
 ARCHS = ("gpt2", "llama", "bert")
 
 

@@ -19,23 +19,12 @@ from probekit.training import memory as memory_mod
 from probekit.training.growth import growth_plan, prop_alpha_stages, training_flops
 from probekit.training.lm import LMConfig, train_lm
 from probekit.training.sweep import SweepConfig, run_sweep
+from tests.conftest import TINY_LM
 
 torch.set_num_threads(1)
 
 TASK = AnchorTask(n_train=64, n_test=16)
 NAN, INF = float("nan"), float("inf")
-LM = dict(
-    d_model=16,
-    n_heads=2,
-    n_layers=2,
-    seq_len=16,
-    batch_size=2,
-    steps=4,
-    eval_every=2,
-    eval_sequences=2,
-    corpus_max_files=30,
-    warmup_steps=1,
-)
 
 
 def tiny(**kw) -> TrainConfig:
@@ -153,7 +142,7 @@ def test_bad_model_settings(field: str, value) -> None:
     ],
 )
 def test_bad_lm_settings_fail_before_anything_is_written(tmp_path: Path, field, value) -> None:
-    cfg = LMConfig(**{**LM, field: value})
+    cfg = LMConfig(**{**TINY_LM, field: value})
     with pytest.raises(ConfigError, match=field.split("_")[0]):
         cfg.validate()
     with pytest.raises(ConfigError):
@@ -162,7 +151,9 @@ def test_bad_lm_settings_fail_before_anything_is_written(tmp_path: Path, field, 
 
 
 def test_lm_growth_alpha_huge_is_a_config_error_not_an_overflow() -> None:
-    cfg = LMConfig(**{**LM, "n_layers": 6, "growth": "midas", "initial_layers": 2, "alpha": 1e308})
+    cfg = LMConfig(
+        **{**TINY_LM, "n_layers": 6, "growth": "midas", "initial_layers": 2, "alpha": 1e308}
+    )
     with pytest.raises(ConfigError, match="alpha"):
         cfg.validate()
 
@@ -261,7 +252,7 @@ def test_property_non_finite_reals_are_refused_in_both_trainers(field, value) ->
         tiny(**{field: value})
     if field != "eps":
         with pytest.raises(ConfigError):
-            LMConfig(**{**LM, field: value}).validate()
+            LMConfig(**{**TINY_LM, field: value}).validate()
 
 
 @settings(max_examples=30, deadline=None)
@@ -309,7 +300,9 @@ def test_runs_that_cannot_fit_are_refused_before_building(tmp_path, monkeypatch,
 def test_lm_runs_that_cannot_fit_are_refused(tmp_path, monkeypatch, field, value) -> None:
     _little_memory(monkeypatch)
     with pytest.raises(ConfigError, match="needs about"):
-        train_lm(LMConfig(**{**LM, field: value}), tmp_path / "x", progress=False, device="cpu")
+        train_lm(
+            LMConfig(**{**TINY_LM, field: value}), tmp_path / "x", progress=False, device="cpu"
+        )
     assert not (tmp_path / "x").exists()
 
 

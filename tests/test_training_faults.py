@@ -22,22 +22,11 @@ from probekit.training.growth import grow_checkpoint
 from probekit.training.lm import LMConfig, train_lm
 from probekit.training.lock import LOCK_NAME, run_folder_lock
 from probekit.training.sweep import SweepConfig, run_sweep
+from tests.conftest import TINY_LM
 
 torch.set_num_threads(1)
 
 TASK = AnchorTask(n_train=128, n_test=32, seed=3)
-LM = dict(
-    d_model=16,
-    n_heads=2,
-    n_layers=2,
-    seq_len=16,
-    batch_size=2,
-    steps=4,
-    eval_every=2,
-    eval_sequences=2,
-    corpus_max_files=30,
-    warmup_steps=1,
-)
 
 
 def tiny(**kw) -> TrainConfig:
@@ -94,7 +83,7 @@ def test_a_second_writer_is_refused(tmp_path: Path, live_pid: int) -> None:
     with pytest.raises(ConfigError, match=f"in use by another training process \\(pid {live_pid}"):
         train(tiny(), out, progress=False)
     with pytest.raises(ConfigError, match="in use"):
-        train_lm(LMConfig(**LM), out, progress=False, device="cpu")
+        train_lm(LMConfig(**TINY_LM), out, progress=False, device="cpu")
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
 
 
@@ -336,25 +325,27 @@ def test_a_sweep_labels_diverged_runs_and_leaves_them_out_of_the_diagrams(tmp_pa
 
 # ----------------------------------------------------------------------------- LM trainer
 def test_lm_damaged_final_checkpoint_falls_back_or_refuses(tmp_path: Path) -> None:
-    ref = train_lm(LMConfig(**LM, save_every=2), tmp_path / "ref", progress=False, device="cpu")
+    ref = train_lm(
+        LMConfig(**TINY_LM, save_every=2), tmp_path / "ref", progress=False, device="cpu"
+    )
     out = tmp_path / "run"
-    train_lm(LMConfig(**LM, save_every=2), out, progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM, save_every=2), out, progress=False, device="cpu")
     truncate(out / "final" / "model.safetensors")
     with pytest.warns(UserWarning, match="resuming from .*step2"):
-        again = train_lm(LMConfig(**LM, save_every=2), out, progress=False, device="cpu")
+        again = train_lm(LMConfig(**TINY_LM, save_every=2), out, progress=False, device="cpu")
     assert same_weights(again.final, ref.final)
     alone = tmp_path / "alone"
-    train_lm(LMConfig(**LM), alone, progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM), alone, progress=False, device="cpu")
     truncate(alone / "final" / "optimizer.safetensors")
     with pytest.raises(CheckpointError, match="optimizer.safetensors is corrupt.*--no-resume"):
-        train_lm(LMConfig(**LM), alone, progress=False, device="cpu")
-    train_lm(LMConfig(**LM), alone, progress=False, device="cpu", resume=False)
+        train_lm(LMConfig(**TINY_LM), alone, progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM), alone, progress=False, device="cpu", resume=False)
 
 
 @pytest.mark.parametrize("damage", ["negative step", "metrics gone", "missing moment", "flops"])
 def test_lm_damaged_state_is_one_checkpoint_error(tmp_path: Path, damage: str) -> None:
     out = tmp_path / "run"
-    train_lm(LMConfig(**LM), out, progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM), out, progress=False, device="cpu")
     ck = out / "final"
     if damage == "negative step":
         _set_state(ck, step=-1)
@@ -365,15 +356,15 @@ def test_lm_damaged_state_is_one_checkpoint_error(tmp_path: Path, damage: str) -
     else:
         _drop_tensor(ck / "optimizer.safetensors", "exp_avg.transformer.h.0.mlp.c_fc.weight")
     with pytest.raises(CheckpointError, match="no-resume"):
-        train_lm(LMConfig(**LM), out, progress=False, device="cpu")
+        train_lm(LMConfig(**TINY_LM), out, progress=False, device="cpu")
 
 
 def test_lm_leftovers_are_cleaned_and_no_resume_starts_over(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    train_lm(LMConfig(**LM, save_every=2), out, progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM, save_every=2), out, progress=False, device="cpu")
     (out / ".metrics.jsonl.q.tmp").write_text("{")
     (out / ".final.q.tmp").mkdir()
-    run = train_lm(LMConfig(**LM), out, progress=False, device="cpu", resume=False)
+    run = train_lm(LMConfig(**TINY_LM), out, progress=False, device="cpu", resume=False)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
     assert not (out / "step2").exists() and run.metrics["step"].tolist() == [2, 4]
 
@@ -391,13 +382,13 @@ def test_lm_nan_update_stops_before_a_save(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     out = tmp_path / "run"
     with pytest.raises(NumericalError, match="update of step 2 made weights NaN/inf.*step 2"):
-        train_lm(LMConfig(**LM, save_every=2), out, progress=False, device="cpu")
+        train_lm(LMConfig(**TINY_LM, save_every=2), out, progress=False, device="cpu")
     assert not (out / "step3").exists() and not (out / "final").exists()
 
 
 # ----------------------------------------------------------------------------- growth, modes
 def test_grow_checkpoint_refuses_to_overwrite_its_source(tmp_path: Path) -> None:
-    train_lm(LMConfig(**LM), tmp_path / "run", progress=False, device="cpu")
+    train_lm(LMConfig(**TINY_LM), tmp_path / "run", progress=False, device="cpu")
     src = tmp_path / "run" / "final"
     before = (src / "model.safetensors").read_bytes()
     for dst in (src, src / "inner", tmp_path / "run", Path(str(src) + "/../final")):
@@ -411,7 +402,7 @@ def test_checkpoint_folders_get_the_users_umask(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
         train(tiny(steps=2), tmp_path / "a", progress=False)
-        train_lm(LMConfig(**LM), tmp_path / "b", progress=False, device="cpu")
+        train_lm(LMConfig(**TINY_LM), tmp_path / "b", progress=False, device="cpu")
         grow_checkpoint(tmp_path / "b" / "final", tmp_path / "grown", "midas", 2)
     finally:
         os.umask(old)
