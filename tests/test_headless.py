@@ -20,9 +20,7 @@ from probekit.errors import CheckpointError, ProbekitError, UnsupportedModelErro
 from probekit.model import _head_class_for
 from probekit.report import diagnose
 from tests import reference as ref
-from tests.conftest import FAMILIES, family_tokens, make_family
-
-VOCAB = 50
+from tests.conftest import FAMILIES, VOCAB, family_tokens, hf_config, make_family
 
 
 def _close(got, want):
@@ -30,34 +28,9 @@ def _close(got, want):
     return bool((got - want).abs().max() <= 1e-5 * max(1.0, float(want.abs().max())))
 
 
-def _config(family: str, n_layers: int = 3):
-    if family == "gpt2":
-        return transformers.GPT2Config(
-            vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=n_layers, n_head=4
-        )
-    if family == "llama":
-        return transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=n_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=16,
-        )
-    return transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        max_position_embeddings=16,
-    )
-
-
 def base_model(family: str, n_layers: int = 3, seed: int = 0):
     """A tiny random base model (no head) of ``family``."""
-    config = _config(family, n_layers)
+    config = hf_config(family, n_layers)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return transformers.AutoModel.from_config(config).eval()
