@@ -73,6 +73,25 @@ def hf_config(arch: str, n_layers: int = 4, d_model: int = 32):
     raise ValueError(arch)
 
 
+def anchor_gpt2(
+    n_layers: int = 2, seed: int = 0, vocab_size: int = 201, n_positions: int = 9
+) -> transformers.GPT2LMHeadModel:
+    """A random GPT-2 (d_model 32, 4 heads) with the anchor task's vocabulary and sequence
+    length (by default the published task's, 201 and 9)."""
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=32,
+        n_layer=n_layers,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    cfg._attn_implementation = "eager"
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
 HF_CLASSES = {
     "gpt2": transformers.GPT2LMHeadModel,
     "llama": transformers.LlamaForCausalLM,

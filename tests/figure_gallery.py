@@ -24,24 +24,14 @@ import transformers  # noqa: E402
 
 import probekit  # noqa: E402
 from probekit.tasks import AnchorTask  # noqa: E402
+from tests.conftest import anchor_gpt2  # noqa: E402
 
 TASK = AnchorTask(n_train=32, n_test=96, seed=0)
 
 
 def anchor_model(n_layers: int, seed: int = 0) -> transformers.GPT2LMHeadModel:
     """A random GPT-2 with the anchor task's vocabulary and sequence length."""
-    torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(
-        vocab_size=TASK.vocab_size,
-        n_positions=TASK.seq_len,
-        n_embd=32,
-        n_layer=n_layers,
-        n_head=4,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    cfg._attn_implementation = "eager"
-    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf = anchor_gpt2(n_layers, seed, vocab_size=TASK.vocab_size, n_positions=TASK.seq_len)
     with torch.no_grad():  # larger weights: effects well above rounding
         for name, p in hf.named_parameters():
             if p.ndim == 2 and "wte" not in name and "wpe" not in name:
@@ -124,7 +114,10 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
         "tuned_lens": lens,
         "solutions": solution_types(model, TASK.solution_data()),
         "probes": linear_probes(
-            model, TASK.generate("test_data", 160), sites=["resid"], positions="roles",
+            model,
+            TASK.generate("test_data", 160),
+            sites=["resid"],
+            positions="roles",
             probe="ridge",
         ),
         "token_masking": token_masking(model, held, by="role"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import transformers
 
 import probekit
 from probekit.analyses.mechanisms.flow import information_flow
@@ -15,7 +14,7 @@ from probekit.errors import InputError, UnsupportedModelError
 from probekit.interventions import knock_out
 from probekit.result import Result
 from probekit.tasks.anchor import AnchorTask
-from tests.conftest import hf_blocks, make_hf, sample_tokens, twin
+from tests.conftest import anchor_gpt2, hf_blocks, make_hf, sample_tokens, twin
 from tests.test_hygiene import _assert_same, _snapshot, fail_midway
 
 DECODERS = ("gpt2", "llama")
@@ -165,25 +164,10 @@ def test_token_masking_matches_plain_substitution(arch):
     assert set(res.df.unit) == {str(i) for i in range(9)}  # the last position is never masked
 
 
-def _anchor_model(n_layers=2):
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        vocab_size=201,
-        n_positions=9,
-        n_embd=32,
-        n_layer=n_layers,
-        n_head=4,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    cfg._attn_implementation = "eager"
-    return transformers.GPT2LMHeadModel(cfg).eval()
-
-
 def test_roles_groups_and_role_knockout_on_anchor_data():
     task = AnchorTask(n_train=32, n_test=48)
     data = task.dataset("test_task")
-    hf = _anchor_model()
+    hf = anchor_gpt2()
     ref = twin(hf)
     model = probekit.load(hf)
     clean = model.logits(data.tokens)[:, -1]
@@ -226,7 +210,7 @@ def test_roles_groups_and_role_knockout_on_anchor_data():
 
 def test_information_flow_rows_and_mean():
     task = AnchorTask(n_train=32, n_test=64)
-    model = probekit.load(_anchor_model())
+    model = probekit.load(anchor_gpt2())
     held = task.dataset("test_task")
     one = held.tokens[:1].clone()
     one[0, held.positions[0]] = 99  # the first held-out input with key 99
