@@ -10,13 +10,17 @@ Builds GPT-2 small from its config with random weights (12 layers, d_model 768, 
   the bytes the cache holds and the same peak, the memory a full cache needs.
 
 Each mode runs in its own process (``--mode``; the default runs both, one after the other) so
-each peak is its own. ``uptime`` is printed before and after: the machine may be shared. A
+each peak is its own, with ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's default threshold grows
+after each large free, so later tensors come from a heap it keeps: the resident set would show
+memory retained, not live). ``diagnose`` uses its default batching (the memory-bounded
+:meth:`probekit.model.Model.default_batch_size`, 2 sequences of 128 tokens here) unless
+``--batch-size`` is given. ``uptime`` is printed before and after: the machine may be shared. A
 single slow run (minutes), so no A B B A here; compare two code versions by running this script
 with ``PYTHONPATH`` pointing at each.
 
 Usage:
     python benchmarks/bench_diagnose_gpt2.py [--batch 8] [--seq 128] [--threads 1]
-        [--bootstrap 100] [--mode both|diagnose|cache] [--layers 12]
+        [--bootstrap 100] [--mode both|diagnose|cache] [--layers 12] [--batch-size N]
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A fixed mmap threshold: glibc otherwise raises it after each large free, later tensors come
+# from the heap it never returns, and the resident set shows memory retained, not memory live.
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
 
 
 def build(args):
@@ -98,7 +105,7 @@ def run_diagnose(args) -> dict:
     report._run = timed_run
     start = time.perf_counter()
     with PeakRSS() as peak:
-        report.diagnose(model, tokens, n_bootstrap=args.bootstrap)
+        report.diagnose(model, tokens, n_bootstrap=args.bootstrap, batch_size=args.batch_size)
     seconds = time.perf_counter() - start
     return {
         "mode": "diagnose",
@@ -137,6 +144,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per forward")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bootstrap", type=int, default=100)
     parser.add_argument("--mode", choices=["both", "diagnose", "cache"], default="both")
@@ -151,7 +159,8 @@ def main() -> None:
     print(f"before: {uptime()}", flush=True)
     print(
         f"GPT-2 small config, {args.layers} layers, random weights; {args.batch} x {args.seq} "
-        f"tokens; threads {args.threads}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}",
+        f"tokens; threads {args.threads}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
+        f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}",
         flush=True,
     )
     for mode in ("cache", "diagnose"):

@@ -102,6 +102,13 @@ OUTPUT_KINDS = ("logits", "hidden", "embedding")
 """
 
 POOLING_MODES = ("mean", "cls", "lasttoken")
+
+OUTPUT_BATCH_BYTES = 64 * 2**20
+"""The most bytes one batch's float32 output ``[sequences, tokens, vocabulary or width]`` takes
+when no ``batch_size`` is given: :meth:`Model.prepare` splits larger batches so. Every
+analysis holds a few output-sized tensors per batch (the clean side, a variant's logits, a
+lens layer's logits, the gradient of the loss), so at a real vocabulary this, not the
+residuals, sets the peak memory; the per-token numbers do not depend on the split."""
 """The sentence-transformers pooling modes probekit reads: the mean over real tokens, the first
 token (CLS), or the last real token."""
 
@@ -721,6 +728,9 @@ class Model:
     def prepare(self, data: Data, batch_size: int | None = None) -> list[Batch]:
         """Validate ``data`` against this model and return batches on its device with labels.
 
+        Without a ``batch_size``, a batch whose output would exceed :data:`OUTPUT_BATCH_BYTES`
+        is split (:meth:`default_batch_size`); pass ``batch_size`` to choose.
+
         Raises :class:`InputError` for empty data, token ids that are not integers or lie
         outside the vocabulary, sequences longer than the context, masks that are not right
         padding of 0/1 values (left padding, holes, other values, an all-padding row), labels
@@ -728,7 +738,7 @@ class Model:
         with no position to predict at all.
         """
         out = []
-        for batch in as_batches(data, batch_size):
+        for batch in self._split(as_batches(data, batch_size), batch_size):
             _check_tokens(batch.tokens, self.d_vocab, self.n_ctx)
             for what, t in (("attention_mask", batch.attention_mask), ("labels", batch.labels)):
                 if t is not None and t.shape != batch.tokens.shape:
@@ -755,6 +765,30 @@ class Model:
                 fix="pass sequences of at least two tokens, or labels with token ids",
             )
         return out
+
+    def default_batch_size(self, seq_len: int) -> int:
+        """Sequences of ``seq_len`` tokens per batch when none is given: as many as keep one
+        batch's float32 output within :data:`OUTPUT_BATCH_BYTES` (at least one).
+
+        Example:
+            >>> from probekit.toy import toy_model
+            >>> model = toy_model(n_layers=2, vocab_size=50257)
+            >>> model.default_batch_size(128)   # 64 MiB / (128 tokens x 50257 x 4 bytes)
+            2
+        """
+        width = self.d_vocab if self.output_kind == "logits" else self.d_model
+        return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * width))
+
+    def _split(self, batches: list[Batch], batch_size: int | None) -> list[Batch]:
+        """``batches`` as they are when a ``batch_size`` was given, else each split to
+        :meth:`default_batch_size`."""
+        if batch_size is not None:
+            return batches
+        return [
+            part
+            for batch in batches
+            for part in as_batches(batch, self.default_batch_size(batch.tokens.shape[-1]))
+        ]
 
     def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Targets per position: the next real token (decoders) or the token itself (encoders)."""

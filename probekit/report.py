@@ -120,18 +120,23 @@ def diagnose(
     )
     results = _run(steps, progress)
     headline, verdict = _verdict(model, results)
-    meta = measured(model, data, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap)
+    meta = measured(
+        model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
+    )
     return Diagnosis(repr(model), results, verdict, headline, meta)
 
 
-def measured(model: Model, data: Data, **settings: Any) -> dict[str, Any]:
-    """What a diagnosis measured: the data's size, ``settings``, versions, device, date, threads.
+def measured(
+    model: Model, data: Data, batch_size: int | None = None, **settings: Any
+) -> dict[str, Any]:
+    """What a diagnosis measured: the data's size, the sequences per forward (``batch_size``,
+    or the model's memory-bounded default), ``settings``, versions, device, date, threads.
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
         >>> meta = measured(load(toy_model("gpt2", n_layers=2)), toy_tokens(4, 8), positions="all")
-        >>> meta["n_sequences"], meta["seq_len"], meta["positions"]
-        (4, 8, 'all')
+        >>> meta["n_sequences"], meta["seq_len"], meta["sequences_per_batch"], meta["positions"]
+        (4, 8, 4, 'all')
     """
     import datetime
     import importlib.metadata
@@ -141,6 +146,10 @@ def measured(model: Model, data: Data, **settings: Any) -> dict[str, Any]:
     from probekit.data import as_batches
 
     batches = as_batches(data)
+    per_batch = [int(b.tokens.shape[0]) for b in as_batches(data, batch_size)]
+    if batch_size is None:
+        per_batch = [min(n, model.default_batch_size(b.tokens.shape[-1]))
+                     for n, b in zip(per_batch, batches, strict=True)]
     versions = {}
     for package in ("probekit", "torch", "transformer-lens", "transformers"):
         try:
@@ -150,6 +159,7 @@ def measured(model: Model, data: Data, **settings: Any) -> dict[str, Any]:
     return {
         "n_sequences": sum(int(b.tokens.shape[0]) for b in batches),
         "seq_len": max(int(b.tokens.shape[1]) for b in batches),
+        "sequences_per_batch": max(per_batch),
         **settings,
         "versions": versions,
         "device": str(model.device),

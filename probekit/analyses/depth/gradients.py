@@ -10,7 +10,10 @@ inside the selected positions, over all batches together (token-weighted). Per l
   averaged over the selected positions (a decoder's last token, which no target depends on,
   has a zero gradient and counts as such).
 
-The model's parameters keep their ``.grad`` and ``requires_grad`` as they were before the call.
+Only the blocks' parameters get gradients (the embedding, unembedding and final norm are frozen
+for the call: their gradients are not measured and at a real vocabulary they are the largest);
+the per-token cross-entropy is taken in float32 and summed in float64. The model's parameters
+keep their ``.grad`` and ``requires_grad`` as they were before the call.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -29,6 +32,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+import torch.nn.functional as F
 
 from probekit import figures
 from probekit.analyses._common import (
@@ -36,7 +40,6 @@ from probekit.analyses._common import (
     check_finite,
     loss_mask,
     second_half,
-    token_loss,
 )
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
@@ -73,18 +76,39 @@ class GradientResult(Result):
 
 @contextmanager
 def _own_gradients(model: Model) -> Iterator[None]:
-    """Give every parameter a fresh ``.grad`` that requires grad; restore both in ``finally``."""
+    """Give the blocks' parameters a fresh ``.grad`` and ``requires_grad``, freeze every other
+    parameter (embedding, unembedding, final norm: their gradients are not measured, and at a
+    real vocabulary they are the largest); restore all of it in ``finally``."""
     params = list(model.hf_model.parameters())
+    measured = {id(p) for i in range(model.n_layers) for g in model.layer_weights(i) for p in g}
     saved = [(p.grad, p.requires_grad) for p in params]
     try:
         for p in params:
             p.grad = None
-            p.requires_grad_(True)
+            p.requires_grad_(id(p) in measured)
         yield
     finally:
         for p, (grad, requires_grad) in zip(params, saved, strict=True):
             p.grad = grad
             p.requires_grad_(requires_grad)
+
+
+def _keep_inputs(model: Model, kept: dict[int, torch.Tensor]) -> list:
+    """Forward hooks that keep each block's input residual with its gradient retained; the
+    first block's input (after frozen embeddings) is made a leaf that requires grad."""
+
+    def keep(layer: int) -> Any:
+        def fn(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+            if not tensor.requires_grad:
+                tensor = tensor.detach().requires_grad_(True)
+            else:
+                tensor.retain_grad()
+            kept[layer] = tensor
+            return tensor
+
+        return fn
+
+    return [(model.hook_name(i, "resid_in"), keep(i)) for i in range(model.n_layers)]
 
 
 def _layer_rows(model: Model, layer: int, resid_grad_norm: float) -> list[dict]:
@@ -139,19 +163,23 @@ def gradient_norms(
     loss_value = 0.0
     with _own_gradients(model):
         for batch, mask, chosen in zip(batches, masks, selected, strict=True):
-
-            def grad_hook(layer: int, chosen: torch.Tensor = chosen) -> Any:
-                def fn(grad: torch.Tensor, hook: Any) -> None:
-                    acc.add(layer, grad.detach().double().norm(dim=-1), chosen)
-
-                return fn
-
-            bwd = [(model.hook_name(i, "resid_in"), grad_hook(i)) for i in range(model.n_layers)]
-            with torch.enable_grad(), model.hooks(bwd_hooks=bwd):
+            kept: dict[int, torch.Tensor] = {}
+            with torch.enable_grad(), model.hooks(_keep_inputs(model, kept)):
                 logits = model.forward(batch)
                 check_finite(logits)
-                loss = token_loss(logits, batch.labels)[mask].sum() / total
+                # float32 cross-entropy (a float64 one would hold three [tokens, vocabulary]
+                # float64 tensors for the backward); the per-token losses add up in float64
+                tokens = F.cross_entropy(
+                    logits.float().flatten(0, 1),
+                    batch.labels.flatten(),
+                    ignore_index=-100,
+                    reduction="none",
+                ).view(batch.labels.shape)
+                loss = tokens.double()[mask].sum() / total
+                del logits, tokens
                 loss.backward()
+            for layer, tensor in kept.items():
+                acc.add(layer, tensor.grad.detach().double().norm(dim=-1), chosen)
             loss_value += float(loss.detach())
         rows = [r for i in range(model.n_layers) for r in _layer_rows(model, i, acc.mean(i))]
     df = pd.DataFrame(rows)
