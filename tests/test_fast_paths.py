@@ -5,6 +5,7 @@ time, autocast, and the all-pairs swap estimate."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -168,3 +169,31 @@ def test_diagnose_stacks_variants_when_asked():
         np.testing.assert_allclose(
             _values(a.results[name]), _values(b.results[name]), rtol=1e-6, atol=1e-6
         )
+
+
+def test_default_batches_bound_the_output_and_keep_the_numbers(monkeypatch):
+    """Without batch_size a batch is split so that one batch's float32 output stays within
+    OUTPUT_BATCH_BYTES (here lowered to two sequences' worth of a toy model's logits), and
+    every number equals the one-batch diagnosis."""
+    from probekit import model as model_module
+    from probekit.toy import TOY_VOCAB, toy_model, toy_tokens
+
+    model = toy_model(n_layers=3)
+    tokens = toy_tokens(7, 12)
+    monkeypatch.setattr(model_module, "OUTPUT_BATCH_BYTES", 2 * 12 * TOY_VOCAB * 4)
+    batches = model.prepare(tokens)
+    assert [b.tokens.shape[0] for b in batches] == [2, 2, 2, 1]
+    assert len(model.prepare(tokens, batch_size=7)) == 1  # a given batch_size is kept
+    split = diagnose(model, tokens, n_bootstrap=0)
+    whole = diagnose(model, tokens, n_bootstrap=0, batch_size=7)
+    assert split.meta["sequences_per_batch"] == 2 and whole.meta["sequences_per_batch"] == 7
+    for name, result in whole.results.items():
+        a, b = result.df, split.results[name].df
+        assert list(a.columns) == list(b.columns) and len(a) == len(b), name
+        for column in a.columns:
+            if pd.api.types.is_float_dtype(a[column]):
+                np.testing.assert_allclose(
+                    b[column], a[column], rtol=1e-5, atol=1e-7, err_msg=f"{name} {column}"
+                )
+            else:
+                assert a[column].equals(b[column]), f"{name} {column}"
