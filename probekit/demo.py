@@ -47,7 +47,7 @@ BAR_FIELDS = (
 """The training progress bar's fields, in words."""
 
 
-QUICK_STEPS = 400
+QUICK_STEPS = 300
 """Optimizer steps of each model in ``probekit demo --quick``."""
 
 
@@ -62,7 +62,7 @@ def reference_configs(quick: bool = False) -> list[Any]:
     for name, gamma in REFERENCE.items():
         quick_settings = dict(
             model=ModelConfig(n_layers=2, d_model=64, n_heads=4, gamma=gamma),
-            task=AnchorTask(n_train=20000, n_test=128),
+            task=AnchorTask(n_train=20000, n_test=128, key_split="probekit_v1"),
             steps=QUICK_STEPS,
             batch_size=128,
             lr=5e-3,

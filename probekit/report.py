@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import gzip
 import html
 import json
 import math
@@ -41,9 +42,9 @@ from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
 from probekit.data import Data
 from probekit.errors import InputError
-from probekit.io import atomic_write_text, swapped_directory
+from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
-from probekit.result import Result, json_ready, readable_value, summary_table
+from probekit.result import SIDECAR_CELLS, Result, json_ready, readable_value, summary_table
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
@@ -520,6 +521,18 @@ def _section(name: str, result: Result, figure: str) -> str:
     )
 
 
+def write_csv(result: Result, path: Path) -> Path:
+    """``result.df`` as CSV at ``path``; a large table (over
+    :data:`~probekit.result.SIDECAR_CELLS` cells) gzip-compressed at ``path`` + ``.gz``
+    (pandas reads either: ``pd.read_csv("condensation.csv.gz")``)."""
+    text = result.df.to_csv(index=False)
+    if result.df.size <= SIDECAR_CELLS:
+        return atomic_write_text(path, text)
+    return atomic_write_bytes(
+        path.with_name(path.name + ".gz"), gzip.compress(text.encode(), mtime=0)
+    )
+
+
 def write_report(
     diagnosis: Diagnosis,
     out_dir: str | os.PathLike,
@@ -528,7 +541,8 @@ def write_report(
     banner: str = "",
     plotly_src: str | None = None,
 ) -> Path:
-    """Write report.html, summary.json and each analysis's JSON and CSV into ``out_dir``.
+    """Write report.html, summary.json and each analysis's JSON and CSV (:func:`write_csv`)
+    into ``out_dir``.
 
     ``banner`` is shown above the title (e.g. "smoke run"). plotly.js is embedded once in the
     page, or read from ``plotly_src`` (a relative path, e.g. ``../plotly.min.js`` shared by the
@@ -541,7 +555,7 @@ def write_report(
     sections = []
     for name, result in diagnosis.results.items():
         result.save(out / f"{name}.json")
-        atomic_write_text(out / f"{name}.csv", result.df.to_csv(index=False))
+        write_csv(result, out / f"{name}.csv")
         figure = _figure(name, diagnosis.results).to_html(full_html=False, include_plotlyjs=False)
         sections.append(_section(name, result, figure))
     script = (

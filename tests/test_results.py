@@ -135,3 +135,21 @@ def test_result_shows_a_table_in_jupyter():
     page = res._repr_html_()
     assert "loss of the unmodified model" in page and "2.123" in page and "n/a" in page
     assert "6 rows" in page and "Result(" in repr(res)
+
+
+def test_large_tables_get_a_gzipped_csv(tmp_path):
+    """A table over SIDECAR_CELLS cells is written as .csv.gz (and no plain .csv), a small one
+    as .csv; pandas reads both back to the same table."""
+    import pandas as pd
+
+    from probekit.report import write_csv
+    from probekit.result import SIDECAR_CELLS, Result
+
+    rows = SIDECAR_CELLS // 2 + 1
+    big = Result(pd.DataFrame({"layer": range(rows), "value": [0.5 + i for i in range(rows)]}), {})
+    small = Result(big.df.head(3), {})
+    assert write_csv(big, tmp_path / "big.csv").name == "big.csv.gz"
+    assert not (tmp_path / "big.csv").exists()
+    assert write_csv(small, tmp_path / "small.csv").name == "small.csv"
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "big.csv.gz"), big.df)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "small.csv"), small.df)
