@@ -11,8 +11,15 @@ adjacent layer swaps two ways:
   per run): the residual entering each block is kept once, each variant resumes after its
   clean prefix, and the whole-layer skips run once for both analyses.
 
-Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive), ``--repeats``
-times, in one process after a warm-up of each; the script prints every repetition, the
+``--block-paths`` adds a third way, ``probekit_bridge``: probekit with
+``Model.raw_blocks = False``, so every hook-free block runs through the TransformerBridge block
+instead of the pure Hugging Face copy that shares its weights (``Model.block_path``; the
+default ``probekit`` way uses the copies where they pass their check). The environment variable
+``PROBEKIT_RAW_BLOCKS=0`` turns the copies off for the ``probekit`` way as well.
+
+Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive; with
+``--block-paths`` naive, probekit, probekit_bridge, probekit_bridge, probekit, naive),
+``--repeats`` times, in one process after a warm-up of each; the script prints every repetition, the
 medians and their ratio, ``uptime`` before and after (the machine may be shared), and the
 largest absolute difference between the two sets of numbers. ``--memory`` also runs each way
 once in its own subprocess for its peak memory (max RSS on CPU, max allocated on CUDA).
@@ -25,7 +32,7 @@ either way several times, which says nothing about the method. ``--variants-per-
 Usage:
     python benchmarks/bench_depth.py [--layers 24] [--d-model 256] [--batch 8] [--seq 64]
         [--repeats 1] [--threads 1] [--device cpu|cuda] [--variants-per-pass 1]
-        [--autocast bf16|fp16] [--memory]
+        [--autocast bf16|fp16] [--memory] [--block-paths]
 """
 
 from __future__ import annotations
@@ -164,7 +171,17 @@ def run_naive(model, tokens, args=None) -> dict:
     return numbers
 
 
-WAYS = {"naive": run_naive, "probekit": run_probekit}
+def run_probekit_bridge(model, tokens, args) -> dict:
+    """probekit with every block run through the bridge (no pure Hugging Face copies)."""
+    before = model.raw_blocks
+    model.raw_blocks = False
+    try:
+        return run_probekit(model, tokens, args)
+    finally:
+        model.raw_blocks = before
+
+
+WAYS = {"naive": run_naive, "probekit": run_probekit, "probekit_bridge": run_probekit_bridge}
 
 
 def timed(way: str, model, tokens, args) -> tuple[float, dict]:
@@ -226,6 +243,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants-per-pass", type=int, default=1)
     parser.add_argument("--autocast", choices=["bf16", "fp16"], default=None)
     parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument(
+        "--block-paths",
+        action="store_true",
+        help="also time probekit with every block through the bridge (Model.raw_blocks off)",
+    )
     parser.add_argument("--memory-only", choices=list(WAYS), help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -237,15 +259,17 @@ def main() -> None:
         return
     print(f"before: {uptime()}", flush=True)
     model, tokens = setup(args)
-    for way in WAYS:  # warm-up
+    ways = ["naive", "probekit"] + (["probekit_bridge"] if args.block_paths else [])
+    print(f"block path of hook-free resumes (probekit): {model.block_path}")
+    for way in ways:  # warm-up
         timed(way, model, tokens, args)
-    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    times: dict[str, list[float]] = {way: [] for way in ways}
     numbers: dict[str, dict] = {}
     for _ in range(args.repeats):
-        for way in ("naive", "probekit", "probekit", "naive"):
+        for way in ways + ways[::-1]:
             seconds, numbers[way] = timed(way, model, tokens, args)
             times[way].append(round(seconds, 2))
-            print(f"  {way:9s} {seconds:8.2f} s", flush=True)
+            print(f"  {way:15s} {seconds:8.2f} s", flush=True)
     print(f"after:  {uptime()}")
     naive, fast = numbers["naive"], numbers["probekit"]
     missing = set(naive) ^ set(fast)
@@ -256,16 +280,27 @@ def main() -> None:
         f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; variants per pass "
         f"{args.variants_per_pass}; autocast {args.autocast}; {2 * args.repeats} runs each "
-        "(A B B A)"
+        f"({' '.join('ABC'[: len(ways)] + 'ABC'[: len(ways)][::-1])})"
     )
     print(f"variants compared: {len(diffs)} numbers ({len(missing)} unmatched)")
     print(f"naive    : median {med['naive']:8.2f} s   runs {times['naive']}")
     print(f"probekit : median {med['probekit']:8.2f} s   runs {times['probekit']}")
     print(f"speed-up : {med['naive'] / med['probekit']:.2f}x (ratio of the medians)")
     print(f"max |difference| between the two sets of numbers: {max(diffs):.2e}")
+    if args.block_paths:
+        bridge = numbers["probekit_bridge"]
+        print(
+            f"probekit, blocks through the bridge: median {med['probekit_bridge']:8.2f} s   "
+            f"runs {times['probekit_bridge']}"
+        )
+        print(
+            f"HF blocks vs bridge blocks: {med['probekit_bridge'] / med['probekit']:.2f}x "
+            "(ratio of the medians); max |difference| of their numbers: "
+            f"{max(abs(fast[k] - bridge[k]) for k in fast):.2e}"
+        )
     if args.memory:
         cmd = [sys.executable, __file__, *sys.argv[1:]]
-        for way in WAYS:
+        for way in ways:
             out = subprocess.run([*cmd, "--memory-only", way], capture_output=True, text=True)
             print(f"peak memory {way}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 
