@@ -878,8 +878,7 @@ class Model:
 
         def record(layer: int, into: list) -> Callable:
             def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                if into[layer] is None:
-                    into[layer] = (args, dict(kwargs))
+                into[layer] = (args, dict(kwargs))
 
             return pre_hook
 
@@ -910,8 +909,8 @@ class Model:
     def block_path(self) -> str:
         """Which module a hook-free block run of a :class:`Trace` calls under the current
         precision (autocast or not): ``"hf"``, a pure Hugging Face copy of the block sharing
-        its weights (no TransformerLens components, 1.2x faster on GPT-2 at one thread), or
-        ``"bridge (<why>)"``, the bridge's block.
+        its weights (none of TransformerLens' components, whose Python norms and attention
+        rebuild cost time), or ``"bridge (<why>)"``, the bridge's block.
 
         The copies are used when :attr:`raw_blocks` is on, the model has no accelerate
         ``device_map`` / offload hooks, and a one-time check (per precision) on two probe
