@@ -931,8 +931,9 @@ class Model:
         why = self._raw_refusal()
         return "hf" if why is None else f"bridge ({why})"
 
-    def _raw_refusal(self) -> str | None:
-        """Why hook-free blocks do not run through the HF copies now (None: they do)."""
+    def _raw_refusal(self, device_type: str | None = None) -> str | None:
+        """Why hook-free blocks on ``device_type`` (default: the model's) do not run through
+        the HF copies now (None: they do)."""
         if not self.raw_blocks:
             return "Model.raw_blocks is False"
         if self._hf_blocks is None:
@@ -940,22 +941,29 @@ class Model:
         hf = self._hf_blocks
         if hf.refusal is not None:
             return hf.refusal
-        key = _precision_key(self.device)
+        key = _precision_key(device_type or self.device.type)
         if key not in hf.checks:
             if any(hf.foreign_hooks(block) for block in self.blocks):
                 return "not checked yet (hooks are active in the blocks)"
             hf.checks[key] = self._check_raw_blocks(hf)
         return hf.checks[key]
 
-    def _raw_block(self, block: nn.Module) -> nn.Module | None:
-        """The pure HF copy to run instead of bridge ``block`` now, or None (the bridge)."""
-        if self._raw_refusal() is not None or block.training or _global_hooks():
-            return None
+    def _raw_block(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
+        """The pure HF copy to run instead of bridge ``block`` now on ``device_type`` (the
+        device of the residual; default the model's), or None (the bridge). Called per block
+        run, so the checked case costs a few microseconds."""
         hf = self._hf_blocks
-        assert hf is not None
-        if id(block) not in hf.copies or hf.foreign_hooks(block):
+        key = _precision_key(device_type or self.device.type)
+        if hf is None or key not in hf.checks:
+            if self._raw_refusal(device_type) is not None:
+                return None
+            hf = self._hf_blocks
+            assert hf is not None
+        if not self.raw_blocks or hf.refusal is not None or hf.checks[key] is not None:
             return None
-        return hf.copies[id(block)]
+        if block.training or _global_hooks() or hf.foreign_hooks(block):
+            return None
+        return hf.copies.get(id(block))
 
     @torch.no_grad()
     def _check_raw_blocks(self, hf: _HFBlocks) -> str | None:
@@ -1012,7 +1020,8 @@ class Trace:
         the HF block's arguments where :meth:`Model._raw_block` allows it, else the bridge."""
         block = self.model.blocks[layer]
         call = self.hf_calls[layer] if layer < len(self.hf_calls) else None
-        raw = None if call is None else self.model._raw_block(block)
+        device = self.residuals[layer].device.type
+        raw = None if call is None else self.model._raw_block(block, device)
         return (block, self.calls[layer]) if raw is None else (raw, call)  # type: ignore[return-value]
 
     def run_block(self, layer: int, residual: torch.Tensor) -> torch.Tensor:
@@ -1193,14 +1202,18 @@ def _pure_copy(module: nn.Module, memo: dict[int, nn.Module]) -> nn.Module:
     return clone
 
 
-def _hook_count(modules: Sequence[nn.Module]) -> int:
-    return sum(
-        len(m._forward_hooks)
-        + len(m._forward_pre_hooks)
-        + len(m._backward_hooks)
-        + len(m._backward_pre_hooks)
-        for m in modules
-    )
+def _hook_registries(module: nn.Module) -> list[dict]:
+    """The hook dictionaries of every module under ``module`` (torch never replaces them)."""
+    return [
+        registry
+        for m in module.modules()
+        for registry in (
+            m._forward_hooks,
+            m._forward_pre_hooks,
+            m._backward_hooks,
+            m._backward_pre_hooks,
+        )
+    ]
 
 
 def _mirror_hooks(modules: Sequence[nn.Module]) -> int:
@@ -1224,10 +1237,10 @@ def _global_hooks() -> bool:
     )
 
 
-def _precision_key(device: torch.device) -> tuple[bool, torch.dtype | None]:
-    """The autocast state on ``device``'s type that a block check holds for."""
-    on = torch.is_autocast_enabled(device.type)
-    return on, torch.get_autocast_dtype(device.type) if on else None
+def _precision_key(device_type: str) -> tuple[str, bool, torch.dtype | None]:
+    """The device type and its autocast state, which a block check holds for."""
+    on = torch.is_autocast_enabled(device_type)
+    return device_type, on, torch.get_autocast_dtype(device_type) if on else None
 
 
 def _deviation(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -1242,12 +1255,14 @@ def _deviation(got: torch.Tensor, want: torch.Tensor) -> float:
 class _HFBlocks:
     """Pure Hugging Face copies of a model's bridge blocks (see :attr:`Model.block_path`),
     keyed by ``id`` of the bridge block (a reordered block list keeps each copy with its
-    block), with each bridge block's modules for the hook test and the outcome of the
-    per-precision checks. ``refusal`` says why there are no copies (None: there are)."""
+    block), with each bridge block's hook registries for the hook test (and the hook counter
+    at which it last found none) and the outcome of the per-precision checks. ``refusal``
+    says why there are no copies (None: there are)."""
 
     copies: dict[int, nn.Module] = field(default_factory=dict)
-    watched: dict[int, list[nn.Module]] = field(default_factory=dict)
+    watched: dict[int, list[dict]] = field(default_factory=dict)
     own_hooks: dict[int, int] = field(default_factory=dict)
+    hook_free: dict[int, int] = field(default_factory=dict)
     checks: dict[tuple, str | None] = field(default_factory=dict)
     refusal: str | None = None
 
@@ -1259,8 +1274,8 @@ class _HFBlocks:
         try:
             for block in model.blocks:
                 out.copies[id(block)] = _pure_copy(block.original_component, {})
-                out.watched[id(block)] = list(block.modules())
-                out.own_hooks[id(block)] = _mirror_hooks(out.watched[id(block)])
+                out.watched[id(block)] = _hook_registries(block)
+                out.own_hooks[id(block)] = _mirror_hooks(list(block.modules()))
         except (UnsupportedModelError, AttributeError) as err:
             return cls(refusal=f"no pure Hugging Face copy of the blocks ({err})")
         return out
@@ -1272,8 +1287,14 @@ class _HFBlocks:
         those, reads as a hook to honour."""
         if id(block) not in self.watched:
             return True
+        stamp = torch.utils.hooks.RemovableHandle.next_id  # grows with every hook registered
+        if self.hook_free.get(id(block)) == stamp:
+            return False
         own = len(getattr(block, "_capture_hook_handles", ())) + self.own_hooks[id(block)]
-        return _hook_count(self.watched[id(block)]) != own
+        if sum(map(len, self.watched[id(block)])) != own:
+            return True
+        self.hook_free[id(block)] = stamp
+        return False
 
 
 def _check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> None:
