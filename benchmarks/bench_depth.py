@@ -17,6 +17,8 @@ instead of the pure Hugging Face copy that shares its weights (``Model.block_pat
 default ``probekit`` way uses the copies where they pass their check). The environment variable
 ``PROBEKIT_RAW_BLOCKS=0`` turns the copies off for the ``probekit`` way as well.
 
+``--no-naive`` (with ``--block-paths``) times only the two probekit ways, A B B A.
+
 Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive; with
 ``--block-paths`` naive, probekit, probekit_bridge, probekit_bridge, probekit, naive),
 ``--repeats`` times, in one process after a warm-up of each; the script prints every repetition, the
@@ -32,7 +34,7 @@ either way several times, which says nothing about the method. ``--variants-per-
 Usage:
     python benchmarks/bench_depth.py [--layers 24] [--d-model 256] [--batch 8] [--seq 64]
         [--repeats 1] [--threads 1] [--device cpu|cuda] [--variants-per-pass 1]
-        [--autocast bf16|fp16] [--memory] [--block-paths]
+        [--autocast bf16|fp16] [--memory] [--block-paths [--no-naive]]
 """
 
 from __future__ import annotations
@@ -248,18 +250,49 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also time probekit with every block through the bridge (Model.raw_blocks off)",
     )
+    parser.add_argument(
+        "--no-naive", action="store_true", help="leave the naive loop out (with --block-paths)"
+    )
     parser.add_argument("--memory-only", choices=list(WAYS), help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
+def report_naive(numbers: dict, times: dict, med: dict) -> None:
+    naive, fast = numbers["naive"], numbers["probekit"]
+    missing = set(naive) ^ set(fast)
+    diffs = [abs(naive[k] - fast[k]) for k in naive if k in fast]
+    print(f"variants compared: {len(diffs)} numbers ({len(missing)} unmatched)")
+    print(f"naive    : median {med['naive']:8.2f} s   runs {times['naive']}")
+    print(f"probekit : median {med['probekit']:8.2f} s   runs {times['probekit']}")
+    print(f"speed-up : {med['naive'] / med['probekit']:.2f}x (ratio of the medians)")
+    print(f"max |difference| between the two sets of numbers: {max(diffs):.2e}")
+
+
+def report_block_paths(numbers: dict, times: dict, med: dict) -> None:
+    fast, bridge = numbers["probekit"], numbers["probekit_bridge"]
+    print(f"probekit (HF blocks)    : median {med['probekit']:8.2f} s   runs {times['probekit']}")
+    print(
+        f"probekit (bridge blocks): median {med['probekit_bridge']:8.2f} s   "
+        f"runs {times['probekit_bridge']}"
+    )
+    print(
+        f"HF blocks vs bridge blocks: {med['probekit_bridge'] / med['probekit']:.2f}x "
+        "(ratio of the medians); max |difference| of their numbers: "
+        f"{max(abs(fast[k] - bridge[k]) for k in fast):.2e}"
+    )
+
+
 def main() -> None:
     args = parse_args()
+    if args.no_naive and not args.block_paths:
+        raise SystemExit("--no-naive needs --block-paths (there is nothing to compare)")
     if args.memory_only:
         peak_memory(args)
         return
     print(f"before: {uptime()}", flush=True)
     model, tokens = setup(args)
-    ways = ["naive", "probekit"] + (["probekit_bridge"] if args.block_paths else [])
+    ways = [] if args.no_naive else ["naive"]
+    ways += ["probekit"] + (["probekit_bridge"] if args.block_paths else [])
     print(f"block path of hook-free resumes (probekit): {model.block_path}")
     for way in ways:  # warm-up
         timed(way, model, tokens, args)
@@ -271,33 +304,19 @@ def main() -> None:
             times[way].append(round(seconds, 2))
             print(f"  {way:15s} {seconds:8.2f} s", flush=True)
     print(f"after:  {uptime()}")
-    naive, fast = numbers["naive"], numbers["probekit"]
-    missing = set(naive) ^ set(fast)
-    diffs = [abs(naive[k] - fast[k]) for k in naive if k in fast]
     med = {way: statistics.median(t) for way, t in times.items()}
+    order = "ABC"[: len(ways)]
     print(
         f"model: GPT-2-style, {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}; "
         f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}; "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; variants per pass "
         f"{args.variants_per_pass}; autocast {args.autocast}; {2 * args.repeats} runs each "
-        f"({' '.join('ABC'[: len(ways)] + 'ABC'[: len(ways)][::-1])})"
+        f"({' '.join(order + order[::-1])} = {', '.join(ways)})"
     )
-    print(f"variants compared: {len(diffs)} numbers ({len(missing)} unmatched)")
-    print(f"naive    : median {med['naive']:8.2f} s   runs {times['naive']}")
-    print(f"probekit : median {med['probekit']:8.2f} s   runs {times['probekit']}")
-    print(f"speed-up : {med['naive'] / med['probekit']:.2f}x (ratio of the medians)")
-    print(f"max |difference| between the two sets of numbers: {max(diffs):.2e}")
+    if not args.no_naive:
+        report_naive(numbers, times, med)
     if args.block_paths:
-        bridge = numbers["probekit_bridge"]
-        print(
-            f"probekit, blocks through the bridge: median {med['probekit_bridge']:8.2f} s   "
-            f"runs {times['probekit_bridge']}"
-        )
-        print(
-            f"HF blocks vs bridge blocks: {med['probekit_bridge'] / med['probekit']:.2f}x "
-            "(ratio of the medians); max |difference| of their numbers: "
-            f"{max(abs(fast[k] - bridge[k]) for k in fast):.2e}"
-        )
+        report_block_paths(numbers, times, med)
     if args.memory:
         cmd = [sys.executable, __file__, *sys.argv[1:]]
         for way in ways:
