@@ -280,6 +280,13 @@ def report_block_paths(numbers: dict, times: dict, med: dict) -> None:
         "(ratio of the medians); max |difference| of their numbers: "
         f"{max(abs(fast[k] - bridge[k]) for k in fast):.2e}"
     )
+    # each A B B A round's ratio, robust to a load that drifts between rounds
+    hf, br = times["probekit"], times["probekit_bridge"]
+    rounds = [(br[i] + br[i + 1]) / (hf[i] + hf[i + 1]) for i in range(0, len(hf), 2)]
+    print(
+        f"per-round ratios (bridge / HF): {[round(r, 2) for r in rounds]}, median "
+        f"{statistics.median(rounds):.2f}x"
+    )
 
 
 def main() -> None:
