@@ -11,8 +11,17 @@ adjacent layer swaps two ways:
   per run): the residual entering each block is kept once, each variant resumes after its
   clean prefix, and the whole-layer skips run once for both analyses.
 
-Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive), ``--repeats``
-times, in one process after a warm-up of each; the script prints every repetition, the
+``--block-paths`` adds a third way, ``probekit_bridge``: probekit with
+``Model.raw_blocks = False``, so every hook-free block runs through the TransformerBridge block
+instead of the pure Hugging Face copy that shares its weights (``Model.block_path``; the
+default ``probekit`` way uses the copies where they pass their check). The environment variable
+``PROBEKIT_RAW_BLOCKS=0`` turns the copies off for the ``probekit`` way as well.
+
+``--no-naive`` (with ``--block-paths``) times only the two probekit ways, A B B A.
+
+Method: the two ways run interleaved A B B A (naive, probekit, probekit, naive; with
+``--block-paths`` naive, probekit, probekit_bridge, probekit_bridge, probekit, naive),
+``--repeats`` times, in one process after a warm-up of each; the script prints every repetition, the
 medians and their ratio, ``uptime`` before and after (the machine may be shared), and the
 largest absolute difference between the two sets of numbers. ``--memory`` also runs each way
 once in its own subprocess for its peak memory (max RSS on CPU, max allocated on CUDA).
@@ -25,7 +34,7 @@ either way several times, which says nothing about the method. ``--variants-per-
 Usage:
     python benchmarks/bench_depth.py [--layers 24] [--d-model 256] [--batch 8] [--seq 64]
         [--repeats 1] [--threads 1] [--device cpu|cuda] [--variants-per-pass 1]
-        [--autocast bf16|fp16] [--memory]
+        [--autocast bf16|fp16] [--memory] [--block-paths [--no-naive]]
 """
 
 from __future__ import annotations
@@ -164,7 +173,17 @@ def run_naive(model, tokens, args=None) -> dict:
     return numbers
 
 
-WAYS = {"naive": run_naive, "probekit": run_probekit}
+def run_probekit_bridge(model, tokens, args) -> dict:
+    """probekit with every block run through the bridge (no pure Hugging Face copies)."""
+    before = model.raw_blocks
+    model.raw_blocks = False
+    try:
+        return run_probekit(model, tokens, args)
+    finally:
+        model.raw_blocks = before
+
+
+WAYS = {"naive": run_naive, "probekit": run_probekit, "probekit_bridge": run_probekit_bridge}
 
 
 def timed(way: str, model, tokens, args) -> tuple[float, dict]:
@@ -226,46 +245,88 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants-per-pass", type=int, default=1)
     parser.add_argument("--autocast", choices=["bf16", "fp16"], default=None)
     parser.add_argument("--memory", action="store_true", help="also measure peak memory")
+    parser.add_argument(
+        "--block-paths",
+        action="store_true",
+        help="also time probekit with every block through the bridge (Model.raw_blocks off)",
+    )
+    parser.add_argument(
+        "--no-naive", action="store_true", help="leave the naive loop out (with --block-paths)"
+    )
     parser.add_argument("--memory-only", choices=list(WAYS), help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    if args.memory_only:
-        peak_memory(args)
-        return
-    print(f"before: {uptime()}", flush=True)
-    model, tokens = setup(args)
-    for way in WAYS:  # warm-up
-        timed(way, model, tokens, args)
-    times: dict[str, list[float]] = {way: [] for way in WAYS}
-    numbers: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for way in ("naive", "probekit", "probekit", "naive"):
-            seconds, numbers[way] = timed(way, model, tokens, args)
-            times[way].append(round(seconds, 2))
-            print(f"  {way:9s} {seconds:8.2f} s", flush=True)
-    print(f"after:  {uptime()}")
+def report_naive(numbers: dict, times: dict, med: dict) -> None:
     naive, fast = numbers["naive"], numbers["probekit"]
     missing = set(naive) ^ set(fast)
     diffs = [abs(naive[k] - fast[k]) for k in naive if k in fast]
-    med = {way: statistics.median(t) for way, t in times.items()}
-    print(
-        f"model: GPT-2-style, {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}; "
-        f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}; "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; variants per pass "
-        f"{args.variants_per_pass}; autocast {args.autocast}; {2 * args.repeats} runs each "
-        "(A B B A)"
-    )
     print(f"variants compared: {len(diffs)} numbers ({len(missing)} unmatched)")
     print(f"naive    : median {med['naive']:8.2f} s   runs {times['naive']}")
     print(f"probekit : median {med['probekit']:8.2f} s   runs {times['probekit']}")
     print(f"speed-up : {med['naive'] / med['probekit']:.2f}x (ratio of the medians)")
     print(f"max |difference| between the two sets of numbers: {max(diffs):.2e}")
+
+
+def report_block_paths(numbers: dict, times: dict, med: dict) -> None:
+    fast, bridge = numbers["probekit"], numbers["probekit_bridge"]
+    print(f"probekit (HF blocks)    : median {med['probekit']:8.2f} s   runs {times['probekit']}")
+    print(
+        f"probekit (bridge blocks): median {med['probekit_bridge']:8.2f} s   "
+        f"runs {times['probekit_bridge']}"
+    )
+    print(
+        f"HF blocks vs bridge blocks: {med['probekit_bridge'] / med['probekit']:.2f}x "
+        "(ratio of the medians); max |difference| of their numbers: "
+        f"{max(abs(fast[k] - bridge[k]) for k in fast):.2e}"
+    )
+    # each A B B A round's ratio, robust to a load that drifts between rounds
+    hf, br = times["probekit"], times["probekit_bridge"]
+    rounds = [(br[i] + br[i + 1]) / (hf[i] + hf[i + 1]) for i in range(0, len(hf), 2)]
+    print(
+        f"per-round ratios (bridge / HF): {[round(r, 2) for r in rounds]}, median "
+        f"{statistics.median(rounds):.2f}x"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    if args.no_naive and not args.block_paths:
+        raise SystemExit("--no-naive needs --block-paths (there is nothing to compare)")
+    if args.memory_only:
+        peak_memory(args)
+        return
+    print(f"before: {uptime()}", flush=True)
+    model, tokens = setup(args)
+    ways = [] if args.no_naive else ["naive"]
+    ways += ["probekit"] + (["probekit_bridge"] if args.block_paths else [])
+    print(f"block path of hook-free resumes (probekit): {model.block_path}")
+    for way in ways:  # warm-up
+        timed(way, model, tokens, args)
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    numbers: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for way in ways + ways[::-1]:
+            seconds, numbers[way] = timed(way, model, tokens, args)
+            times[way].append(round(seconds, 2))
+            print(f"  {way:15s} {seconds:8.2f} s", flush=True)
+    print(f"after:  {uptime()}")
+    med = {way: statistics.median(t) for way, t in times.items()}
+    order = "ABC"[: len(ways)]
+    print(
+        f"model: GPT-2-style, {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}; "
+        f"batch {args.batch} x {args.seq} tokens; device {args.device}; threads {args.threads}; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; variants per pass "
+        f"{args.variants_per_pass}; autocast {args.autocast}; {2 * args.repeats} runs each "
+        f"({' '.join(order + order[::-1])} = {', '.join(ways)})"
+    )
+    if not args.no_naive:
+        report_naive(numbers, times, med)
+    if args.block_paths:
+        report_block_paths(numbers, times, med)
     if args.memory:
         cmd = [sys.executable, __file__, *sys.argv[1:]]
-        for way in WAYS:
+        for way in ways:
             out = subprocess.run([*cmd, "--memory-only", way], capture_output=True, text=True)
             print(f"peak memory {way}: {out.stdout.strip() or out.stderr.strip()[-300:]}")
 

@@ -91,6 +91,14 @@ BLOCK_KINDS = ("sum", "sandwich", "stream")
 
 _UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(_POST_NORM_SITES)}
 
+RAW_BLOCKS_ENV = "PROBEKIT_RAW_BLOCKS"
+"""Environment variable: ``0`` turns the Hugging Face block path of hook-free resumes off for
+models loaded afterwards (the default :attr:`Model.raw_blocks` is True)."""
+
+RAW_BLOCKS_TOLERANCE = 1e-6
+"""The pure Hugging Face blocks replace the bridge's only where, on the check batches, every
+block output satisfies ``max |hf - bridge| <= 1e-6 * max(1, max |bridge|)`` (float64)."""
+
 OUTPUT_KINDS = ("logits", "hidden", "embedding")
 """What a model's forward returns and its output measures compare (:attr:`Model.output_kind`):
 
@@ -220,6 +228,11 @@ class Model:
                 fix="use an architecture with separate attention and MLP sublayers",
             )
         self.hf_model.eval()
+        self.raw_blocks: bool = os.environ.get(RAW_BLOCKS_ENV, "1") != "0"
+        """Run hook-free blocks of :meth:`Trace.resume` / :meth:`Trace.resume_stacked` through
+        pure Hugging Face copies of the blocks (see :attr:`block_path`); False: always the
+        bridge. Default from the ``PROBEKIT_RAW_BLOCKS`` environment variable (``0``: off)."""
+        self._hf_blocks: _HFBlocks | None = None
 
     # ---- what the model is -------------------------------------------------------------
     @property
@@ -889,6 +902,7 @@ class Model:
         """
         residuals: list[torch.Tensor | None] = [None] * (self.n_layers + 1)
         calls: list[tuple[tuple, dict] | None] = [None] * self.n_layers
+        hf_calls: list[tuple[tuple, dict] | None] = [None] * self.n_layers
 
         def keep(layer: int) -> Callable:
             def fn(tensor: torch.Tensor, hook: Any) -> None:
@@ -896,18 +910,21 @@ class Model:
 
             return fn
 
-        def record(layer: int) -> Callable:
+        def record(layer: int, into: list) -> Callable:
             def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                calls[layer] = (args, dict(kwargs))
+                into[layer] = (args, dict(kwargs))
 
             return pre_hook
 
         hooks = [(self.hook_name(i, "resid_in"), keep(i)) for i in range(self.n_layers)]
         hooks.append((self.hook_name(self.n_layers - 1, "resid_out"), keep(self.n_layers)))
-        handles = [
-            block.register_forward_pre_hook(record(i), with_kwargs=True)
-            for i, block in enumerate(self.blocks)
-        ]
+        handles = []
+        for i, block in enumerate(self.blocks):
+            handles.append(block.register_forward_pre_hook(record(i, calls), with_kwargs=True))
+            inner = getattr(block, "original_component", None)
+            if isinstance(inner, nn.Module):  # what the bridge passes the HF block
+                hook = record(i, hf_calls)
+                handles.append(inner.register_forward_pre_hook(hook, with_kwargs=True))
         try:
             logits = self.forward(batch, list(fwd_hooks) + hooks)
         finally:
@@ -919,7 +936,99 @@ class Model:
                 fix="use a standard architecture whose forward runs each block once",
             )
         _check_finite_stream(residuals, logits)  # type: ignore[arg-type]
-        return Trace(self, batch, residuals, logits, calls)  # type: ignore[arg-type]
+        return Trace(self, batch, residuals, logits, calls, hf_calls)  # type: ignore[arg-type]
+
+    # ---- the Hugging Face block path of hook-free resumes -------------------------------
+    @property
+    def block_path(self) -> str:
+        """Which module a hook-free block run of a :class:`Trace` calls under the current
+        precision (autocast or not): ``"hf"``, a pure Hugging Face copy of the block sharing
+        its weights (none of TransformerLens' components, whose Python norms and attention
+        rebuild cost time), or ``"bridge (<why>)"``, the bridge's block.
+
+        The copies are used when :attr:`raw_blocks` is on, the model has no accelerate
+        ``device_map`` / offload hooks, and a one-time check (per precision) on two probe
+        batches (with and without padding) finds every copy's output equal to the bridge
+        block's within :data:`RAW_BLOCKS_TOLERANCE`, run alone and stacked; even then a block
+        with a hook in it (a TransformerLens hook or any torch hook on its modules), in
+        training mode, or any global torch forward hook, runs through the bridge.
+
+        Example:
+            >>> from probekit.toy import toy_model
+            >>> model = toy_model(n_layers=2)
+            >>> model.block_path
+            'hf'
+            >>> model.raw_blocks = False
+            >>> model.block_path
+            'bridge (Model.raw_blocks is False)'
+        """
+        why = self._raw_refusal()
+        return "hf" if why is None else f"bridge ({why})"
+
+    def _raw_refusal(self, device_type: str | None = None) -> str | None:
+        """Why hook-free blocks on ``device_type`` (default: the model's) do not run through
+        the HF copies now (None: they do)."""
+        if not self.raw_blocks:
+            return "Model.raw_blocks is False"
+        if self._hf_blocks is None:
+            self._hf_blocks = _HFBlocks.build(self)
+        hf = self._hf_blocks
+        if hf.refusal is not None:
+            return hf.refusal
+        key = _precision_key(device_type or self.device.type)
+        if key not in hf.checks:
+            if any(hf.foreign_hooks(block) for block in self.blocks):
+                return "not checked yet (hooks are active in the blocks)"
+            hf.checks[key] = self._check_raw_blocks(hf)
+        return hf.checks[key]
+
+    def _raw_block(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
+        """The pure HF copy to run instead of bridge ``block`` now on ``device_type`` (the
+        device of the residual; default the model's), or None (the bridge). Called per block
+        run, so the checked case costs a few microseconds."""
+        hf = self._hf_blocks
+        key = _precision_key(device_type or self.device.type)
+        if hf is None or key not in hf.checks:
+            if self._raw_refusal(device_type) is not None:
+                return None
+            hf = self._hf_blocks
+            assert hf is not None
+        if not self.raw_blocks or hf.refusal is not None or hf.checks[key] is not None:
+            return None
+        if block.training or _global_hooks() or hf.foreign_hooks(block):
+            return None
+        return hf.copies.get(id(block))
+
+    @torch.no_grad()
+    def _check_raw_blocks(self, hf: _HFBlocks) -> str | None:
+        """Compare every HF copy with its bridge block on the probe batch and a padded one,
+        alone and stacked; None when all agree within :data:`RAW_BLOCKS_TOLERANCE`."""
+        probe = self._probe_batch()
+        mask = torch.cat([probe.attention_mask, probe.attention_mask])
+        n = mask.shape[1]
+        mask[1, n - n // 2 :] = 0
+        try:
+            return self._compare_raw_blocks(hf, [probe, Batch(probe.tokens.repeat(2, 1), mask)])
+        except Exception as err:  # a call the copies (or stacked bridge blocks) cannot run
+            return f"the check of the Hugging Face copies failed ({type(err).__name__}: {err})"
+
+    def _compare_raw_blocks(self, hf: _HFBlocks, batches: list[Batch]) -> str | None:
+        for batch in batches:
+            trace = self.trace(batch)
+            for layer, block in enumerate(self.blocks):
+                if trace.hf_calls[layer] is None:
+                    return f"the bridge block {layer} never called its Hugging Face block"
+                h, other = trace.residuals[layer], trace.residuals[layer + 1]
+                for variants in ([h], [h, other]):
+                    want = trace._call(block, trace.calls[layer], variants)
+                    got = trace._call(hf.copies[id(block)], trace.hf_calls[layer], variants)
+                    worst = max(_deviation(g, w) for g, w in zip(got, want, strict=True))
+                    if not worst <= RAW_BLOCKS_TOLERANCE:  # NaN fails too
+                        return (
+                            f"the Hugging Face copy of block {layer} differs from the bridge's "
+                            f"by {worst:.1e} (relative to max(1, max |output|)) on a probe batch"
+                        )
+        return None
 
 
 @dataclass
@@ -928,7 +1037,9 @@ class Trace:
 
     ``residuals[l]`` is the input of block ``l`` (``residuals[n_layers]`` the final residual),
     ``logits`` the clean output and ``calls[l]`` the arguments the model passed to block ``l``
-    (attention mask, position embeddings, ...), replayed by :meth:`resume`.
+    (attention mask, position embeddings, ...), replayed by :meth:`resume`; ``hf_calls[l]``
+    those the bridge block passed on to the Hugging Face block inside it, replayed when a
+    hook-free block runs through the pure Hugging Face copy (:attr:`Model.block_path`).
     """
 
     model: Model
@@ -936,19 +1047,39 @@ class Trace:
     residuals: list[torch.Tensor]
     logits: torch.Tensor
     calls: list[tuple[tuple, dict]] = field(repr=False)
+    hf_calls: list[tuple[tuple, dict] | None] = field(default_factory=list, repr=False)
+
+    def _route(self, layer: int) -> tuple[nn.Module, tuple[tuple, dict]]:
+        """The module to run for block ``layer`` and its clean call: the pure HF copy with
+        the HF block's arguments where :meth:`Model._raw_block` allows it, else the bridge."""
+        block = self.model.blocks[layer]
+        call = self.hf_calls[layer] if layer < len(self.hf_calls) else None
+        device = self.residuals[layer].device.type
+        raw = None if call is None else self.model._raw_block(block, device)
+        return (block, self.calls[layer]) if raw is None else (raw, call)  # type: ignore[return-value]
 
     def run_block(self, layer: int, residual: torch.Tensor) -> torch.Tensor:
         """Run block ``layer`` on ``residual`` with the arguments of the clean forward."""
-        args, kwargs = self.calls[layer]
-        if args:
-            out = self.model.blocks[layer](residual, *args[1:], **kwargs)
-        else:
-            out = self.model.blocks[layer](**{**kwargs, "hidden_states": residual})
-        return out[0] if isinstance(out, tuple) else out
+        module, call = self._route(layer)
+        return self._call(module, call, [residual])[0]
 
-    def _stacked_call(self, layer: int, copies: int) -> tuple[tuple, dict]:
-        """The clean call arguments of block ``layer`` with every tensor that has the batch
-        dimension first repeated ``copies`` times along it (masks, position ids, ...)."""
+    def _call(
+        self, module: nn.Module, call: tuple[tuple, dict], residuals: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """``module`` run once on ``residuals`` stacked along the batch dimension with the
+        clean ``call`` (its batch-sized tensors repeated); each variant's output."""
+        args, kwargs = call if len(residuals) == 1 else self._stacked(call, len(residuals))
+        stacked = residuals[0] if len(residuals) == 1 else torch.cat(list(residuals))
+        if args:
+            out = module(stacked, *args[1:], **kwargs)
+        else:
+            out = module(**{**kwargs, "hidden_states": stacked})
+        out = out[0] if isinstance(out, tuple) else out
+        return [out] if len(residuals) == 1 else list(out.split(residuals[0].shape[0]))
+
+    def _stacked(self, call: tuple[tuple, dict], copies: int) -> tuple[tuple, dict]:
+        """The clean ``call`` with every tensor that has the batch dimension first repeated
+        ``copies`` times along it (masks, position ids, ...)."""
         size = self.batch.tokens.shape[0]
 
         def tile(value: Any) -> Any:
@@ -958,23 +1089,14 @@ class Trace:
                 return type(value)(tile(v) for v in value)
             return value
 
-        args, kwargs = self.calls[layer]
+        args, kwargs = call
         return tile(args), {key: tile(value) for key, value in kwargs.items()}
 
     def run_stacked(self, layer: int, residuals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run block ``layer`` once on several variants' residuals stacked along the batch
         dimension (the clean call's arguments repeated); returns each variant's output."""
-        if len(residuals) == 1:
-            return [self.run_block(layer, residuals[0])]
-        size = residuals[0].shape[0]
-        args, kwargs = self._stacked_call(layer, len(residuals))
-        stacked = torch.cat(list(residuals))
-        if args:
-            out = self.model.blocks[layer](stacked, *args[1:], **kwargs)
-        else:
-            out = self.model.blocks[layer](**{**kwargs, "hidden_states": stacked})
-        out = out[0] if isinstance(out, tuple) else out
-        return list(out.split(size))
+        module, call = self._route(layer)
+        return self._call(module, call, residuals)
 
     @torch.no_grad()
     def resume_stacked(
@@ -1066,6 +1188,147 @@ class Trace:
                     observe(layer, h, h_out)
                 h = h_out
             return self.model.head(h)
+
+
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+"""A module's hook registries (a pure copy starts with empty ones)."""
+
+
+def _hf_module(module: nn.Module) -> nn.Module:
+    """The Hugging Face module a TransformerLens component wraps (``module`` itself if none)."""
+    while "_original_component" in module._modules:
+        inner = module._modules["_original_component"]
+        if inner is None:
+            raise UnsupportedModelError(
+                f"a {type(module).__name__} of the bridge wraps no Hugging Face module",
+                fix="nothing to do: hook-free blocks run through the bridge",
+            )
+        module = inner
+    return module
+
+
+def _pure_copy(module: nn.Module, memo: dict[int, nn.Module]) -> nn.Module:
+    """A copy of the Hugging Face module tree under ``module`` with every TransformerLens
+    component replaced by the module it wraps: each copied module shares its original's
+    parameter and buffer dictionaries (the same tensors, later moves and edits included) and
+    attributes, but has no hooks, no instance-level ``forward`` patch, and copied children."""
+    module = _hf_module(module)
+    if id(module) in memo:
+        return memo[id(module)]
+    clone = copy.copy(module)
+    clone.__dict__.pop("forward", None)  # a patch bound to the original would run it instead
+    for name in _HOOK_DICTS:
+        if name in clone.__dict__:
+            clone.__dict__[name] = type(module.__dict__[name])()
+    memo[id(module)] = clone
+    clone.__dict__["_modules"] = {
+        name: None if child is None else _pure_copy(child, memo)
+        for name, child in module._modules.items()
+    }
+    return clone
+
+
+def _hook_registries(module: nn.Module) -> list[dict]:
+    """The hook dictionaries of every module under ``module`` (torch never replaces them)."""
+    return [
+        registry
+        for m in module.modules()
+        for registry in (
+            m._forward_hooks,
+            m._forward_pre_hooks,
+            m._backward_hooks,
+            m._backward_pre_hooks,
+        )
+    ]
+
+
+def _mirror_hooks(modules: Sequence[nn.Module]) -> int:
+    """How many of the forward hooks on ``modules`` are the permanent ones TransformerLens'
+    ``_wire_symbolic_hooks`` adds (they re-fire a placeholder sublayer's own hook points)."""
+    return sum(
+        "_wire_symbolic_hooks" in getattr(fn, "__name__", "")
+        for m in modules
+        for fn in m._forward_hooks.values()
+    )
+
+
+def _global_hooks() -> bool:
+    """True when a global torch module hook is registered (it would see other modules)."""
+    registry = torch.nn.modules.module
+    return bool(
+        registry._global_forward_hooks
+        or registry._global_forward_pre_hooks
+        or registry._global_backward_hooks
+        or registry._global_backward_pre_hooks
+    )
+
+
+def _precision_key(device_type: str) -> tuple[str, bool, torch.dtype | None]:
+    """The device type and its autocast state, which a block check holds for."""
+    on = torch.is_autocast_enabled(device_type)
+    return device_type, on, torch.get_autocast_dtype(device_type) if on else None
+
+
+def _deviation(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max(1, max |want|) in float64 (NaN if either is not finite)."""
+    got, want = got.double(), want.double()
+    if not (bool(torch.isfinite(got).all()) and bool(torch.isfinite(want).all())):
+        return math.nan
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1.0))
+
+
+@dataclass
+class _HFBlocks:
+    """Pure Hugging Face copies of a model's bridge blocks (see :attr:`Model.block_path`),
+    keyed by ``id`` of the bridge block (a reordered block list keeps each copy with its
+    block), with each bridge block's hook registries for the hook test (and the hook counter
+    at which it last found none) and the outcome of the per-precision checks. ``refusal``
+    says why there are no copies (None: there are)."""
+
+    copies: dict[int, nn.Module] = field(default_factory=dict)
+    watched: dict[int, list[dict]] = field(default_factory=dict)
+    own_hooks: dict[int, int] = field(default_factory=dict)
+    hook_free: dict[int, int] = field(default_factory=dict)
+    checks: dict[tuple, str | None] = field(default_factory=dict)
+    refusal: str | None = None
+
+    @classmethod
+    def build(cls, model: Model) -> _HFBlocks:
+        if any(hasattr(m, "_hf_hook") for m in model.hf_model.modules()):
+            return cls(refusal="accelerate device_map / offload hooks on the model")
+        out = cls()
+        try:
+            for block in model.blocks:
+                out.copies[id(block)] = _pure_copy(block.original_component, {})
+                out.watched[id(block)] = _hook_registries(block)
+                out.own_hooks[id(block)] = _mirror_hooks(list(block.modules()))
+        except (UnsupportedModelError, AttributeError) as err:
+            return cls(refusal=f"no pure Hugging Face copy of the blocks ({err})")
+        return out
+
+    def foreign_hooks(self, block: nn.Module) -> bool:
+        """True when a hook other than the bridge's own sits in ``block``: its capture hooks
+        (for hook_mlp_in and split-QKV inputs) and the permanent hooks that mirror a
+        placeholder sublayer's hooks (OPT's and BERT's MLP); anything else, or fewer of
+        those, reads as a hook to honour."""
+        if id(block) not in self.watched:
+            return True
+        stamp = torch.utils.hooks.RemovableHandle.next_id  # grows with every hook registered
+        if self.hook_free.get(id(block)) == stamp:
+            return False
+        own = len(getattr(block, "_capture_hook_handles", ())) + self.own_hooks[id(block)]
+        if sum(map(len, self.watched[id(block)])) != own:
+            return True
+        self.hook_free[id(block)] = stamp
+        return False
 
 
 def _check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> None:
