@@ -468,6 +468,12 @@ class _LMTrainer:
         none = torch.tensor(-1, device=self.dev)
         self.last_loss = torch.tensor(float("nan"), device=self.dev)
         self.bad_loss_step, self.bad_loss, self.bad_weight_step = none, self.last_loss, none
+        # the causal mask, given explicitly: without an attention mask transformers' GPT-2
+        # reads a device value every forward (its packed-sequence check); with this 4-D mask
+        # the CPU logits are bit-identical to the maskless forward's
+        T = cfg.seq_len
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.dev).tril()
+        self.causal = causal[None, None].expand(cfg.batch_size, 1, T, T)
 
     def save(self, path: Path) -> Path:
         state = {"step": self.step, "flops": self.flops}
@@ -607,7 +613,7 @@ class _LMTrainer:
             self.prepare(step + 1)
         batch = self.batches[step - self.batch_start]
         with autocast(self.dev, self.precision):
-            logits = self.model(batch, use_cache=False).logits
+            logits = self.model(batch, attention_mask=self.causal, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].float().reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)
         )
