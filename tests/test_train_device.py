@@ -3,9 +3,10 @@
 A host sync (the host waiting for the device) is caught on CPU by :class:`NoHostSync`, a
 ``TorchFunctionMode`` that raises on every call that would make the host wait for a CUDA
 device: reading a value (``item``, ``tolist``, ``bool``, ``float``, ``numpy``, printing),
-copying to the host or from host data (``cpu``, ``to("cpu")``, ``torch.tensor``), and ops whose output size depends on the data (``nonzero``, boolean-mask
-indexing, ``unique``...). The steps between two sync points of both trainers run under it;
-today's steps (kept below as the reference of today's numbers) fail under it.
+copying to the host or from host data (``cpu``, ``to("cpu")``, ``torch.tensor``), and ops
+whose output size depends on the data (``nonzero``, boolean-mask indexing, ``unique``...).
+The steps between two sync points of both trainers run under it; today's steps (kept below
+as the reference of today's numbers) fail under it.
 """
 
 from __future__ import annotations
@@ -319,3 +320,21 @@ def test_lm_fp32_is_todays_run_and_bf16_keeps_fp32_weights(tmp_path) -> None:
     assert abs(x - y) < 0.05 * x
     rc = json.loads((runs["bf16"].final / "run_config.json").read_text())
     assert rc["lm"]["precision"] == "bf16"
+
+
+def test_cli_precision_and_deterministic_flags() -> None:
+    import argparse
+
+    from probekit.training.cli import add_sweep_parser, add_train_parser, build_train_config
+
+    parser = argparse.ArgumentParser(prog="probekit")
+    sub = parser.add_subparsers(dest="command")
+    add_train_parser(sub), add_sweep_parser(sub)
+    for command in ("train", "sweep"):
+        args = parser.parse_args([command, "--out", "o", "--precision", "bf16", "--deterministic"])
+        cfg = build_train_config(args, sweep=command == "sweep")
+        assert (cfg.precision, cfg.deterministic) == ("bf16", True)
+    cfg = build_train_config(parser.parse_args(["train", "--out", "o"]))
+    assert (cfg.precision, cfg.deterministic) == ("auto", False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--out", "o", "--precision", "fp16"])
