@@ -32,6 +32,7 @@ Usage::
 
     python benchmarks/bench_sweep.py                      # batch 64 and 256, 100 steps
     python benchmarks/bench_sweep.py --steps 20 --batch-sizes 64 --repeats 1
+    python benchmarks/bench_sweep.py --single --steps 200 --batch-sizes 256 --repeats 2
     python benchmarks/bench_sweep.py --steps 200 --batch-sizes 256 --device cuda --repeats 2
     python benchmarks/bench_sweep.py --executor ray --steps 30 --batch-sizes 64
 """
@@ -57,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from probekit.tasks import AnchorTask  # noqa: E402
 from probekit.training import ModelConfig, TrainConfig, init_params, to_hf_model  # noqa: E402
+from probekit.training.checkpoint import save_quietly  # noqa: E402
 from probekit.training.models import decays  # noqa: E402
 from probekit.training.sweep import SweepConfig, run_sweep  # noqa: E402
 from probekit.training.trainer import batch_indices  # noqa: E402
@@ -146,7 +148,7 @@ def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device,
         sched.step()
     model.eval()
     metrics = _evaluate(model, cfg, device)
-    model.save_pretrained(out_dir / cfg.name)
+    save_quietly(model, out_dir / cfg.name)  # save_pretrained, as probekit, without the bar
     return metrics
 
 
@@ -166,12 +168,14 @@ def _time_loop(sweep: SweepConfig, out: Path, device: torch.device, kind: str):
     return time.perf_counter() - t0, metrics
 
 
-def bench(batch: int, steps: int, device_name: str, repeats: int) -> dict[str, object]:
+def bench(batch: int, steps: int, device_name: str, repeats: int,
+          single: bool = False) -> dict[str, object]:
     """Both ways, A B B A ``repeats`` times; every time, and the final metrics' difference."""
     base = base_config(steps, batch, device_name)
     device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available()
                           else ("cpu" if device_name == "auto" else device_name))
-    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS)
+    grid = ([0.5], [0.1], [0]) if single else (GAMMAS, WEIGHT_DECAYS, SEEDS)
+    sweep = SweepConfig(base, gammas=grid[0], weight_decays=grid[1], seeds=grid[2])
     for split in ("train", "test_data", "test_task"):
         base.task.dataset(split)  # data generation is not what we time
     kind = adamw_kind(device)
@@ -274,13 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                    "many as Ray has CPUs; 1 makes its numbers bit-identical to Ray's tasks)")
     p.add_argument("--repeats", type=int, default=1,
                    help="times A B B A is repeated")
+    p.add_argument("--single", action="store_true",
+                   help="(loop mode) one run (gamma 0.5, weight decay 0.1, seed 0) instead of "
+                   "the 24: probekit's single-run trainer against one plain run")
     args = p.parse_args(argv)
     if args.executor == "ray":
         return main_executors(args)
     torch.set_num_threads(args.threads)
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         print(f"before: {_uptime()}")
-        r = bench(batch, args.steps, args.device, args.repeats)
+        r = bench(batch, args.steps, args.device, args.repeats, args.single)
         a, b = statistics.median(r["probekit"]), statistics.median(r["loop"])
         print(f"[{r['device']}, {args.threads} thread(s), OMP_WAIT_POLICY="
               f"{os.environ.get('OMP_WAIT_POLICY')}] {r['runs']} runs x {r['steps']} steps, "

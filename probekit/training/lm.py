@@ -25,6 +25,14 @@ and grown runs can be compared at equal final depth. Output folder::
 
 A killed run started again with the same settings resumes from its last checkpoint.
 
+``precision`` ("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16") sets the forwards'
+precision; weights and AdamW moments are float32 (:mod:`probekit.training.precision`). Between
+sync points (evaluations, saves, growth stages, the end) the loop never waits for the device:
+each interval's batches go to the device in one copy, the loss and the non-finite checks stay
+there, and a run whose loss or weights became NaN/inf stops at the next sync point, naming the
+first such step, before anything is saved. The forward is given an explicit causal mask, as
+transformers' GPT-2 without an attention mask reads a device value in every forward.
+
 Example:
     >>> import tempfile
     >>> cfg = LMConfig(n_layers=2, initial_layers=1, block_size=1, growth="midas", d_model=16,

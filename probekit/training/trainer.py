@@ -4,7 +4,16 @@ One run trains a GPT-2-style decoder (:mod:`probekit.training.models`) on the la
 task's training split with AdamW (linear warmup, cosine decay, decoupled weight decay, gradient
 clipping), evaluates every split at a fixed interval into ``metrics.jsonl`` (also shown on a
 progress bar), and checkpoints to a Hugging Face directory that ``GPT2LMHeadModel.from_pretrained``
-opens. CUDA with bf16 autocast when present, CPU otherwise.
+opens. CUDA when present, CPU otherwise (``device``); the forward runs in ``precision``
+("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16"), the weights and AdamW moments
+are float32 in every mode (:mod:`probekit.training.precision`).
+
+The device is never waited for between sync points (evaluations, checkpoints, the end): each
+interval's batch indices are built on the host and sent in one copy, the loss sums and the
+divergence flags stay on the device, and the host reads them at the sync point. So a single
+run whose loss becomes NaN stops at the next sync point (naming the step it diverged at, before
+anything is saved), and the progress bar's loss is the mean training loss since the evaluation
+before, updated at each evaluation.
 
 A run's output folder::
 
@@ -16,7 +25,9 @@ A run's output folder::
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
-weights bit-identical (on CPU) to an uninterrupted run. A NaN loss stops the run with a
+weights bit-identical (on CPU) to an uninterrupted run. ``deterministic=True`` adds
+``torch.use_deterministic_algorithms(True)`` for CUDA (see
+:mod:`probekit.training.precision` for what is bit-identical where). A NaN loss stops the run with a
 :class:`~probekit.errors.NumericalError` and keeps the last good checkpoint.
 
 Several runs of one shape train together as one stacked model (``train_stack``); that is what
@@ -103,6 +114,12 @@ class TrainConfig:
     always the task the run trains on (its ``seed`` is the data seed), and :meth:`to_dict`
     saves the data seed as ``task_seed``. A run config saved before ``task_seed`` existed is
     read with ``task_seed`` = its task's seed, the data it was trained on.
+
+    ``precision``: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (autocast on
+    CUDA and on CPU); weights and moments stay float32. A config saved before the setting
+    existed reads as "auto" (what it trained with) and resumes. ``deterministic``:
+    ``torch.use_deterministic_algorithms(True)`` while training; it changes neither the model
+    nor the data, so a run may resume with it on or off.
 
     Example:
         >>> TrainConfig(lr=3e-3).lr_at(0) < TrainConfig(lr=3e-3).lr_at(100)
