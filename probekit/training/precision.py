@@ -20,7 +20,8 @@ On CUDA, bit-identical results are not expected by default (atomics in some back
 kernels, cuBLAS workspace choices); with ``deterministic=True`` a run repeats bit for bit on
 the same GPU, driver and torch build, which needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (or
 ``:16:8``) in the environment before the process starts (refused with a ConfigError when it
-is not set). Results still differ between CPU and CUDA and between GPU models.
+is not set). Results still differ between CPU and CUDA and between GPU models. Not run on a
+GPU yet: an op without a deterministic CUDA kernel makes torch raise a RuntimeError naming it.
 
 Example:
     >>> resolve_precision("auto", torch.device("cpu"))
