@@ -3,15 +3,21 @@
 The sweep is 4 gammas x 2 weight decays x 3 seeds of the CPU-sized anchor model (2 layers,
 d_model 64), a fixed number of steps. It is trained two ways:
 
-1. ``probekit``: :func:`probekit.training.sweep.run_sweep` (the 24 runs stacked into one
+1. ``probekit`` (A): :func:`probekit.training.sweep.run_sweep` (the 24 runs stacked into one
    batched model; checkpoints and the final evaluation included);
-2. ``loop``: each run alone, a Hugging Face ``GPT2LMHeadModel`` with ``torch.optim.AdamW``,
-   ``clip_grad_norm_`` and a ``LambdaLR`` warmup + cosine schedule, the same initial weights and
-   the same batches, then the same final evaluation and a ``save_pretrained``.
+2. ``loop`` (B): each run alone, the fastest plain way: a Hugging Face ``GPT2LMHeadModel`` with
+   ``torch.optim.AdamW(fused=True)`` where the device has fused AdamW kernels for float32 (CPU
+   and CUDA in torch 2.13; else ``foreach=True``; the one used is printed), ``clip_grad_norm_``
+   (foreach) and a ``LambdaLR`` warmup + cosine schedule, the same initial weights and the same
+   batches (their indices sent to the device once per run), bf16 autocast on CUDA as probekit's
+   ``precision="auto"``, no host read of the loss, then the same final evaluation and a
+   ``save_pretrained``.
 
-It prints the wall-clock ratio loop / probekit at each batch size and the largest difference in
-the final metrics between the two ways. Goals: on CPU >= 1.5x at batch 64 and never below 1x;
-on a GPU >= 15x.
+The two ways run interleaved A B B A, ``--repeats`` times; it prints every repetition, the
+medians, their ratio loop / probekit, ``uptime`` before and after, and the largest difference
+in the final metrics between the two ways. One torch thread by default (``--threads``), with
+``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it. Goals: on CPU >= 1.5x at batch 64
+and never below 1x; on a GPU >= 15x (``--device cuda``).
 
 With ``--executor ray`` it times instead the same 24-run sweep (split into stacks of
 ``--max-stack`` runs, 12 by default: one stack per task) on the local executor (A) and on a
@@ -25,7 +31,9 @@ metrics are bit-identical only at ``--local-threads 1``.
 Usage::
 
     python benchmarks/bench_sweep.py                      # batch 64 and 256, 100 steps
-    python benchmarks/bench_sweep.py --steps 50 --batch-sizes 64 --device cuda
+    python benchmarks/bench_sweep.py --steps 20 --batch-sizes 64 --repeats 1
+    python benchmarks/bench_sweep.py --single --steps 200 --batch-sizes 256 --repeats 2
+    python benchmarks/bench_sweep.py --steps 200 --batch-sizes 256 --device cuda --repeats 2
     python benchmarks/bench_sweep.py --executor ray --steps 30 --batch-sizes 64
 """
 
@@ -41,13 +49,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see bench_depth.py)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from probekit.tasks import AnchorTask  # noqa: E402
 from probekit.training import ModelConfig, TrainConfig, init_params, to_hf_model  # noqa: E402
+from probekit.training.checkpoint import save_quietly  # noqa: E402
 from probekit.training.models import decays  # noqa: E402
 from probekit.training.sweep import SweepConfig, run_sweep  # noqa: E402
 from probekit.training.trainer import batch_indices  # noqa: E402
@@ -96,63 +107,93 @@ def _evaluate(model, cfg: TrainConfig, device: torch.device) -> dict[str, float]
     return out
 
 
-def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device) -> dict[str, float]:
-    """Train one run the plain way: HF GPT-2, torch AdamW, one model at a time."""
+def adamw_kind(device: torch.device) -> str:
+    """"fused" where torch has fused AdamW kernels for float32 on ``device``, else
+    "foreach"."""
+    try:
+        p = torch.nn.Parameter(torch.zeros(2, device=device))
+        p.grad = torch.ones_like(p)
+        torch.optim.AdamW([p], fused=True).step()
+    except (RuntimeError, ValueError):
+        return "foreach"
+    return "fused"
+
+
+def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device,
+             kind: str) -> dict[str, float]:
+    """Train one run the plain way: HF GPT-2, torch AdamW (``kind``), one model at a time."""
     params = {k: v[None] for k, v in init_params(cfg.model, cfg.seed).items()}
     model = to_hf_model(cfg.model, params).to(device).train()
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                            **{kind: True})
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.schedule)
     data = cfg.task.dataset("train")
     tokens, targets = data.tokens.to(device), data.targets.to(device)
+    order = torch.stack([batch_indices(cfg.seed, step, len(data), cfg.batch_size)
+                         for step in range(cfg.steps)]).to(device)
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else torch.autocast("cpu", enabled=False))
     for step in range(cfg.steps):
-        idx = batch_indices(cfg.seed, step, len(data), cfg.batch_size).to(device)
+        idx = order[step]
         with autocast:
             logits = model(tokens[idx]).logits[:, -1]
         loss = F.cross_entropy(logits.float(), targets[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         opt.step()
         sched.step()
     model.eval()
     metrics = _evaluate(model, cfg, device)
-    model.save_pretrained(out_dir / cfg.name)
+    save_quietly(model, out_dir / cfg.name)  # save_pretrained, as probekit, without the bar
     return metrics
 
 
-def bench(batch: int, steps: int, device_name: str) -> dict[str, float]:
+def _time_probekit(sweep: SweepConfig, out: Path, device: torch.device):
+    _sync(device)
+    t0 = time.perf_counter()
+    res = run_sweep(sweep, out, resume=False, progress=False)
+    _sync(device)
+    return time.perf_counter() - t0, res.df.set_index("run")
+
+
+def _time_loop(sweep: SweepConfig, out: Path, device: torch.device, kind: str):
+    _sync(device)
+    t0 = time.perf_counter()
+    metrics = {cfg.name: loop_run(cfg, out, device, kind) for cfg in sweep.runs()}
+    _sync(device)
+    return time.perf_counter() - t0, metrics
+
+
+def bench(batch: int, steps: int, device_name: str, repeats: int,
+          single: bool = False) -> dict[str, object]:
+    """Both ways, A B B A ``repeats`` times; every time, and the final metrics' difference."""
     base = base_config(steps, batch, device_name)
     device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available()
                           else ("cpu" if device_name == "auto" else device_name))
-    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS)
-    runs = sweep.runs()
+    grid = ([0.5], [0.1], [0]) if single else (GAMMAS, WEIGHT_DECAYS, SEEDS)
+    sweep = SweepConfig(base, gammas=grid[0], weight_decays=grid[1], seeds=grid[2])
     for split in ("train", "test_data", "test_task"):
         base.task.dataset(split)  # data generation is not what we time
+    kind = adamw_kind(device)
+    times: dict[str, list[float]] = {"probekit": [], "loop": []}
     with tempfile.TemporaryDirectory() as tmp:
-        _sync(device)
-        t0 = time.perf_counter()
-        res = run_sweep(sweep, Path(tmp) / "sweep", resume=False, progress=False)
-        _sync(device)
-        t_sweep = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        loop = {}
-        for cfg in runs:
-            loop[cfg.name] = loop_run(cfg, Path(tmp) / "loop", device)
-        _sync(device)
-        t_loop = time.perf_counter() - t0
-    table = res.df.set_index("run")
+        for k, way in enumerate(["probekit", "loop", "loop", "probekit"] * repeats):
+            out = Path(tmp) / f"{way}{k}"
+            if way == "probekit":
+                t, table = _time_probekit(sweep, out, device)
+            else:
+                t, loop = _time_loop(sweep, out, device, kind)
+            times[way].append(t)
     worst = {m: 0.0 for m in METRICS}
     for name, met in loop.items():
         for m in METRICS:
             worst[m] = max(worst[m], abs(float(table.loc[name, f"final_{m}"]) - met[m]))
-    return {"batch": batch, "runs": len(runs), "steps": steps, "device": str(device),
-            "probekit_s": t_sweep, "loop_s": t_loop, "ratio": t_loop / t_sweep, **{
-                f"max_diff_{m}": v for m, v in worst.items()}}
+    return {"batch": batch, "runs": len(loop), "steps": steps, "device": str(device),
+            "adamw": kind, **times, **{f"max_diff_{m}": v for m, v in worst.items()}}
 
 
 def _uptime() -> str:
@@ -225,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="64,256",
                    help="per-run batch sizes to time, comma-separated (256 is the documented)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (loop mode; 1 by default)")
     p.add_argument("--executor", choices=["loop", "ray"], default="loop",
                    help="loop: probekit's sweep versus a sequential loop; ray: the local "
                    "executor versus a local Ray")
@@ -235,19 +277,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="(--executor ray) torch threads of the local executor (default: as "
                    "many as Ray has CPUs; 1 makes its numbers bit-identical to Ray's tasks)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="(--executor ray) times A B B A is repeated")
+                   help="times A B B A is repeated")
+    p.add_argument("--single", action="store_true",
+                   help="(loop mode) one run (gamma 0.5, weight decay 0.1, seed 0) instead of "
+                   "the 24: probekit's single-run trainer against one plain run")
     args = p.parse_args(argv)
     if args.executor == "ray":
         return main_executors(args)
     torch.set_num_threads(args.threads)
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        r = bench(batch, args.steps, args.device)
+        print(f"before: {_uptime()}")
+        r = bench(batch, args.steps, args.device, args.repeats, args.single)
+        a, b = statistics.median(r["probekit"]), statistics.median(r["loop"])
+        print(f"[{r['device']}, {args.threads} thread(s), OMP_WAIT_POLICY="
+              f"{os.environ.get('OMP_WAIT_POLICY')}] {r['runs']} runs x {r['steps']} steps, "
+              f"batch {batch}, A B B A x {args.repeats}")
+        print(f"    probekit stacked sweep: median {a:.1f} s of "
+              f"{', '.join(f'{t:.1f}' for t in r['probekit'])}")
+        print(f"    sequential loop (HF GPT-2 + torch AdamW {r['adamw']}): median {b:.1f} s of "
+              f"{', '.join(f'{t:.1f}' for t in r['loop'])}")
         diffs = ", ".join(f"{k[9:]} {v:.4f}" for k, v in r.items() if k.startswith("max_diff"))
-        print(f"[{r['device']}] {r['runs']} runs x {r['steps']} steps, batch {batch}: "
-              f"probekit sweep {r['probekit_s']:.1f} s, sequential loop {r['loop_s']:.1f} s, "
-              f"ratio {r['ratio']:.2f}x")
+        print(f"    ratio loop / probekit {b / a:.2f}x (of the medians)")
         print(f"    largest |difference| of final metrics: {diffs}")
-        if not math.isfinite(r["ratio"]):
+        print(f"after: {_uptime()}")
+        if not math.isfinite(b / a):
             return 1
     return 0
 

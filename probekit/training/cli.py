@@ -26,6 +26,7 @@ from probekit.errors import ConfigError, check_known_keys
 from probekit.tasks.anchor import KEY_SPLITS, SPECIAL_FORMS, AnchorTask
 from probekit.training.checks import check_mapping, is_int
 from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
+from probekit.training.precision import PRECISIONS
 from probekit.training.trainer import TrainConfig
 
 _M = ModelConfig()
@@ -309,7 +310,20 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--device",
         default=_T.device,
-        help="auto (CUDA with bf16 autocast when present, else CPU), cpu or cuda",
+        help="auto (CUDA when present, else CPU), cpu or cuda",
+    )
+    r.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default=_T.precision,
+        help="forward precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32, or bf16 "
+        "(autocast on CUDA and CPU); weights and AdamW moments stay float32",
+    )
+    r.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) while training (on CUDA also export "
+        "CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
     )
     r.add_argument(
         "--no-resume", action="store_true", help="start over even if --out holds a checkpoint"
@@ -358,6 +372,8 @@ _RUN_FLAGS = (
     "eval_train_samples",
     "eval_at_start",
     "device",
+    "precision",
+    "deterministic",
 )
 
 

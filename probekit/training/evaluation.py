@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,9 @@ import torch.nn.functional as F
 from probekit.io import atomic_write_text
 from probekit.tasks.anchor import AnchorData, AnchorTask
 from probekit.training.models import ModelConfig, stacked_forward
+from probekit.training.precision import autocast
 
 FIELDS = ("tokens", "targets", "composite", "symmetric")
-
-
-def autocast(device: torch.device) -> AbstractContextManager:
-    """bf16 autocast on CUDA; a no-op context on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
 
 
 class Evaluator:
@@ -50,6 +43,7 @@ class Evaluator:
         train_samples: int,
         device: torch.device,
         train: AnchorData | None = None,
+        precision: str = "auto",
     ) -> None:
         train = task.dataset("train") if train is None else train
         head = AnchorData(
@@ -63,14 +57,14 @@ class Evaluator:
             "test_data": task.dataset("test_data"),
             "test_task": task.dataset("test_task"),
         }
-        self.device = device
+        self.device, self.precision = device, precision
         self.sets = {k: {f: getattr(v, f).to(device) for f in FIELDS} for k, v in sets.items()}
 
     def _logits(
         self, params: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor, M: int
     ) -> torch.Tensor:
         """Last-token logits ``[M, n, vocab]`` of every run on the same ``tokens``."""
-        with autocast(self.device):
+        with autocast(self.device, self.precision):
             return stacked_forward(params, tokens[None].expand(M, -1, -1), cfg).float()
 
     def _split(self, params, cfg, d: dict[str, torch.Tensor], M: int) -> dict[str, torch.Tensor]:

@@ -25,6 +25,14 @@ and grown runs can be compared at equal final depth. Output folder::
 
 A killed run started again with the same settings resumes from its last checkpoint.
 
+``precision`` ("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16") sets the forwards'
+precision; weights and AdamW moments are float32 (:mod:`probekit.training.precision`). Between
+sync points (evaluations, saves, growth stages, the end) the loop never waits for the device:
+each interval's batches go to the device in one copy, the loss and the non-finite checks stay
+there, and a run whose loss or weights became NaN/inf stops at the next sync point, naming the
+first such step, before anything is saved. The forward is given an explicit causal mask, as
+transformers' GPT-2 without an attention mask reads a device value in every forward.
+
 Example:
     >>> import tempfile
     >>> cfg = LMConfig(n_layers=2, initial_layers=1, block_size=1, growth="midas", d_model=16,
@@ -83,6 +91,14 @@ from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import check_fits, lm_params, lm_run_bytes
 from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
+from probekit.training.precision import (
+    autocast,
+    check_deterministic,
+    check_precision,
+    deterministic_mode,
+    resolve_precision,
+    to_device,
+)
 from probekit.training.schedule import resolve_device, warmup_cosine
 
 #: LMConfig settings that must be positive integers
@@ -106,7 +122,9 @@ class LMConfig:
     """A language-model run. ``n_layers`` is the final depth; grown runs start at
     ``initial_layers`` and add ``block_size`` layers per stage. ``corpus_root`` is a folder of
     ``.py`` files (default: the Python standard library). ``layernorm_scaling``: LayerNorm
-    Scaling (Sun et al. 2025), static runs only."""
+    Scaling (Sun et al. 2025), static runs only. ``precision`` ("auto": bf16 autocast on
+    CUDA, fp32 on CPU; "fp32"; "bf16") and ``deterministic``: see
+    :mod:`probekit.training.precision`."""
 
     n_layers: int = 8
     d_model: int = 128
@@ -133,6 +151,8 @@ class LMConfig:
     corpus_max_files: int | None = None
     save_every: int | None = None
     layernorm_scaling: bool = False
+    precision: str = "auto"
+    deterministic: bool = False
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on settings that cannot be trained (types, ranges,
@@ -161,6 +181,8 @@ class LMConfig:
                 fix="choose n_heads dividing d_model",
             )
         check_flag("layernorm_scaling", self.layernorm_scaling)
+        check_precision(self.precision)
+        check_flag("deterministic", self.deterministic)
         if self.layernorm_scaling and self.growth != "static":
             raise ConfigError(
                 f"layernorm_scaling with growth {self.growth!r} is not supported: a copied layer "
@@ -411,6 +433,16 @@ def _after_step(trainer: _LMTrainer) -> None:
     """Called after every update: a seam where tests simulate a kill (by replacing it)."""
 
 
+def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings a resumed run must share with its checkpoint (all but ``deterministic``,
+    which changes neither the model nor the data)."""
+    return {k: v for k, v in settings.items() if k != "deterministic"}
+
+
+#: most batch tokens held on the device at once (int64: 64 MiB)
+MAX_PREPARED = 2**23
+
+
 class _LMTrainer:
     """The state of one LM run and its steps: growth, update, evaluation, checkpoints."""
 
@@ -421,6 +453,7 @@ class _LMTrainer:
         self.plan = cfg.plan()
         self.corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)
         self.dev = resolve_device(device)
+        self.precision = resolve_precision(cfg.precision, self.dev)
         n_val = min(cfg.eval_sequences, len(self.corpus.stream("validation")) // cfg.seq_len)
         self.val = self.corpus.sequences("validation", cfg.seq_len, n=n_val)
         torch.manual_seed(cfg.seed)
@@ -436,6 +469,19 @@ class _LMTrainer:
         self.step, self.flops, self.seconds = 0, 0.0, 0.0
         self.rows: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []
+        self.batches: torch.Tensor | None = None  # [steps, batch, seq_len] from batch_start
+        self.batch_start = 0
+        # on the device, read at sync points: the last loss, the first step whose loss was
+        # not finite (and that loss), the first update that made weights non-finite
+        none = torch.tensor(-1, device=self.dev)
+        self.last_loss = torch.tensor(float("nan"), device=self.dev)
+        self.bad_loss_step, self.bad_loss, self.bad_weight_step = none, self.last_loss, none
+        # the causal mask, given explicitly: without an attention mask transformers' GPT-2
+        # reads a device value every forward (its packed-sequence check); with this 4-D mask
+        # the CPU logits are bit-identical to the maskless forward's
+        T = cfg.seq_len
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.dev).tril()
+        self.causal = causal[None, None].expand(cfg.batch_size, 1, T, T)
 
     def save(self, path: Path) -> Path:
         state = {"step": self.step, "flops": self.flops}
@@ -485,9 +531,9 @@ class _LMTrainer:
     def _resume_from(self, folder: Path, step: int) -> None:
         """Load the checkpoint ``folder`` (at ``step``) and the metrics up to it."""
         saved = (read_run_config(folder) or {}).get("lm")
-        if isinstance(saved, dict):  # a run written before the option existed
-            saved = {"layernorm_scaling": False, **saved}
-        check_same_settings(folder, saved, asdict(self.cfg))
+        if isinstance(saved, dict):  # a run written before the options existed
+            saved = _comparable({"layernorm_scaling": False, "precision": "auto", **saved})
+        check_same_settings(folder, saved, _comparable(asdict(self.cfg)))
         state = json.loads((folder / "trainer_state.json").read_text())
         flops = state.get("flops")
         if not is_real(flops) or flops < 0:
@@ -540,8 +586,29 @@ class _LMTrainer:
         if cfg.residual_scale_start is not None:
             self._attach_scale(after, self.step)
 
+    def prepare(self, stop: int) -> None:
+        """The batches of steps ``self.step .. stop - 1``, drawn on the host as
+        :meth:`ByteCorpus.batch` draws them, sent to the device in one copy."""
+        cfg = self.cfg
+        batches = [
+            self.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, s)
+            for s in range(self.step, stop)
+        ]
+        self.batches, self.batch_start = to_device(torch.stack(batches), self.dev), self.step
+
+    def run_steps(self, stop: int, each=None) -> None:
+        """Train up to ``stop`` without waiting for the device (the batches of
+        :meth:`prepare`); ``each()`` after every step but the last."""
+        while self.step < stop:
+            self.update()
+            if each is not None and self.step < stop:
+                each()
+
     def update(self) -> torch.Tensor:
-        """One AdamW step at ``self.step``; returns the training loss."""
+        """One AdamW step at ``self.step``; returns the training loss (on the device).
+
+        Nothing here waits for the device: a non-finite loss or update is recorded on it and
+        raised at the next sync point (:meth:`check`)."""
         cfg, step = self.cfg, self.step
         if self.scaler is not None:
             ramp = min(1.0, (step - self.scale_start_step) / max(1, cfg.residual_scale_steps))
@@ -550,22 +617,41 @@ class _LMTrainer:
             group["lr"] = cfg.lr * warmup_cosine(
                 step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
             )
-        batch = self.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step)
-        batch = batch.to(self.dev)
-        logits = self.model(batch, use_cache=False).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
-        if not torch.isfinite(loss):
-            raise self._diverged(f"the training loss became {float(loss)} at step {step}")
+        if self.batches is None or not 0 <= step - self.batch_start < self.batches.shape[0]:
+            self.prepare(step + 1)
+        batch = self.batches[step - self.batch_start]
+        with autocast(self.dev, self.precision):
+            logits = self.model(batch, attention_mask=self.causal, use_cache=False).logits
+        loss = F.cross_entropy(
+            logits[:, :-1].float().reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
-        if not bool(torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()):
-            raise self._diverged(f"the update of step {step} made weights NaN/inf")
+        with torch.no_grad():
+            self.last_loss = loss.detach()
+            new = (self.bad_loss_step < 0) & ~torch.isfinite(self.last_loss)
+            self.bad_loss_step = torch.where(new, step, self.bad_loss_step)
+            self.bad_loss = torch.where(new, self.last_loss, self.bad_loss)
+            finite = torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()
+            new = (self.bad_weight_step < 0) & ~finite
+            self.bad_weight_step = torch.where(new, step, self.bad_weight_step)
         self.flops += 6.0 * self.model.num_parameters() * cfg.batch_size * cfg.seq_len
         self.step += 1
         return loss
+
+    def check(self) -> None:
+        """The sync point: raise :class:`NumericalError` if a loss or an update since the
+        start was not finite (the first of them), before anything is saved."""
+        loss_step, loss, weight_step = torch.stack(
+            [self.bad_loss_step.double(), self.bad_loss.double(), self.bad_weight_step.double()]
+        ).tolist()
+        if loss_step >= 0 and (weight_step < 0 or loss_step <= weight_step):
+            raise self._diverged(f"the training loss became {loss} at step {int(loss_step)}")
+        if weight_step >= 0:
+            raise self._diverged(f"the update of step {int(weight_step)} made weights NaN/inf")
 
     def _diverged(self, what: str) -> NumericalError:
         """The error of a run that diverged, naming the checkpoint it leaves."""
@@ -574,15 +660,15 @@ class _LMTrainer:
             fix="lower the learning rate, raise the warmup or keep grad_clip on",
         )
 
-    def evaluate(self, loss: torch.Tensor, start: float) -> float:
+    def evaluate(self, start: float) -> float:
         """Append a metrics row, rewrite ``metrics.jsonl``; returns the validation loss."""
-        val_loss = _validation_loss(self.model, self.val, self.dev)
+        val_loss = _validation_loss(self.model, self.val, self.dev, self.precision)
         self.rows.append(
             {
                 "step": self.step,
                 "depth": self.model.config.n_layer,
                 "lr": self.optimizer.param_groups[0]["lr"],
-                "train_loss": float(loss.detach()),
+                "train_loss": float(self.last_loss),
                 "val_loss": val_loss,
                 "val_perplexity": math.exp(val_loss),
                 "flops": self.flops,
@@ -592,30 +678,59 @@ class _LMTrainer:
         write_metrics(self.out / "metrics.jsonl", self.rows)
         return val_loss
 
+    def _next_stop(self) -> tuple[int, bool]:
+        """The step the loop next stops at, and whether it is a sync point (an evaluation, a
+        save, a growth stage, the end) rather than the end of the prepared batches."""
+        cfg, s = self.cfg, self.step
+        every = [cfg.eval_every] + ([cfg.save_every] if cfg.save_every else [])
+        stops = [cfg.steps] + [s - s % k + k for k in every] + [b for b in self.stages if b > s]
+        sync = min(stops)
+        room = max(1, MAX_PREPARED // (cfg.batch_size * cfg.seq_len))
+        return min(sync, s + room), s + room >= sync
+
     def run(self, progress: bool) -> None:
-        """Train from ``self.step`` to ``cfg.steps``, growing, saving and evaluating on the way."""
+        """Train from ``self.step`` to ``cfg.steps``, growing, saving and evaluating on the way.
+
+        The steps between sync points (evaluations, saves, growth stages, the end) queue on
+        the device without waiting for it; a diverged run stops at the next sync point."""
         from tqdm.auto import tqdm
 
         cfg, start = self.cfg, time.perf_counter()
         bar = tqdm(
             total=cfg.steps, initial=self.step, desc=f"train {cfg.growth}", disable=not progress
         )
+
+        def each() -> None:
+            _after_step(self)
+            bar.update()
+
         try:
             while self.step < cfg.steps:
                 k = self.stages.get(self.step)
                 if k is not None and self.model.config.n_layer < self.plan.depths[k]:
                     self.grow(k)
-                loss = self.update()
-                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
-                    self.checkpoints.append(self.save(self.out / f"step{self.step}"))
-                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                    val_loss = self.evaluate(loss, start)
-                    bar.set_postfix(val_loss=f"{val_loss:.3f}", depth=self.model.config.n_layer)
-                _after_step(self)
-                bar.update()
+                stop, sync = self._next_stop()
+                self.prepare(stop)
+                self.run_steps(stop, each)
+                if sync:
+                    self._at_sync_point(start, bar)
+                each()
         finally:
             bar.close()
             self.close_scale()
+
+    def _at_sync_point(self, start: float, bar: Any) -> None:
+        cfg = self.cfg
+        self.check()
+        if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+            self.checkpoints.append(self.save(self.out / f"step{self.step}"))
+        if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            val_loss = self.evaluate(start)
+            bar.set_postfix(
+                loss=f"{float(self.last_loss):.3f}",
+                val_loss=f"{val_loss:.3f}",
+                depth=self.model.config.n_layer,
+            )
 
 
 def train_lm(
@@ -634,6 +749,7 @@ def train_lm(
     """
     cfg.validate()
     dev = resolve_device(device)
+    check_deterministic(cfg.deterministic, dev)
     n_params = lm_params(
         cfg.n_layers, cfg.d_model, cfg.d_mlp or 4 * cfg.d_model, VOCAB_SIZE, cfg.seq_len
     )
@@ -648,7 +764,8 @@ def train_lm(
             trainer.start_over()
         write_run_config(out, "lm", {"lm": asdict(cfg)})
         if trainer.step < cfg.steps or not (out / "final").is_dir():
-            trainer.run(progress)
+            with deterministic_mode(cfg.deterministic, dev):
+                trainer.run(progress)
             trainer.save(out / "final")
     return LMRun(pd.DataFrame(trainer.rows), out / "final", trainer.flops, trainer.checkpoints)
 
@@ -681,13 +798,16 @@ class _ResidualScale:
 
 
 @torch.no_grad()
-def _validation_loss(model, tokens: torch.Tensor, device: torch.device) -> float:
+def _validation_loss(
+    model, tokens: torch.Tensor, device: torch.device, precision: str = "auto"
+) -> float:
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     for chunk in tokens.split(16):
         chunk = chunk.to(device)
-        logits = model(chunk, use_cache=False).logits
+        with autocast(device, precision):
+            logits = model(chunk, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].reshape(-1, VOCAB_SIZE).double(),
             chunk[:, 1:].reshape(-1),

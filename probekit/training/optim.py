@@ -71,7 +71,8 @@ class StackedAdamW:
         ``lr * multiplier``; runs where ``active`` is False are left as they were.
 
         A run whose update would make a weight or moment non-finite is left as it was too.
-        Returns, per run, whether its update was applied."""
+        Returns, per run, whether its update was applied (a tensor on the parameters' device;
+        nothing here waits for the device: the undo is a ``torch.where``, not a branch)."""
         before = {
             k: (p.clone(), self.exp_avg[k].clone(), self.exp_avg_sq[k].clone())
             for k, p in self.params.items()
@@ -81,12 +82,12 @@ class StackedAdamW:
         for k, p in self.params.items():
             for t in (p, self.exp_avg[k], self.exp_avg_sq[k]):
                 finite &= torch.isfinite(t.reshape(self.n_runs, -1)).all(1)
-        applied = finite & active.to(finite.device)
-        for m in [m for m in range(self.n_runs) if not bool(applied[m])]:
-            for k, (p, ea, eas) in before.items():
-                self.params[k][m] = p[m]
-                self.exp_avg[k][m] = ea[m]
-                self.exp_avg_sq[k][m] = eas[m]
+        applied = finite & active
+        for k, saved in before.items():
+            now = (self.params[k], self.exp_avg[k], self.exp_avg_sq[k])
+            keep = applied.view((self.n_runs,) + (1,) * (now[0].dim() - 1))
+            for t, old in zip(now, saved, strict=True):
+                t.copy_(torch.where(keep, t, old))
         return applied
 
     def _update(self, grads: list[torch.Tensor], step: int, multiplier: float) -> None:

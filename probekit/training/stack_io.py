@@ -183,7 +183,9 @@ def _read_run(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
         raise _incomplete(d, err) from err
     if saved is None:
         raise _incomplete(d, CheckpointError(f"{d / RUN_CONFIG} is missing"))
-    saved = {k: v for k, v in saved.items() if k not in ("device", "kind")}
+    # a run saved before the precision setting existed trained at "auto"
+    saved = {"precision": "auto", **saved}
+    saved = {k: v for k, v in saved.items() if k not in ("device", "kind", "deterministic")}
     check_same_settings(d, saved, stack.cfgs[m].comparable())
     try:
         return _read_files(stack, d, m)

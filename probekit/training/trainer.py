@@ -4,7 +4,16 @@ One run trains a GPT-2-style decoder (:mod:`probekit.training.models`) on the la
 task's training split with AdamW (linear warmup, cosine decay, decoupled weight decay, gradient
 clipping), evaluates every split at a fixed interval into ``metrics.jsonl`` (also shown on a
 progress bar), and checkpoints to a Hugging Face directory that ``GPT2LMHeadModel.from_pretrained``
-opens. CUDA with bf16 autocast when present, CPU otherwise.
+opens. CUDA when present, CPU otherwise (``device``); the forward runs in ``precision``
+("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16"), the weights and AdamW moments
+are float32 in every mode (:mod:`probekit.training.precision`).
+
+The device is never waited for between sync points (evaluations, checkpoints, the end): each
+interval's batch indices are built on the host and sent in one copy, the loss sums and the
+divergence flags stay on the device, and the host reads them at the sync point. So a single
+run whose loss becomes NaN stops at the next sync point (naming the step it diverged at, before
+anything is saved), and the progress bar's loss is the mean training loss since the evaluation
+before, updated at each evaluation.
 
 A run's output folder::
 
@@ -16,7 +25,9 @@ A run's output folder::
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
-weights bit-identical (on CPU) to an uninterrupted run. A NaN loss stops the run with a
+weights bit-identical (on CPU) to an uninterrupted run. ``deterministic=True`` adds
+``torch.use_deterministic_algorithms(True)`` for CUDA (see
+:mod:`probekit.training.precision` for what is bit-identical where). A NaN loss stops the run with a
 :class:`~probekit.errors.NumericalError` and keeps the last good checkpoint.
 
 Several runs of one shape train together as one stacked model (``train_stack``); that is what
@@ -62,7 +73,7 @@ from probekit.training.checks import (
     check_seed,
     is_real,
 )
-from probekit.training.evaluation import Evaluator, autocast, write_metrics
+from probekit.training.evaluation import Evaluator, write_metrics
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import anchor_run_bytes, check_fits
 from probekit.training.models import (
@@ -72,6 +83,14 @@ from probekit.training.models import (
     stacked_forward,
 )
 from probekit.training.optim import StackedAdamW
+from probekit.training.precision import (
+    autocast,
+    check_deterministic,
+    check_precision,
+    deterministic_mode,
+    resolve_precision,
+    to_device,
+)
 from probekit.training.schedule import resolve_device, warmup_cosine
 from probekit.training.stack_io import resume_stack, save_stack
 
@@ -95,6 +114,12 @@ class TrainConfig:
     always the task the run trains on (its ``seed`` is the data seed), and :meth:`to_dict`
     saves the data seed as ``task_seed``. A run config saved before ``task_seed`` existed is
     read with ``task_seed`` = its task's seed, the data it was trained on.
+
+    ``precision``: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (autocast on
+    CUDA and on CPU); weights and moments stay float32. A config saved before the setting
+    existed reads as "auto" (what it trained with) and resumes. ``deterministic``:
+    ``torch.use_deterministic_algorithms(True)`` while training; it changes neither the model
+    nor the data, so a run may resume with it on or off.
 
     Example:
         >>> TrainConfig(lr=3e-3).lr_at(0) < TrainConfig(lr=3e-3).lr_at(100)
@@ -123,6 +148,8 @@ class TrainConfig:
     eval_at_start: bool = True
     device: str = "auto"
     task_seed: int | None = None
+    precision: str = "auto"
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -167,6 +194,8 @@ class TrainConfig:
         self._validate_adam()
         check_flag("eval_at_start", self.eval_at_start)
         check_device_name(self.device)
+        check_precision(self.precision)
+        check_flag("deterministic", self.deterministic)
         self._validate_fit()
 
     def _validate_adam(self) -> None:
@@ -251,9 +280,11 @@ class TrainConfig:
         return json.dumps(d, sort_keys=True)
 
     def comparable(self) -> dict[str, Any]:
-        """The settings a resumed run must share with its checkpoint (all but the device)."""
+        """The settings a resumed run must share with its checkpoint (all but the device and
+        ``deterministic``, which change neither the model nor the data)."""
         d = self.to_dict()
         d.pop("device")
+        d.pop("deterministic")
         return d
 
 
@@ -310,12 +341,15 @@ class _Stack:
         self.out = Path(out_dir)
         self.single = single
         self.device = dev = resolve_device(c0.device)
+        self.precision = resolve_precision(c0.precision, dev)
         self.mcfg = c0.model
         self.task = c0.task
         train = self.task.dataset("train")
         self.train_tokens = train.tokens.to(dev)
         self.train_targets = train.targets.to(dev)
-        self.evaluator = Evaluator(self.task, c0.eval_train_samples, dev, train=train)
+        self.evaluator = Evaluator(
+            self.task, c0.eval_train_samples, dev, train=train, precision=self.precision
+        )
         init = init_stacked_params([c.model for c in configs], [c.seed for c in configs])
         self.params = {k: v.to(dev).requires_grad_(True) for k, v in init.items()}
         self.optimizer = StackedAdamW(
@@ -328,12 +362,18 @@ class _Stack:
             decays=decays,
         )
         self.step = 0
+        # host copies of the run state, valid at sync points (evaluation, checkpoint, end);
+        # between them the device tensors of upload() are the truth
         self.loss_sum = [0.0] * self.M
         self.loss_count = 0
         self.diverged: list[int | None] = [None] * self.M
+        self.diverged_loss = [float("nan")] * self.M
         self.metrics: list[dict[str, Any]] = []
         self.elapsed = 0.0
         self.hf = None  # the GPT2LMHeadModel checkpoints are written through, built once
+        self.batches: torch.Tensor | None = None  # [steps, M, batch] indices from batch_start
+        self.batch_start = 0
+        self.upload()
 
     def _batch_indices(self, m: int, step: int) -> torch.Tensor:
         """Batch of run ``m`` at ``step`` (see :func:`batch_indices`)."""
@@ -344,11 +384,49 @@ class _Stack:
         """Where run ``m`` sits under the checkpoint folder ``root``."""
         return root if self.single else root / self.cfgs[m].name
 
+    def upload(self) -> None:
+        """Put the host run state (loss sums, divergence) on the device (after a resume)."""
+        dev = self.device
+        self.loss_sum_t = torch.tensor(self.loss_sum, dtype=torch.float64, device=dev)
+        at = [-1 if d is None else d for d in self.diverged]
+        self.diverged_t = torch.tensor(at, dtype=torch.int64, device=dev)
+        self.diverged_loss_t = torch.tensor(self.diverged_loss, dtype=torch.float32, device=dev)
+
+    def sync(self) -> None:
+        """Copy the device run state to the host lists: the one host sync between
+        evaluations (it waits for the queued steps)."""
+        rows = torch.stack(
+            [self.loss_sum_t, self.diverged_t.double(), self.diverged_loss_t.double()]
+        ).tolist()
+        self.loss_sum = rows[0]
+        self.diverged = [None if d < 0 else int(d) for d in rows[1]]
+        self.diverged_loss = rows[2]
+
+    def prepare(self, stop: int) -> None:
+        """The batch indices of steps ``self.step .. stop - 1`` of every run, built on the
+        host (the same as :func:`batch_indices`) and sent to the device in one copy."""
+        steps = range(self.step, stop)
+        idx = torch.stack(
+            [torch.stack([self._batch_indices(m, s) for m in range(self.M)]) for s in steps]
+        )
+        self.batches, self.batch_start = to_device(idx, self.device), self.step
+
+    def run_steps(self, stop: int, each=None) -> None:
+        """Train up to ``stop`` (from the indices of :meth:`prepare`) without waiting for the
+        device; ``each()`` after every step but the last."""
+        while self.step < stop:
+            self.train_step()
+            if each is not None and self.step < stop:
+                each()
+
     def train_step(self) -> torch.Tensor:
-        """One AdamW update of every live run; returns the per-run training loss (CPU)."""
+        """One AdamW update of every live run; returns the per-run training loss (on the
+        device: nothing here waits for it)."""
         M, s = self.M, self.step
-        idx = torch.stack([self._batch_indices(m, s) for m in range(M)]).to(self.device)
-        with autocast(self.device):
+        if self.batches is None or not 0 <= s - self.batch_start < self.batches.shape[0]:
+            self.prepare(s + 1)
+        idx = self.batches[s - self.batch_start]
+        with autocast(self.device, self.precision):
             logits = stacked_forward(self.params, self.train_tokens[idx], self.mcfg)
         V = logits.shape[-1]
         loss = (
@@ -365,24 +443,21 @@ class _Stack:
             finite = torch.isfinite(loss)
             for g in grads:
                 finite &= torch.isfinite(g.reshape(M, -1)).all(1)
-            active = finite.clone()
-            for m in range(M):
-                if self.diverged[m] is not None:
-                    active[m] = False
+            active = finite & (self.diverged_t < 0)
             applied = self.optimizer.step(list(grads), s, self.c0.schedule(s), active)
             finite &= applied | ~active  # an update that made weights non-finite was undone
-        self.step += 1
-        lcpu = loss.detach().float().cpu()
-        self._account(lcpu, finite)
-        return lcpu
+            self.step += 1
+            self._account(loss.detach().float(), finite)
+        return loss
 
     def _account(self, loss: torch.Tensor, finite: torch.Tensor) -> None:
-        """Record the step's losses, and the step at which a run first diverged."""
-        for m in range(self.M):
-            if self.diverged[m] is None and not bool(finite[m]):
-                self.diverged[m] = self.step
-            elif self.diverged[m] is None:
-                self.loss_sum[m] += float(loss[m])
+        """Record the step's losses, and the step at which a run first diverged (on the
+        device: a run that diverged adds no more losses)."""
+        new = (self.diverged_t < 0) & ~finite
+        self.diverged_t = torch.where(new, self.step, self.diverged_t)
+        self.diverged_loss_t = torch.where(new, loss, self.diverged_loss_t)
+        live = self.diverged_t < 0
+        self.loss_sum_t += torch.where(live, loss.double(), 0.0)
         self.loss_count += 1
 
     def evaluate(self) -> list[dict[str, Any]]:
@@ -401,6 +476,7 @@ class _Stack:
             row.update(diverged_at=self.diverged[m], elapsed_s=round(self.elapsed, 3))
             rows.append(row)
         self.loss_sum = [0.0] * self.M
+        self.loss_sum_t.zero_()
         self.loss_count = 0
         self.metrics.extend(rows)
         return rows
@@ -427,16 +503,17 @@ def _after_step(stack: _Stack) -> None:
     simulate a kill (by replacing it). Does nothing."""
 
 
-def _postfix(rows: list[dict[str, Any]], loss: torch.Tensor) -> dict[str, str]:
-    """The progress bar's numbers: the run's, or the mean over a stack."""
-    keys = ("test_data_acc", "test_task_inferential", "test_task_symmetric")
+def _postfix(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The progress bar's numbers (set at each evaluation): the run's, or the mean over a
+    stack; ``loss`` is the mean training loss since the evaluation before."""
+    keys = ("batch_loss", "test_data_acc", "test_task_inferential", "test_task_symmetric")
     r = (
         rows[0]
         if len(rows) == 1
         else {k: float(np.nanmean([row[k] for row in rows])) for k in keys}
     )
     return dict(
-        loss=f"{float(loss.nanmean()):.3f}",
+        loss=f"{r['batch_loss']:.3f}",
         data=f"{r['test_data_acc']:.2f}",
         inf=f"{r['test_task_inferential']:.2f}",
         sym=f"{r['test_task_symmetric']:.2f}",
@@ -452,17 +529,35 @@ def _kept_checkpoint(root: Path) -> str:
     return f"the checkpoint of step {step} in {root} is kept"
 
 
-def _diverged_error(stack: _Stack, loss: torch.Tensor) -> NumericalError:
-    what = "loss" if not math.isfinite(float(loss[0])) else "updated weights"
+def _diverged_error(stack: _Stack) -> NumericalError:
+    loss = stack.diverged_loss[0]
+    what = "loss" if not math.isfinite(loss) else "updated weights"
     return NumericalError(
-        f"run {stack.cfgs[0].name!r}: the {what} became NaN/inf at step {stack.step}"
-        f" (loss {float(loss[0])}); {_kept_checkpoint(stack.out / 'checkpoint')}",
+        f"run {stack.cfgs[0].name!r}: the {what} became NaN/inf at step {stack.diverged[0]}"
+        f" (loss {loss}); {_kept_checkpoint(stack.out / 'checkpoint')}",
         fix="lower lr, raise gamma (smaller init) or keep grad_clip on",
     )
 
 
+#: most batch indices held on the device at once (int64: 64 MiB)
+MAX_PREPARED = 2**23
+
+
+def _next_stop(stack: _Stack) -> tuple[int, bool]:
+    """The step the loop next stops at, and whether it is a sync point (an evaluation, a
+    checkpoint or the end) rather than the end of the prepared batch indices."""
+    c0, s = stack.c0, stack.step
+    sync = min(c0.steps, *(s - s % k + k for k in (c0.eval_every, c0.checkpoint_every)))
+    room = max(1, MAX_PREPARED // (stack.M * c0.batch_size))
+    return min(sync, s + room), s + room >= sync
+
+
 def _loop(stack: _Stack, progress: bool = True) -> None:
-    """Train from ``stack.step`` to the end: evaluate and checkpoint at their intervals."""
+    """Train from ``stack.step`` to the end: evaluate and checkpoint at their intervals.
+
+    The steps between two sync points (evaluations, checkpoints, the end) queue on the device
+    without waiting for it; the loss sums and divergence live there and come back at a sync
+    point (:meth:`_Stack.sync`). A single run that diverged stops there, naming its step."""
     from tqdm.auto import tqdm
 
     c0 = stack.c0
@@ -478,23 +573,40 @@ def _loop(stack: _Stack, progress: bool = True) -> None:
         dynamic_ncols=True,
         leave=False,
     )
+
+    def each() -> None:
+        _after_step(stack)
+        bar.update(1)
+
     try:
         while stack.step < c0.steps:
+            stop, sync = _next_stop(stack)
             t0 = time.perf_counter()
-            loss = stack.train_step()
+            stack.prepare(stop)
+            stack.run_steps(stop, each)
+            if not sync:
+                each()
+                stack.elapsed += time.perf_counter() - t0
+                continue
+            stack.sync()
             stack.elapsed += time.perf_counter() - t0
-            if stack.single and stack.diverged[0] is not None:
-                raise _diverged_error(stack, loss)
-            if stack.step % c0.eval_every == 0 or stack.step == c0.steps:
-                rows = stack.evaluate()
-                stack.write_metrics()
-                bar.set_postfix(**_postfix(rows, loss), refresh=False)
-            _after_step(stack)
+            _at_sync_point(stack, bar)
+            each()
             if stack.step % c0.checkpoint_every == 0 or stack.step == c0.steps:
                 save_stack(stack)
-            bar.update(1)
     finally:
         bar.close()
+
+
+def _at_sync_point(stack: _Stack, bar: Any) -> None:
+    """A stopped single run raises; at an evaluation step every run is evaluated."""
+    c0 = stack.c0
+    if stack.single and stack.diverged[0] is not None:
+        raise _diverged_error(stack)
+    if stack.step % c0.eval_every == 0 or stack.step == c0.steps:
+        rows = stack.evaluate()
+        stack.write_metrics()
+        bar.set_postfix(**_postfix(rows), refresh=False)
 
 
 def _outputs(stack: _Stack, out: Path) -> list[RunOutput]:
@@ -547,12 +659,13 @@ def train_stack(
         if not resume:
             _start_over(out)
         stack = _Stack(configs, out, single=single)
-        if resume:
-            resume_stack(stack)
+        if resume and resume_stack(stack):
+            stack.upload()
         settings = configs[0].to_dict() if single else [c.to_dict() for c in configs]
         atomic_write_text(out / "config.json", json.dumps(settings, indent=1))
         if stack.step < stack.c0.steps or not stack.metrics:
-            _loop(stack, progress=progress)
+            with deterministic_mode(configs[0].deterministic, stack.device):
+                _loop(stack, progress=progress)
         shutil.rmtree(previous_of(out / "checkpoint"), ignore_errors=True)
         return _outputs(stack, out)
 
@@ -565,6 +678,7 @@ def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
     """The stack's device, once its settings and memory are checked (nothing is built)."""
     _check_stack(configs)
     device = resolve_device(configs[0].device)
+    check_deterministic(configs[0].deterministic, device)
     what = f"training {len(configs)} stacked run(s) of {configs[0].model.n_params()} parameters"
     check_fits(anchor_run_bytes(configs), device, what)
     return device
