@@ -291,7 +291,8 @@ def _card(name: str, result: dict[str, Any]) -> str:
     )
     figure = result["diagnosis"].results["attention_knockout"].figure()
     figure.layout.width = None  # the card's width, not the figure's own
-    figure.update_layout(height=420, autosize=True)
+    # the card's heading says what the figure is: a plotly title does not wrap in half a page
+    figure.update_layout(height=420, autosize=True, title_text=None, margin_t=30)
     plot = figure.to_html(
         full_html=False, include_plotlyjs=False, default_width="100%", config={"responsive": True}
     )
@@ -300,7 +301,8 @@ def _card(name: str, result: dict[str, Any]) -> str:
         f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(name)} model</a></h2>"
         f"<p>initialization rate γ = {REFERENCE[name]} "
         f"({'large' if REFERENCE[name] < 0.65 else 'small'} initial weights)</p>"
-        f"<table>{rows}</table><h3>Attention-edge knockout</h3>{plot}"
+        f"<table>{rows}</table><h3>Attention-edge knockout: the answer's probability when "
+        f"the query position cannot attend to one role</h3>{plot}"
         f"<details><summary>Verdict</summary><ul>{items}</ul></details>"
         f"<p><a href='{name}/report.html'>full report</a></p></div>"
     )
@@ -325,7 +327,12 @@ def _index_page(cards: list[str], quick: bool = False) -> str:
         "solution composes the two anchors' shifts (x−10); the symmetric one copies the "
         "answer of the mirrored pair (3,4), x−6.</p><div class='cards'>"
         + "".join(cards)
-        + "</div></body></html>"
+        + "</div>"
+        # each figure drew itself while the page was parsed, before the second card existed
+        # and halved the first one's width: redraw both at their cards' widths
+        + "<script>window.addEventListener('load', () => document.querySelectorAll("
+        "'.js-plotly-plot').forEach(plot => Plotly.Plots.resize(plot)));</script>"
+        + "</body></html>"
     )
 
 
