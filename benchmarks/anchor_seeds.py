@@ -47,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=None, help="layers")
     p.add_argument("--d-model", type=int, default=None, help="width")
     p.add_argument("--n-heads", type=int, default=None, help="attention heads")
+    p.add_argument("--d-mlp", type=int, default=None, help="MLP width (default 4 * d_model)")
     p.add_argument("--init-scheme", default=None, help="fan_in or official")
     p.add_argument(
         "--key-split",
@@ -77,10 +78,13 @@ def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
             ("n_layers", args.n_layers),
             ("d_model", args.d_model),
             ("n_heads", args.n_heads),
+            ("d_mlp", args.d_mlp),
             ("init_scheme", args.init_scheme),
         )
         if v is not None
     }
+    if "d_model" in model and "d_mlp" not in model:  # else replace() keeps 4 * the old width
+        model["d_mlp"] = 4 * model["d_model"]
     task = {"n_train": args.n_train} if args.n_train is not None else {}
     task["key_split"] = args.key_split
     return train, model, task
