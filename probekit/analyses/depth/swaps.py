@@ -137,8 +137,8 @@ class SwapResult(Result):
             mat.to_numpy(),
             x=list(range(n)),
             y=list(range(n)),
-            title=f"Loss change of swapping layers i and j; {self.summary['n_blocks']} "
-            "permutable block(s) (framed; bootstrap confidence of each boundary above)",
+            title="Loss change of swapping layers i and j; permutable blocks framed, "
+            "bootstrap confidence of each block boundary on top",
             x_title="layer j",
             y_title="layer i",
             colorbar="Δ loss (nats)",
@@ -155,8 +155,14 @@ class SwapResult(Result):
             )
         for k, conf in self.boundary_confidence().items():
             if conf > 0:
-                fig.add_annotation(
-                    x=k - 0.5, y=-0.9, text=f"{conf:.0%}", showarrow=False, font={"size": 10}
+                fig.add_annotation(  # above the plot area, not inside a layer's row
+                    x=k - 0.5,
+                    y=1.0,
+                    yref="paper",
+                    yanchor="bottom",
+                    text=f"{conf:.0%}",
+                    showarrow=False,
+                    font={"size": 10},
                 )
         return fig
 
