@@ -115,8 +115,15 @@ OUTPUT_BATCH_BYTES = 64 * 2**20
 """The most bytes one batch's float32 output ``[sequences, tokens, vocabulary or width]`` takes
 when no ``batch_size`` is given: :meth:`Model.prepare` splits larger batches so. Every
 analysis holds a few output-sized tensors per batch (the clean side, a variant's logits, a
-lens layer's logits, the gradient of the loss), so at a real vocabulary this, not the
-residuals, sets the peak memory; the per-token numbers do not depend on the split."""
+lens layer's logits), so at a real vocabulary this, not the residuals, sets the peak memory;
+the per-token numbers do not depend on the split. A backward (``prepare(...,
+backward=True)``) counts the output three times and :data:`BACKWARD_FLOATS_PER_LAYER` floats
+per token and layer besides."""
+
+BACKWARD_FLOATS_PER_LAYER = 24
+"""Floats per token, in units of d_model, that a backward keeps per block (the activations
+autograd saves: norms, attention projections and probabilities, the MLP's hidden layer), for
+the backward's default batch size."""
 """The sentence-transformers pooling modes probekit reads: the mean over real tokens, the first
 token (CLS), or the last real token."""
 
@@ -738,11 +745,14 @@ class Model:
                     fix="load an earlier checkpoint or retrain with a lower learning rate",
                 )
 
-    def prepare(self, data: Data, batch_size: int | None = None) -> list[Batch]:
+    def prepare(
+        self, data: Data, batch_size: int | None = None, backward: bool = False
+    ) -> list[Batch]:
         """Validate ``data`` against this model and return batches on its device with labels.
 
         Without a ``batch_size``, a batch whose output would exceed :data:`OUTPUT_BATCH_BYTES`
-        is split (:meth:`default_batch_size`); pass ``batch_size`` to choose.
+        is split (:meth:`default_batch_size`; smaller for a ``backward``); pass ``batch_size``
+        to choose.
 
         Raises :class:`InputError` for empty data, token ids that are not integers or lie
         outside the vocabulary, sequences longer than the context, masks that are not right
@@ -751,7 +761,7 @@ class Model:
         with no position to predict at all.
         """
         out = []
-        for batch in self._split(as_batches(data, batch_size), batch_size):
+        for batch in self._split(as_batches(data, batch_size), batch_size, backward):
             _check_tokens(batch.tokens, self.d_vocab, self.n_ctx)
             for what, t in (("attention_mask", batch.attention_mask), ("labels", batch.labels)):
                 if t is not None and t.shape != batch.tokens.shape:
@@ -779,9 +789,10 @@ class Model:
             )
         return out
 
-    def default_batch_size(self, seq_len: int) -> int:
+    def default_batch_size(self, seq_len: int, backward: bool = False) -> int:
         """Sequences of ``seq_len`` tokens per batch when none is given: as many as keep one
-        batch's float32 output within :data:`OUTPUT_BATCH_BYTES` (at least one).
+        batch's float32 output within :data:`OUTPUT_BATCH_BYTES` (at least one); for a
+        ``backward``, with the gradients and saved activations counted too.
 
         Example:
             >>> from probekit.toy import toy_model
@@ -790,9 +801,14 @@ class Model:
             2
         """
         width = self.d_vocab if self.output_kind == "logits" else self.d_model
-        return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * width))
+        floats = width
+        if backward:
+            floats = 3 * width + BACKWARD_FLOATS_PER_LAYER * self.d_model * self.n_layers
+        return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
 
-    def _split(self, batches: list[Batch], batch_size: int | None) -> list[Batch]:
+    def _split(
+        self, batches: list[Batch], batch_size: int | None, backward: bool = False
+    ) -> list[Batch]:
         """``batches`` as they are when a ``batch_size`` was given, else each split to
         :meth:`default_batch_size`."""
         if batch_size is not None:
@@ -800,7 +816,9 @@ class Model:
         return [
             part
             for batch in batches
-            for part in as_batches(batch, self.default_batch_size(batch.tokens.shape[-1]))
+            for part in as_batches(
+                batch, self.default_batch_size(batch.tokens.shape[-1], backward)
+            )
         ]
 
     def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -157,7 +157,7 @@ def gradient_norms(
         )
     model = load(model)
     model.require_vocabulary("gradient_norms (it backpropagates the token loss)")
-    batches = model.prepare(data, batch_size)
+    batches = model.prepare(data, batch_size, backward=True)
     selected, masks, total = _loss_masks(batches, positions)
     acc = TokenMeans()
     loss_value = 0.0
