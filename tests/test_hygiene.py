@@ -42,11 +42,12 @@ def _snapshot(model, tokens, mask):
 
 
 def fail_midway(monkeypatch, at: int) -> None:
-    """Make the ``at``-th call of TokenMeans.add or Trace.run_block (together) raise: a failure
-    inside an analysis's hooks and resumed forwards."""
+    """Make the ``at``-th call of TokenMeans.add or Trace._call (together) raise: a failure
+    inside an analysis's hooks and resumed forwards (``Trace._call`` runs every resumed block,
+    one variant or stacked ones, through the bridge or the Hugging Face copies)."""
     calls = {"n": 0}
     original_add = _common.TokenMeans.add
-    original_run_block = Trace.run_block
+    original_call = Trace._call
 
     def tick() -> None:
         calls["n"] += 1
@@ -57,12 +58,12 @@ def fail_midway(monkeypatch, at: int) -> None:
         tick()
         return original_add(self, *args, **kwargs)
 
-    def failing_run_block(self, layer, residual):
+    def failing_call(self, *args, **kwargs):
         tick()
-        return original_run_block(self, layer, residual)
+        return original_call(self, *args, **kwargs)
 
     monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
-    monkeypatch.setattr(Trace, "run_block", failing_run_block)
+    monkeypatch.setattr(Trace, "_call", failing_call)
 
 
 def _assert_same(before, after):
