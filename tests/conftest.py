@@ -13,6 +13,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from probekit.tasks import AnchorTask  # noqa: E402
+from probekit.training import ModelConfig, TrainConfig  # noqa: E402
+
 torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves a core free
 
 VOCAB = 50
@@ -30,6 +33,31 @@ TINY_LM = dict(
     warmup_steps=1,
 )
 """LMConfig settings of a byte-level LM that trains in a second (the trainer fault tests)."""
+
+
+TINY_ANCHOR_TASK = AnchorTask(n_train=256, n_test=64, seed=5)
+"""The anchor task of :func:`tiny_anchor` (one instance, so its generated data are shared)."""
+
+
+def tiny_anchor(**overrides) -> TrainConfig:
+    """A TrainConfig of a 2-layer, d_model 16 anchor model on 256 sequences that trains in a
+    second (8 steps, evaluated and checkpointed every 2); ``overrides`` replace any field."""
+    settings = dict(
+        model=ModelConfig(n_layers=2, d_model=16, n_heads=2, gamma=0.5),
+        task=TINY_ANCHOR_TASK,
+        steps=8,
+        batch_size=32,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=2,
+        checkpoint_every=2,
+        eval_train_samples=64,
+        device="cpu",
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
 ARCHS = ("gpt2", "llama", "bert")
 
 

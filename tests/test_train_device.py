@@ -21,27 +21,19 @@ from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
 from probekit.errors import ConfigError
-from probekit.tasks import AnchorTask
 from probekit.tasks.corpus import VOCAB_SIZE
-from probekit.training import ModelConfig, TrainConfig, train
+from probekit.training import TrainConfig, train
 from probekit.training import optim as optim_mod
 from probekit.training import trainer as trainer_mod
 from probekit.training.lm import LMConfig, _LMTrainer, train_lm
 from probekit.training.models import stacked_forward
 from probekit.training.precision import autocast, check_deterministic
-from tests.conftest import TINY_LM
+from tests.conftest import TINY_LM, tiny_anchor
 
 torch.set_num_threads(1)
 
-TASK = AnchorTask(n_train=256, n_test=64, seed=5)
-
-
 def tiny(**kw) -> TrainConfig:
-    base = dict(model=ModelConfig(n_layers=2, d_model=16, n_heads=2, gamma=0.5), task=TASK,
-                steps=6, batch_size=32, lr=3e-3, warmup_steps=2, eval_every=3,
-                checkpoint_every=3, eval_train_samples=64, device="cpu")
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_anchor(**{"steps": 6, "eval_every": 3, "checkpoint_every": 3, **kw})
 
 
 # ----------------------------------------------------------------------------- the guard

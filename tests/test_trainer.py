@@ -17,18 +17,12 @@ from probekit.training import ModelConfig, TrainConfig, init_params, train
 from probekit.training import models as models_mod
 from probekit.training import trainer as trainer_mod
 from probekit.training.models import init_stacked_params, stacked_forward, to_hf_model
+from tests.conftest import TINY_ANCHOR_TASK, tiny_anchor
 
 torch.set_num_threads(1)
 
-TINY_TASK = AnchorTask(n_train=256, n_test=64, seed=5)
-
-
-def tiny(**kw) -> TrainConfig:
-    base = dict(model=ModelConfig(n_layers=2, d_model=16, n_heads=2, gamma=0.5), task=TINY_TASK,
-                steps=8, batch_size=32, lr=3e-3, warmup_steps=2, eval_every=2,
-                checkpoint_every=2, eval_train_samples=64, device="cpu")
-    base.update(kw)
-    return TrainConfig(**base)
+TINY_TASK = TINY_ANCHOR_TASK
+tiny = tiny_anchor
 
 
 # ----------------------------------------------------------------------------- models
