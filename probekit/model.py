@@ -761,7 +761,7 @@ class Model:
         with no position to predict at all.
         """
         out = []
-        for batch in self._split(as_batches(data, batch_size), batch_size, backward):
+        for batch in self.split_batches(as_batches(data, batch_size), batch_size, backward):
             _check_tokens(batch.tokens, self.d_vocab, self.n_ctx)
             for what, t in (("attention_mask", batch.attention_mask), ("labels", batch.labels)):
                 if t is not None and t.shape != batch.tokens.shape:
@@ -806,11 +806,11 @@ class Model:
             floats = 3 * width + BACKWARD_FLOATS_PER_LAYER * self.d_model * self.n_layers
         return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
 
-    def _split(
+    def split_batches(
         self, batches: list[Batch], batch_size: int | None, backward: bool = False
     ) -> list[Batch]:
         """``batches`` as they are when a ``batch_size`` was given, else each split to
-        :meth:`default_batch_size`."""
+        :meth:`default_batch_size` (what :meth:`prepare` runs, before validating)."""
         if batch_size is not None:
             return batches
         return [

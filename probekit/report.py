@@ -147,10 +147,7 @@ def measured(
     from probekit.data import as_batches
 
     batches = as_batches(data)
-    per_batch = [int(b.tokens.shape[0]) for b in as_batches(data, batch_size)]
-    if batch_size is None:
-        per_batch = [min(n, model.default_batch_size(b.tokens.shape[-1]))
-                     for n, b in zip(per_batch, batches, strict=True)]
+    split = model.split_batches(as_batches(data, batch_size), batch_size)
     versions = {}
     for package in ("probekit", "torch", "transformer-lens", "transformers"):
         try:
@@ -160,7 +157,7 @@ def measured(
     return {
         "n_sequences": sum(int(b.tokens.shape[0]) for b in batches),
         "seq_len": max(int(b.tokens.shape[1]) for b in batches),
-        "sequences_per_batch": max(per_batch),
+        "sequences_per_batch": max(int(b.tokens.shape[0]) for b in split),
         **settings,
         "versions": versions,
         "device": str(model.device),
