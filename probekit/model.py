@@ -1097,7 +1097,8 @@ class Trace:
 
     def _stacked(self, call: tuple[tuple, dict], copies: int) -> tuple[tuple, dict]:
         """The clean ``call`` with every tensor that has the batch dimension first repeated
-        ``copies`` times along it (masks, position ids, ...)."""
+        ``copies`` times along it (masks, position ids, ...); BLOOM's ``alibi``, whose first
+        dimension is batch x heads (batch-major), is repeated per sequence the same way."""
         size = self.batch.tokens.shape[0]
 
         def tile(value: Any) -> Any:
@@ -1107,8 +1108,18 @@ class Trace:
                 return type(value)(tile(v) for v in value)
             return value
 
+        def tile_alibi(value: Any) -> Any:
+            heads = self.model.n_heads
+            if not isinstance(value, torch.Tensor) or value.shape[0] != size * heads:
+                return tile(value)
+            per_sequence = value.reshape(size, heads, *value.shape[1:])
+            return torch.cat([per_sequence] * copies).flatten(0, 1)
+
         args, kwargs = call
-        return tile(args), {key: tile(value) for key, value in kwargs.items()}
+        return tile(args), {
+            key: tile_alibi(value) if key == "alibi" else tile(value)
+            for key, value in kwargs.items()
+        }
 
     def run_stacked(self, layer: int, residuals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run block ``layer`` once on several variants' residuals stacked along the batch

@@ -16,7 +16,7 @@ from probekit.analyses.depth.shared import Shared
 from probekit.errors import InputError
 from probekit.report import diagnose
 from tests import reference as ref
-from tests.conftest import make_hf, sample_tokens
+from tests.conftest import make_family, make_hf, sample_tokens
 
 
 def _logits(vocab: int, scale: float, eps: float, seed: int = 0):
@@ -74,6 +74,8 @@ def test_lens_measures_match_the_float64_formulas():
 
 
 def _model(arch: str = "gpt2", n_layers: int = 4):
+    if arch == "bloom":  # ALiBi: a [batch * heads, 1, T] argument to repeat per variant
+        return probekit.load(make_family(arch, n_layers=n_layers))
     return probekit.load(make_hf(arch, n_layers=n_layers))
 
 
@@ -105,7 +107,7 @@ def test_a_cache_belongs_to_one_model():
         Shared(_model(), autocast="fp8")
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bloom"])
 def test_stacked_variants_equal_one_at_a_time(arch):
     model = _model(arch)
     data = sample_tokens(pad=False)

@@ -17,8 +17,8 @@ from probekit.interventions import reorder_layers
 from probekit.model import RAW_BLOCKS_ENV, _HFBlocks
 from tests.conftest import family_tokens, hf_config, make_family
 
-CASES = ("gpt2", "llama", "bert", "gpt2-headless", "bert-headless")
-"""Learned positions, rotary, an encoder, and base models without a head."""
+CASES = ("gpt2", "llama", "bert", "bloom", "gpt2-headless", "bert-headless")
+"""Learned positions, rotary, an encoder, ALiBi, and base models without a head."""
 
 
 def _load(case: str, n_layers: int = 3) -> probekit.Model:
