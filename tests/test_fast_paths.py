@@ -45,6 +45,79 @@ def test_chunked_measures_match_the_float64_formulas(eps):
     assert all(torch.equal(got[name], direct[name]) for name in got)
 
 
+def test_a_subset_of_measures_equals_the_full_computation():
+    clean, changed, labels = _logits(600, 4.0, 0.5)
+    side = _common.clean_side(clean, labels)
+    full = _common.output_change(side, changed, labels)
+    for subset in (("loss_delta",), ("kl", "prob_l2"), ("logit_l2",)):
+        got = _common.output_change(side, changed, labels, measures=subset)
+        assert sorted(got) == sorted(subset)
+        assert all(torch.equal(got[name], full[name]) for name in subset)
+    with pytest.raises(ValueError, match="unknown"):
+        _common.output_change(side, changed, labels, measures=("entropy",))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_all_finite_agrees_with_the_elementwise_test(dtype):
+    from probekit.model import all_finite
+
+    huge = 1e308 if dtype == torch.float64 else 3e38
+    big = torch.full((300, 500), huge, dtype=dtype)
+    cases = [torch.randn(300, 500).to(dtype), big]  # finite; finite whose sum overflows
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        spoiled = torch.randn(300, 500).to(dtype)
+        spoiled[123, 45] = bad
+        cases.append(spoiled)
+    mixed = torch.zeros(10).to(dtype)
+    mixed[0], mixed[1] = float("inf"), -float("inf")  # their sum is NaN, so is the verdict
+    cases.append(mixed)
+    for tensor in cases:
+        assert all_finite(tensor) == bool(torch.isfinite(tensor).all())
+
+
+def test_the_blocked_head_is_bit_identical_and_yields_to_hooks(monkeypatch):
+    from probekit import model as model_module
+
+    model = _model("gpt2")
+    monkeypatch.setattr(model_module, "VOCAB_CHUNK", 7)  # blocks on a tiny vocabulary
+    calls = []
+    blocked = model_module._blocked_linear
+    monkeypatch.setattr(
+        model_module, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a)
+    )
+    [batch] = model.prepare(sample_tokens())
+    trace = model.trace(batch)
+    residual = trace.residuals[-1]
+    with torch.no_grad():
+        fast = model.head(residual)
+        plain = model.bridge.unembed(model.bridge.ln_final(residual))
+    assert calls and torch.allclose(fast, plain, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(fast, trace.logits, rtol=1e-6, atol=1e-7)
+
+    def shift(tensor, hook):
+        return tensor + 1.0
+
+    calls.clear()
+    with torch.no_grad(), model.hooks([("unembed.hook_out", shift)]):
+        hooked = model.head(residual)
+    assert not calls and torch.equal(hooked, plain + 1.0)  # the hook ran: no blocked path
+
+
+def test_blocks_of_the_real_chunk_give_the_one_product():
+    from probekit.model import VOCAB_CHUNK, _blocked_linear
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(2 * VOCAB_CHUNK + 77, 64, generator=g)
+    bias = torch.randn(weight.shape[0], generator=g)
+    for rows in (1, 6, 300):
+        x = torch.randn(2, rows, 64, generator=g)
+        for b in (None, bias):
+            want = torch.nn.functional.linear(x, weight, b)
+            got = _blocked_linear(x, weight, b)
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_identical_outputs_measure_exactly_zero():
     clean, _, labels = _logits(300, 4.0, 0.0)
     side = _common.clean_side(clean, labels)
@@ -93,6 +166,25 @@ def test_a_shared_cache_runs_each_skip_once_and_changes_no_number():
         probekit.skip_effects(model, data, cache=cache),
     ]
     assert cache.runs == {"traces": 1, "skips": model.n_layers, "swaps": 0}
+    for a, b in zip(alone, shared, strict=True):
+        np.testing.assert_allclose(_values(a), _values(b), rtol=0, atol=1e-12)
+
+
+def test_a_shared_cache_traces_no_batch_again_for_variants_it_holds():
+    model, data = _model(), sample_tokens()
+    alone = [
+        probekit.skip_effects(model, data, batch_size=2),
+        probekit.layer_swaps(model, data, batch_size=2, n_bootstrap=0),
+    ]
+    cache = Shared(model)
+    probekit.contributions(model, data, batch_size=2, cache=cache)
+    probekit.layer_swaps(model, data, batch_size=2, n_bootstrap=0, cache=cache)
+    assert cache.runs["traces"] == 6  # 3 batches of 2, each traced once per analysis
+    shared = [
+        probekit.skip_effects(model, data, batch_size=2, cache=cache),
+        probekit.layer_swaps(model, data, batch_size=2, n_bootstrap=0, cache=cache),
+    ]
+    assert cache.runs["traces"] == 6  # skips, swaps, clean costs and norms all held
     for a, b in zip(alone, shared, strict=True):
         np.testing.assert_allclose(_values(a), _values(b), rtol=0, atol=1e-12)
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit.errors import NumericalError
+from probekit.model import all_finite
 
 OUTPUT_MEASURES = ("logit_l2", "kl", "prob_l2", "loss_delta")
 """How an intervention's output is compared with the clean output, per token:
@@ -25,7 +26,7 @@ OUTPUT_MEASURES = ("logit_l2", "kl", "prob_l2", "loss_delta")
 
 def check_finite(logits: torch.Tensor, what: str = "the model's outputs") -> None:
     """Raise :class:`NumericalError` if ``logits`` hold NaN or infinities."""
-    if not torch.isfinite(logits).all():
+    if not all_finite(logits):
         raise NumericalError(
             f"{what} contain NaN or infinite values",
             fix="check the checkpoint's weights (probekit.load checks them) and the input data",
@@ -116,9 +117,11 @@ def output_change(
     changed: torch.Tensor,
     labels: torch.Tensor,
     chunk: int = CHUNK_TOKENS,
+    measures: tuple[str, ...] = OUTPUT_MEASURES,
 ) -> dict[str, torch.Tensor]:
-    """Per-token measures (see :data:`OUTPUT_MEASURES`) of ``changed`` logits against ``clean``
-    (logits, or their :func:`clean_side` computed once per batch), ``[B, T]`` in float64.
+    """Per-token measures (see :data:`OUTPUT_MEASURES`; ``measures`` picks some) of
+    ``changed`` logits against ``clean`` (logits, or their :func:`clean_side` computed once per
+    batch), ``[B, T]`` in float64.
 
     Computed ``chunk`` tokens at a time in float32, so memory is bounded by a chunk, and
     written from the logit difference d = z' - z so that nothing large cancels in float32:
@@ -127,32 +130,49 @@ def output_change(
     change is log1p(S) - d[y]; per-token values are float64. Against the all-float64 formulas
     the differences are ~1e-7 relative (tests/test_fast_paths.py); tokens whose logits rise by
     more than :data:`EXP_SAFE`, or whose S < -0.5 (1 + S would lose digits), are measured in
-    float64.
+    float64. One ``[chunk, vocab]`` temporary per chunk (d, then e^d - 1 in its place).
+
+    Example:
+        >>> z = torch.tensor([[[0.0, 1.0, 2.0]]])
+        >>> out = output_change(z, z + torch.tensor([0.0, 0.0, 1.0]), torch.tensor([[2]]))
+        >>> round(float(out["loss_delta"]), 4), sorted(output_change(z, z, z[..., 0].long(),
+        ...     measures=("kl",)))
+        (-0.2378, ['kl'])
     """
+    unknown = set(measures) - set(OUTPUT_MEASURES)
+    if unknown:
+        raise ValueError(f"unknown output measures {sorted(unknown)}")
     side = clean if isinstance(clean, CleanSide) else clean_side(clean, labels, chunk)
     flat = changed.reshape(-1, changed.shape[-1])
     n, f64 = flat.shape[0], torch.float64
     out = {name: torch.empty(n, dtype=f64, device=flat.device) for name in OUTPUT_MEASURES}
     for part in _chunks(n, chunk):
-        z, d = side.logits[part], flat[part].float() - side.logits[part]
-        p, y = side.p[part], side.labels[part]
-        pe = torch.expm1(d).mul_(p)
+        z, p, y = side.logits[part], side.p[part], side.labels[part]
+        d = flat[part].float() - z
+        rise = d.amax(-1)
+        if "logit_l2" in measures:
+            out["logit_l2"][part] = torch.linalg.vector_norm(d, dim=-1).double()
+        if "kl" in measures:
+            p_d = torch.linalg.vecdot(p, d).double()
+        picked = d.gather(-1, y.clamp(min=0)[:, None])[:, 0].double()
+        pe = d.expm1_().mul_(p)  # d is not needed any more: e^d - 1 in its place, times p
         s = pe.sum(-1, keepdim=True)
         shift = s[:, 0].double().log1p()
-        out["logit_l2"][part] = torch.linalg.vector_norm(d, dim=-1).double()
-        out["kl"][part] = shift - (p * d).sum(-1).double()
-        out["prob_l2"][part] = torch.linalg.vector_norm(pe.sub_(p * s), dim=-1).double() / (
-            1 + s[:, 0].double()
-        )
-        picked = d.gather(-1, y.clamp(min=0)[:, None])[:, 0].double()
+        if "kl" in measures:
+            out["kl"][part] = shift - p_d
+        if "prob_l2" in measures:
+            spread = pe.addcmul_(p, s, value=-1)  # p (e^d - 1 - S)
+            out["prob_l2"][part] = torch.linalg.vector_norm(spread, dim=-1).double() / (
+                1 + s[:, 0].double()
+            )
         out["loss_delta"][part] = torch.where(y != -100, shift - picked, 0.0)
-        wild = (d.amax(-1) > EXP_SAFE) | (s[:, 0] < -0.5)  # e^d overflows, or 1 + S loses digits
+        wild = (rise > EXP_SAFE) | (s[:, 0] < -0.5)  # e^d overflows, or 1 + S loses digits
         if bool(wild.any()):
             rows = torch.arange(part.start, part.stop, device=flat.device)[wild]
-            exact = _output_change64(z[wild], z[wild] + d[wild], y[wild])
+            exact = _output_change64(z[wild], flat[part][wild].float(), y[wild])
             for name, values in exact.items():
                 out[name][rows] = values
-    return {name: values.view(side.shape) for name, values in out.items()}
+    return {name: out[name].view(side.shape) for name in measures}
 
 
 def _output_change64(z: torch.Tensor, zq: torch.Tensor, y: torch.Tensor) -> dict:
@@ -229,23 +249,30 @@ def sequence_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def variant_measures(
-    model: Any, batch: Any, clean: torch.Tensor | CleanSide, changed: torch.Tensor
+    model: Any,
+    batch: Any,
+    clean: torch.Tensor | CleanSide,
+    changed: torch.Tensor,
+    measures: tuple[str, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Every output measure of ``model`` (:func:`output_measures`) for one variant, ``[B, T]``:
+    """Every output measure of ``model`` (:func:`output_measures`; or those in ``measures``)
+    for one variant, ``[B, T]``:
     :func:`output_change` for logits (``clean`` may be their :func:`clean_side`);
     :func:`hidden_change` per token for a hidden state; for an embedding, :func:`hidden_change`
     of the pooled embeddings (:meth:`~probekit.model.Model.pool`), one value per sequence spread
     over its positions (count it once per sequence: :func:`measure_positions`)."""
     kind = model.output_kind
     if kind == "logits":
-        return output_change(clean, changed, batch.labels)
+        return output_change(clean, changed, batch.labels, measures=measures or OUTPUT_MEASURES)
     if kind == "hidden":
-        return hidden_change(clean, changed)
-    attention = batch.attention_mask
-    pooled = hidden_change(
-        model.pool(clean.double(), attention), model.pool(changed.double(), attention)
-    )
-    return {name: v[:, None].expand(changed.shape[:2]) for name, v in pooled.items()}
+        out = hidden_change(clean, changed)
+    else:
+        attention = batch.attention_mask
+        pooled = hidden_change(
+            model.pool(clean.double(), attention), model.pool(changed.double(), attention)
+        )
+        out = {name: v[:, None].expand(changed.shape[:2]) for name, v in pooled.items()}
+    return out if measures is None else {name: out[name] for name in measures}
 
 
 def measure_positions(

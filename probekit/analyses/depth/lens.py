@@ -1,7 +1,8 @@
 """Logit lens: decode the residual stream after every layer with the model's own head.
 
 For depth d = 0 .. L (d = number of blocks applied; 0 is the embedding), p_d is the softmax of
-the final norm + unembedding applied to the residual after d blocks. Per token, averaged over
+the final norm + unembedding applied to the residual after d blocks (at d = L the model's own
+output, taken from the clean forward: no head is run for it). Per token, averaged over
 the selected positions: ``kl`` = KL(p_d || p_final) and ``topk_overlap`` = |top-k(p_d) ∩
 top-k(p_final)| / k. With ``convention="probekit"`` (default) both are averaged over all
 selected tokens of all prompts pooled; with ``"csordas2025"`` over the tokens of each prompt,
@@ -138,8 +139,11 @@ def logit_lens(
         trace, side = shared.trace(batch), shared.side(batch)
         mask = position_mask(batch, positions)
         for depth, residual in enumerate(trace.residuals):
-            with shared.precision():
-                layer_logits = model.head(residual)
+            if depth == model.n_layers:  # the final depth decodes to the clean output itself
+                layer_logits = side.logits
+            else:
+                with shared.precision():
+                    layer_logits = model.head(residual)
             measures = lens_measures(layer_logits, side, k)
             for name, values in measures.items():
                 red.add((depth, name), values, mask, ids)

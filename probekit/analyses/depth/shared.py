@@ -10,7 +10,11 @@ It keeps:
   output measures and, per later layer, ``||D'_l - D_l||``: what ``contributions`` (component
   'layer') and ``skip_effects`` both need, so each skip runs once (a few ``[B, T]`` float64
   tensors per variant, not its logits);
-- per swap order, the per-token loss change.
+- per swap order, the per-token loss change;
+- per batch (every batch, a few ``[B, T]`` float64 tensors each) its clean per-token cost and
+  clean update norms ``||D_l||``, so an analysis that finds every variant it needs already
+  measured (``skip_effects`` after ``contributions``, the clean side of ``layer_swaps``) does
+  not trace the batch again.
 
 Hook-free variants (whole-layer skips, swaps) can run several at a time stacked along the
 batch dimension (:meth:`probekit.model.Trace.resume_stacked`): ``variants_per_pass`` sets how
@@ -100,6 +104,8 @@ class Shared:
         self._key: str | None = None
         self._trace: Trace | None = None
         self._side: CleanSide | None = None
+        self._costs: dict[str, torch.Tensor] = {}
+        self._norms: dict[str, list[torch.Tensor]] = {}
         self.skips: dict[tuple, SkipRecord] = {}
         self.swaps: dict[tuple, torch.Tensor] = {}
         self.runs = {"traces": 0, "skips": 0, "swaps": 0}
@@ -131,6 +137,15 @@ class Shared:
             self._trace = trace
             if self.model.output_kind == "logits":
                 self._side = clean_side(trace.logits, batch.labels)
+                self._costs[key] = self._side.loss.view(self._side.shape)
+            else:
+                self._costs[key] = torch.zeros(
+                    batch.tokens.shape, dtype=torch.float64, device=batch.tokens.device
+                )
+            self._norms[key] = [
+                (after - before).double().norm(dim=-1)
+                for before, after in zip(trace.residuals[:-1], trace.residuals[1:], strict=True)
+            ]
             self.runs["traces"] += 1
         return key
 
@@ -152,20 +167,26 @@ class Shared:
 
     def clean_cost(self, batch: Batch) -> torch.Tensor:
         """The clean per-token cost ``[B, T]`` of :func:`cost_measure`: the loss with a
-        vocabulary, 0 without one (the clean output's change from itself)."""
-        self._load(batch)
-        if self._side is not None:
-            return self._side.loss.view(self._side.shape)
-        return torch.zeros(batch.tokens.shape, dtype=torch.float64, device=batch.tokens.device)
+        vocabulary, 0 without one (the clean output's change from itself); kept per batch."""
+        key = _batch_key(batch)
+        return self._costs[key] if key in self._costs else self._costs[self._load(batch)]
 
-    def measure(self, batch: Batch, changed: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every output measure ``[B, T]`` of the output ``changed`` against the clean one of
-        ``batch`` (:func:`variant_measures`)."""
+    def clean_norms(self, batch: Batch) -> list[torch.Tensor]:
+        """Per layer l the clean update norm ``||D_l||`` ``[B, T]`` (float64); kept per
+        batch."""
+        key = _batch_key(batch)
+        return self._norms[key] if key in self._norms else self._norms[self._load(batch)]
+
+    def measure(
+        self, batch: Batch, changed: torch.Tensor, measures: tuple[str, ...] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Every output measure ``[B, T]`` (or those in ``measures``) of the output
+        ``changed`` against the clean one of ``batch`` (:func:`variant_measures`)."""
         self._load(batch)
         trace = self._trace
         assert trace is not None
         clean = self._side if self._side is not None else trace.logits
-        return variant_measures(self.model, trace.batch, clean, changed)
+        return variant_measures(self.model, trace.batch, clean, changed, measures)
 
     def per_pass(self) -> int:
         """How many variants one stacked forward runs."""
@@ -183,9 +204,10 @@ class Shared:
     def skip(self, batch: Batch, layer: int, inter: torch.Tensor | None) -> SkipRecord:
         """The record of skipping ``layer`` at the positions in ``inter`` (all: None); on a
         miss every layer's skip of this batch and mask is computed, stacked per pass."""
-        key = self._load(batch)
+        key = _batch_key(batch)
         mask_key = None if inter is None else _fingerprint(inter)
         if (key, layer, mask_key) not in self.skips:
+            self._load(batch)
             for record_layer, record in self._run_skips(inter):
                 self.skips[(key, record_layer, mask_key)] = record
         return self.skips[(key, layer, mask_key)]
@@ -225,10 +247,13 @@ class Shared:
     ) -> list[torch.Tensor]:
         """Per-token change ``[B, T]`` of the :func:`cost_measure` (the loss with a
         vocabulary) of each full layer order (resumed at its start)."""
-        key = self._load(batch)
+        key = _batch_key(batch)
+        todo = [i for i, o in enumerate(orders) if (key, tuple(o)) not in self.swaps]
+        if not todo:
+            return [self.swaps[(key, tuple(o))] for o in orders]
+        self._load(batch)
         trace = self._trace
         assert trace is not None
-        todo = [i for i, o in enumerate(orders) if (key, tuple(o)) not in self.swaps]
         step = self.per_pass()
         for first in range(0, len(todo), step):
             group = todo[first : first + step]
@@ -240,7 +265,8 @@ class Shared:
                 with self.precision():
                     logits = self.model.head(final)
                 check_finite(logits, "the outputs of a swapped forward")
-                change = self.measure(batch, logits)[cost_measure(self.model)]
+                cost = cost_measure(self.model)
+                change = self.measure(batch, logits, (cost,))[cost]
                 self.swaps[(key, tuple(orders[i]))] = change
                 self.runs["swaps"] += 1
         return [self.swaps[(key, tuple(o))] for o in orders]

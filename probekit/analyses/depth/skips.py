@@ -182,18 +182,16 @@ def _skip_all(
     ids: list[int],
 ) -> None:
     """Skip each layer at the positions in ``inter``; reduce the effects over ``measure``."""
-    trace = shared.trace(batch)
-    n = trace.model.n_layers
-    clean_norms = [
-        (trace.residuals[i + 1] - trace.residuals[i]).double().norm(dim=-1) for i in range(n)
-    ]
+    model = shared.model
+    n = model.n_layers
+    clean_norms = shared.clean_norms(batch)
     for skipped in range(n):
         record = shared.skip(batch, skipped, inter)
         for layer in range(skipped + 1, n):
             change = relative_from_norms(record.diffs[layer], clean_norms[layer], convention)
             red.add((skipped, layer), change, measure, ids)
-        headline = headline_measure(trace.model)
-        where = measure_positions(trace.model, headline, batch.labels, measure)
+        headline = headline_measure(model)
+        where = measure_positions(model, headline, batch.labels, measure)
         red.add((skipped, "output"), record.measures[headline], where, ids)
 
 
