@@ -162,6 +162,18 @@ def from_metrics(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def trained_settings(args: argparse.Namespace) -> str:
+    """The settings the runs of ``--out`` were trained with (the first seed's first run, from
+    its ``config.json``): with ``--from-metrics`` the flags are not the runs' settings."""
+    path = Path(args.out) / f"s{args.seeds[0]}" / "config.json"
+    try:
+        configs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"settings: unknown ({path} is missing or unreadable; the flags are not the runs')"
+    first = configs[0] if isinstance(configs, list) and configs else configs
+    return f"settings of the runs (first run of {path}): {json.dumps(first)}"
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per gamma: mean, min and max over seeds of each fraction, and the solution counts."""
     out: dict[str, Any] = {}
@@ -180,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.gammas is None:
         args.gammas = [0.3, 0.8]
-    print(f"settings: {vars(args)}", flush=True)
+    print(trained_settings(args) if args.from_metrics else f"settings: {vars(args)}", flush=True)
     one = from_metrics if args.from_metrics else run_seed
     rows = [r for seed in args.seeds for r in one(args, seed)]
     summary = summarize(rows)

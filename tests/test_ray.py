@@ -25,7 +25,7 @@ from probekit.errors import ConfigError
 from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig
 from probekit.training import executor as executor_mod
-from probekit.training.lock import LOCK_NAME
+from probekit.training.lock import LOCK_NAME, lock_holder
 from probekit.training.sweep import SweepConfig, run_sweep
 
 torch.set_num_threads(1)
@@ -154,10 +154,10 @@ def _training_pid(folder: Path, run: str, steps: int) -> tuple[int, int] | None:
     try:
         state = folder / "checkpoint" / run / "trainer_state.json"
         step = json.loads(state.read_text())["step"]
-        pid = int((folder / LOCK_NAME).read_text())
+        holder = lock_holder(folder)
     except (OSError, ValueError, KeyError):
         return None
-    return (pid, step) if 0 < step < steps else None
+    return (holder.pid, step) if holder is not None and 0 < step < steps else None
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from probekit.errors import CheckpointError, ConfigError, NumericalError
 from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig, train
+from probekit.training import lock as lock_mod
 from probekit.training import optim as optim_mod
 from probekit.training import trainer as trainer_mod
 from probekit.training.growth import grow_checkpoint
@@ -112,6 +115,51 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     (out / LOCK_NAME).write_text(f"{dead.pid}\n")
     train(tiny(steps=2), out, progress=False)
     assert not (out / LOCK_NAME).exists()
+
+
+def test_the_lock_names_its_host_and_keeps_a_heartbeat(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_mod, "HEARTBEAT_S", 0.05)
+    out = tmp_path / "run"
+    with run_folder_lock(out) as lock:
+        assert lock.read_text().split() == [str(os.getpid()), lock_mod.this_host()]
+        os.utime(lock, (1.0, 1.0))  # as if last touched in 1970
+        deadline = time.monotonic() + 10
+        while lock.stat().st_mtime < 2.0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.stat().st_mtime > 2.0  # touched again by the heartbeat
+    assert not out.exists()
+
+
+def test_a_lock_of_another_host_is_judged_by_its_heartbeat(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_mod, "STALE_AFTER_S", 0.5)
+    monkeypatch.setattr(lock_mod, "HEARTBEAT_S", 0.05)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that runs nowhere here: a lock from another node must not be judged by it
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / LOCK_NAME
+    lock.write_text(f"{dead.pid} gpu-node-7\n")
+    stop = threading.Event()
+
+    def beat() -> None:  # the owner on gpu-node-7, alive
+        while not stop.wait(0.05):
+            os.utime(lock)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ConfigError, match=f"pid {dead.pid} on host gpu-node-7"):
+            with run_folder_lock(out):
+                pass
+    finally:
+        stop.set()
+        thread.join()
+    os.utime(lock, (1.0, 1.0))  # its node died long ago: no heartbeat since
+    holder = lock_mod.lock_holder(out)
+    assert holder is not None and not holder.alive() and not holder.is_self()
+    with run_folder_lock(out) as taken:
+        assert taken.read_text().split()[1] == lock_mod.this_host()
+    assert not lock.exists()
 
 
 def test_out_that_is_a_file_is_one_config_error(tmp_path: Path) -> None:

@@ -51,13 +51,16 @@ from probekit.io import atomic_write_text
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, check_seed, is_int, is_real
 from probekit.training.executor import Failed, check_executor, log, run_tasks
-from probekit.training.lock import LOCK_NAME, run_folder_lock
-from probekit.training.lock import _owner as lock_owner
-from probekit.training.lock import _pid_alive as pid_alive
+from probekit.training.lock import lock_holder, run_folder_lock
 from probekit.training.models import ModelConfig
-from probekit.training.trainer import RunOutput, TrainConfig, check_stack_fits, train_stack
-from probekit.training.trainer import _check_stack as check_stack
-from probekit.training.trainer import _start_over as start_over
+from probekit.training.trainer import (
+    RunOutput,
+    TrainConfig,
+    check_stack,
+    check_stack_fits,
+    start_over,
+    train_stack,
+)
 
 ACC_METRICS = (
     "train_acc",
@@ -400,11 +403,12 @@ def _checkpoint_step(group: _Group) -> int | None:
 def _wait_for_writer(folder: Path, timeout: float = 60.0) -> None:
     """Wait while another live process holds ``folder``'s lock: the task of a killed driver
     may still be ending when a restarted driver retries it. After ``timeout`` the trainer's own
-    lock check refuses with the owner's pid."""
+    lock check decides (it waits for a lock of another host to go stale, see
+    :mod:`probekit.training.lock`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = lock_owner(folder / LOCK_NAME)
-        if pid is None or pid == os.getpid() or not pid_alive(pid):
+        holder = lock_holder(folder)
+        if holder is None or holder.is_self() or not holder.alive():
             return
         time.sleep(0.25)
 

@@ -334,7 +334,7 @@ class _Stack:
     """
 
     def __init__(self, configs: list[TrainConfig], out_dir: Path, single: bool) -> None:
-        _check_stack(configs)
+        check_stack(configs)
         self.cfgs = configs
         self.c0 = c0 = configs[0]
         self.M = len(configs)
@@ -485,7 +485,8 @@ class _Stack:
         write_metrics(self.out / "metrics.jsonl", self.metrics)
 
 
-def _check_stack(configs: list[TrainConfig]) -> None:
+def check_stack(configs: list[TrainConfig]) -> None:
+    """Refuse an empty stack or runs that cannot train together in one stack."""
     if not configs:
         raise ConfigError("no runs to train", fix="pass at least one TrainConfig")
     if len({c.stack_key() for c in configs}) != 1:
@@ -657,7 +658,7 @@ def train_stack(
         recover_checkpoint(out / "checkpoint")
         remove_leftovers(out, LEFTOVERS)
         if not resume:
-            _start_over(out)
+            start_over(out)
         stack = _Stack(configs, out, single=single)
         if resume and resume_stack(stack):
             stack.upload()
@@ -676,7 +677,7 @@ LEFTOVERS = ("metrics.jsonl", "config.json", "run_config.json")
 
 def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
     """The stack's device, once its settings and memory are checked (nothing is built)."""
-    _check_stack(configs)
+    check_stack(configs)
     device = resolve_device(configs[0].device)
     check_deterministic(configs[0].deterministic, device)
     what = f"training {len(configs)} stacked run(s) of {configs[0].model.n_params()} parameters"
@@ -684,7 +685,7 @@ def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
     return device
 
 
-def _start_over(out: Path) -> None:
+def start_over(out: Path) -> None:
     """``resume=False``: remove the folder's checkpoints and metrics before training."""
     for name in ("checkpoint", "checkpoint.previous"):
         shutil.rmtree(out / name, ignore_errors=True)
@@ -744,6 +745,9 @@ __all__ = [
     "TrainConfig",
     "anchor_cpu_config",
     "batch_indices",
+    "check_stack",
+    "check_stack_fits",
+    "start_over",
     "train",
     "train_stack",
 ]
