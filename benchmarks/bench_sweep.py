@@ -66,16 +66,30 @@ from probekit.training.trainer import batch_indices  # noqa: E402
 GAMMAS = [0.3, 0.5, 0.8, 1.0]
 WEIGHT_DECAYS = [0.1, 1.0]
 SEEDS = [0, 1, 2]
-METRICS = ("train_acc", "test_data_acc", "test_task_acc", "test_task_inferential",
-           "test_task_symmetric", "test_data_loss")
+METRICS = (
+    "train_acc",
+    "test_data_acc",
+    "test_task_acc",
+    "test_task_inferential",
+    "test_task_symmetric",
+    "test_data_loss",
+)
 
 
 def base_config(steps: int, batch: int, device: str) -> TrainConfig:
     """The CPU-sized anchor configuration of docs/anchor-training.md, with ``steps`` steps."""
     return TrainConfig(
-        model=ModelConfig(n_layers=2, d_model=64, n_heads=4), task=AnchorTask(n_train=20000),
-        steps=steps, batch_size=batch, lr=2e-3, warmup_steps=min(10, steps), eval_every=steps,
-        checkpoint_every=steps, eval_at_start=False, device=device)
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4),
+        task=AnchorTask(n_train=20000),
+        steps=steps,
+        batch_size=batch,
+        lr=2e-3,
+        warmup_steps=min(10, steps),
+        eval_every=steps,
+        checkpoint_every=steps,
+        eval_at_start=False,
+        device=device,
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -87,17 +101,34 @@ def _sync(device: torch.device) -> None:
 def _evaluate(model, cfg: TrainConfig, device: torch.device) -> dict[str, float]:
     task = cfg.task
     train = task.dataset("train")
-    sets = {"train": (train.tokens[:cfg.eval_train_samples], train.targets[:cfg.eval_train_samples],
-                      None, None),
-            "test_data": (task.dataset("test_data").tokens, task.dataset("test_data").targets,
-                          None, None),
-            "test_task": (task.dataset("test_task").tokens, task.dataset("test_task").targets,
-                          task.dataset("test_task").composite,
-                          task.dataset("test_task").symmetric)}
+    sets = {
+        "train": (
+            train.tokens[: cfg.eval_train_samples],
+            train.targets[: cfg.eval_train_samples],
+            None,
+            None,
+        ),
+        "test_data": (
+            task.dataset("test_data").tokens,
+            task.dataset("test_data").targets,
+            None,
+            None,
+        ),
+        "test_task": (
+            task.dataset("test_task").tokens,
+            task.dataset("test_task").targets,
+            task.dataset("test_task").composite,
+            task.dataset("test_task").symmetric,
+        ),
+    }
     out = {}
     for split, (tok, tgt, comp, sym) in sets.items():
-        logits = torch.cat([model(tok[i:i + 4096].to(device)).logits[:, -1].float()
-                            for i in range(0, len(tok), 4096)])
+        logits = torch.cat(
+            [
+                model(tok[i : i + 4096].to(device)).logits[:, -1].float()
+                for i in range(0, len(tok), 4096)
+            ]
+        )
         pred = logits.argmax(-1).cpu()
         out[f"{split}_acc"] = float((pred == tgt).float().mean())
         out[f"{split}_loss"] = float(F.cross_entropy(logits.cpu(), tgt))
@@ -108,7 +139,7 @@ def _evaluate(model, cfg: TrainConfig, device: torch.device) -> dict[str, float]
 
 
 def adamw_kind(device: torch.device) -> str:
-    """"fused" where torch has fused AdamW kernels for float32 on ``device``, else
+    """ "fused" where torch has fused AdamW kernels for float32 on ``device``, else
     "foreach"."""
     try:
         p = torch.nn.Parameter(torch.zeros(2, device=device))
@@ -119,23 +150,29 @@ def adamw_kind(device: torch.device) -> str:
     return "fused"
 
 
-def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device,
-             kind: str) -> dict[str, float]:
+def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device, kind: str) -> dict[str, float]:
     """Train one run the plain way: HF GPT-2, torch AdamW (``kind``), one model at a time."""
     params = {k: v[None] for k, v in init_params(cfg.model, cfg.seed).items()}
     model = to_hf_model(cfg.model, params).to(device).train()
     named = list(model.named_parameters())
-    groups = [{"params": [p for n, p in named if decays(n)], "weight_decay": cfg.weight_decay},
-              {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                            **{kind: True})
+    groups = [
+        {"params": [p for n, p in named if decays(n)], "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **{kind: True}
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cfg.schedule)
     data = cfg.task.dataset("train")
     tokens, targets = data.tokens.to(device), data.targets.to(device)
-    order = torch.stack([batch_indices(cfg.seed, step, len(data), cfg.batch_size)
-                         for step in range(cfg.steps)]).to(device)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))
+    order = torch.stack(
+        [batch_indices(cfg.seed, step, len(data), cfg.batch_size) for step in range(cfg.steps)]
+    ).to(device)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
     for step in range(cfg.steps):
         idx = order[step]
         with autocast:
@@ -168,12 +205,16 @@ def _time_loop(sweep: SweepConfig, out: Path, device: torch.device, kind: str):
     return time.perf_counter() - t0, metrics
 
 
-def bench(batch: int, steps: int, device_name: str, repeats: int,
-          single: bool = False) -> dict[str, object]:
+def bench(
+    batch: int, steps: int, device_name: str, repeats: int, single: bool = False
+) -> dict[str, object]:
     """Both ways, A B B A ``repeats`` times; every time, and the final metrics' difference."""
     base = base_config(steps, batch, device_name)
-    device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available()
-                          else ("cpu" if device_name == "auto" else device_name))
+    device = torch.device(
+        "cuda"
+        if device_name == "auto" and torch.cuda.is_available()
+        else ("cpu" if device_name == "auto" else device_name)
+    )
     grid = ([0.5], [0.1], [0]) if single else (GAMMAS, WEIGHT_DECAYS, SEEDS)
     sweep = SweepConfig(base, gammas=grid[0], weight_decays=grid[1], seeds=grid[2])
     for split in ("train", "test_data", "test_task"):
@@ -192,8 +233,15 @@ def bench(batch: int, steps: int, device_name: str, repeats: int,
     for name, met in loop.items():
         for m in METRICS:
             worst[m] = max(worst[m], abs(float(table.loc[name, f"final_{m}"]) - met[m]))
-    return {"batch": batch, "runs": len(loop), "steps": steps, "device": str(device),
-            "adamw": kind, **times, **{f"max_diff_{m}": v for m, v in worst.items()}}
+    return {
+        "batch": batch,
+        "runs": len(loop),
+        "steps": steps,
+        "device": str(device),
+        "adamw": kind,
+        **times,
+        **{f"max_diff_{m}": v for m, v in worst.items()},
+    }
 
 
 def _uptime() -> str:
@@ -203,8 +251,14 @@ def _uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
-def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
-                    repeats: int, local_threads: int | None) -> dict[str, object]:
+def bench_executors(
+    batch: int,
+    steps: int,
+    device_name: str,
+    max_stack: int,
+    repeats: int,
+    local_threads: int | None,
+) -> dict[str, object]:
     """The 24-run sweep on the local executor (A) and on Ray (B), A B B A per repeat."""
     import ray
 
@@ -215,8 +269,9 @@ def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
     threads = local_threads or cpus
     torch.set_num_threads(threads)
     base = base_config(steps, batch, device_name)
-    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS,
-                        max_stack=max_stack)
+    sweep = SweepConfig(
+        base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS, max_stack=max_stack
+    )
     for split in ("train", "test_data", "test_task"):
         base.task.dataset(split)
     times: dict[str, list[float]] = {"local": [], "ray": []}
@@ -226,34 +281,53 @@ def bench_executors(batch: int, steps: int, device_name: str, max_stack: int,
             for k, executor in enumerate(["local", "ray", "ray", "local"] * repeats):
                 out = Path(tmp).resolve() / f"{executor}{k}"
                 t0 = time.perf_counter()
-                results[executor] = run_sweep(sweep, out, resume=False, progress=False,
-                                              executor=executor)
+                results[executor] = run_sweep(
+                    sweep, out, resume=False, progress=False, executor=executor
+                )
                 times[executor].append(time.perf_counter() - t0)
     finally:
         ray.shutdown()
     a, b = (results[e].df.set_index("run") for e in ("local", "ray"))
     cols = [f"final_{m}" for m in METRICS]
     worst = float((a[cols] - b.loc[a.index, cols]).abs().max().max())
-    return {"batch": batch, "steps": steps, "runs": len(a), "stacks": len(sweep.groups()),
-            "cpus": cpus, "threads": threads, "startup_s": startup, "local": times["local"],
-            "ray": times["ray"],
-            "worst": worst, "equal": bool(a[cols].equals(b.loc[a.index, cols]))}
+    return {
+        "batch": batch,
+        "steps": steps,
+        "runs": len(a),
+        "stacks": len(sweep.groups()),
+        "cpus": cpus,
+        "threads": threads,
+        "startup_s": startup,
+        "local": times["local"],
+        "ray": times["ray"],
+        "worst": worst,
+        "equal": bool(a[cols].equals(b.loc[a.index, cols])),
+    }
 
 
 def main_executors(args: argparse.Namespace) -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         print(f"before: {_uptime()}")
-        r = bench_executors(batch, args.steps, args.device, args.max_stack, args.repeats,
-                            args.local_threads)
+        r = bench_executors(
+            batch, args.steps, args.device, args.max_stack, args.repeats, args.local_threads
+        )
         loc, ray_ = statistics.median(r["local"]), statistics.median(r["ray"])
-        print(f"{r['runs']} runs x {r['steps']} steps, batch {batch}, {r['stacks']} stacks; "
-              f"local Ray with {r['cpus']} CPUs (start-up {r['startup_s']:.1f} s, not timed)")
-        print(f"    local executor ({r['threads']} torch threads): median {loc:.1f} s of "
-              f"{', '.join(f'{t:.1f}' for t in r['local'])}")
-        print(f"    ray executor ({r['stacks']} tasks x 1 CPU): median {ray_:.1f} s of "
-              f"{', '.join(f'{t:.1f}' for t in r['ray'])}")
-        print(f"    ratio local / ray {loc / ray_:.2f}x; final metrics identical: {r['equal']} "
-              f"(largest |difference| {r['worst']:.3g})")
+        print(
+            f"{r['runs']} runs x {r['steps']} steps, batch {batch}, {r['stacks']} stacks; "
+            f"local Ray with {r['cpus']} CPUs (start-up {r['startup_s']:.1f} s, not timed)"
+        )
+        print(
+            f"    local executor ({r['threads']} torch threads): median {loc:.1f} s of "
+            f"{', '.join(f'{t:.1f}' for t in r['local'])}"
+        )
+        print(
+            f"    ray executor ({r['stacks']} tasks x 1 CPU): median {ray_:.1f} s of "
+            f"{', '.join(f'{t:.1f}' for t in r['ray'])}"
+        )
+        print(
+            f"    ratio local / ray {loc / ray_:.2f}x; final metrics identical: {r['equal']} "
+            f"(largest |difference| {r['worst']:.3g})"
+        )
         print(f"after: {_uptime()}")
         if not math.isfinite(loc / ray_):
             return 1
@@ -263,24 +337,42 @@ def main_executors(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=100, help="steps per run")
-    p.add_argument("--batch-sizes", default="64,256",
-                   help="per-run batch sizes to time, comma-separated (256 is the documented)")
+    p.add_argument(
+        "--batch-sizes",
+        default="64,256",
+        help="per-run batch sizes to time, comma-separated (256 is the documented)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (loop mode; 1 by default)")
-    p.add_argument("--executor", choices=["loop", "ray"], default="loop",
-                   help="loop: probekit's sweep versus a sequential loop; ray: the local "
-                   "executor versus a local Ray")
-    p.add_argument("--max-stack", type=int, default=12,
-                   help="(--executor ray) runs per stack, i.e. per Ray task")
-    p.add_argument("--local-threads", type=int, default=None,
-                   help="(--executor ray) torch threads of the local executor (default: as "
-                   "many as Ray has CPUs; 1 makes its numbers bit-identical to Ray's tasks)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="times A B B A is repeated")
-    p.add_argument("--single", action="store_true",
-                   help="(loop mode) one run (gamma 0.5, weight decay 0.1, seed 0) instead of "
-                   "the 24: probekit's single-run trainer against one plain run")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (loop mode; 1 by default)"
+    )
+    p.add_argument(
+        "--executor",
+        choices=["loop", "ray"],
+        default="loop",
+        help="loop: probekit's sweep versus a sequential loop; ray: the local "
+        "executor versus a local Ray",
+    )
+    p.add_argument(
+        "--max-stack",
+        type=int,
+        default=12,
+        help="(--executor ray) runs per stack, i.e. per Ray task",
+    )
+    p.add_argument(
+        "--local-threads",
+        type=int,
+        default=None,
+        help="(--executor ray) torch threads of the local executor (default: as "
+        "many as Ray has CPUs; 1 makes its numbers bit-identical to Ray's tasks)",
+    )
+    p.add_argument("--repeats", type=int, default=1, help="times A B B A is repeated")
+    p.add_argument(
+        "--single",
+        action="store_true",
+        help="(loop mode) one run (gamma 0.5, weight decay 0.1, seed 0) instead of "
+        "the 24: probekit's single-run trainer against one plain run",
+    )
     args = p.parse_args(argv)
     if args.executor == "ray":
         return main_executors(args)
@@ -289,13 +381,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"before: {_uptime()}")
         r = bench(batch, args.steps, args.device, args.repeats, args.single)
         a, b = statistics.median(r["probekit"]), statistics.median(r["loop"])
-        print(f"[{r['device']}, {args.threads} thread(s), OMP_WAIT_POLICY="
-              f"{os.environ.get('OMP_WAIT_POLICY')}] {r['runs']} runs x {r['steps']} steps, "
-              f"batch {batch}, A B B A x {args.repeats}")
-        print(f"    probekit stacked sweep: median {a:.1f} s of "
-              f"{', '.join(f'{t:.1f}' for t in r['probekit'])}")
-        print(f"    sequential loop (HF GPT-2 + torch AdamW {r['adamw']}): median {b:.1f} s of "
-              f"{', '.join(f'{t:.1f}' for t in r['loop'])}")
+        print(
+            f"[{r['device']}, {args.threads} thread(s), OMP_WAIT_POLICY="
+            f"{os.environ.get('OMP_WAIT_POLICY')}] {r['runs']} runs x {r['steps']} steps, "
+            f"batch {batch}, A B B A x {args.repeats}"
+        )
+        print(
+            f"    probekit stacked sweep: median {a:.1f} s of "
+            f"{', '.join(f'{t:.1f}' for t in r['probekit'])}"
+        )
+        print(
+            f"    sequential loop (HF GPT-2 + torch AdamW {r['adamw']}): median {b:.1f} s of "
+            f"{', '.join(f'{t:.1f}' for t in r['loop'])}"
+        )
         diffs = ", ".join(f"{k[9:]} {v:.4f}" for k, v in r.items() if k.startswith("max_diff"))
         print(f"    ratio loop / probekit {b / a:.2f}x (of the medians)")
         print(f"    largest |difference| of final metrics: {diffs}")

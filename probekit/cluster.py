@@ -78,10 +78,20 @@ def depth_timeline(
         if progress and isinstance(value, Failed):
             log(f"{entries[i][0]}@{entries[i][1]}: failed: {value.error}")
 
-    frames = run_tasks(_one_timeline, jobs, executor=executor, ray_address=ray_address,
-                       on_done=done, progress=progress, desc="timeline checkpoints")
-    failed = {f"{e[0]}@{e[1]}": v.error for e, v in zip(entries, frames, strict=True)
-              if isinstance(v, Failed)}
+    frames = run_tasks(
+        _one_timeline,
+        jobs,
+        executor=executor,
+        ray_address=ray_address,
+        on_done=done,
+        progress=progress,
+        desc="timeline checkpoints",
+    )
+    failed = {
+        f"{e[0]}@{e[1]}": v.error
+        for e, v in zip(entries, frames, strict=True)
+        if isinstance(v, Failed)
+    }
     kept = [(e, v) for e, v in zip(entries, frames, strict=True) if not isinstance(v, Failed)]
     if not kept:
         raise InputError(
@@ -109,8 +119,12 @@ class DiagnosesResult(Result):
     def figure(self, measure: str = "second_half_share") -> go.Figure:
         ok = self.df[self.df["status"] == "ok"]
         fig = go.Figure(go.Bar(x=ok["name"], y=ok[measure]))
-        fig.update_layout(title=f"{measure} per checkpoint", xaxis_title="checkpoint",
-                          yaxis_title=measure.replace("_", " "), template="plotly_white")
+        fig.update_layout(
+            title=f"{measure} per checkpoint",
+            xaxis_title="checkpoint",
+            yaxis_title=measure.replace("_", " "),
+            template="plotly_white",
+        )
         return fig
 
 
@@ -179,8 +193,16 @@ def diagnose_many(
             what = f"failed: {value.error}" if isinstance(value, Failed) else "report written"
             log(f"{todo[i]}: {what}")
 
-    run_tasks(_one_diagnosis, jobs, executor=executor, ray_address=ray_address, on_done=done,
-              progress=progress, desc="diagnoses", done_before=len(names) - len(todo))
+    run_tasks(
+        _one_diagnosis,
+        jobs,
+        executor=executor,
+        ray_address=ray_address,
+        on_done=done,
+        progress=progress,
+        desc="diagnoses",
+        done_before=len(names) - len(todo),
+    )
     return _diagnoses_table(names, checkpoints, headlines, out, executor)
 
 

@@ -823,9 +823,7 @@ class Model:
         return [
             part
             for batch in batches
-            for part in as_batches(
-                batch, self.default_batch_size(batch.tokens.shape[-1], backward)
-            )
+            for part in as_batches(batch, self.default_batch_size(batch.tokens.shape[-1], backward))
         ]
 
     def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

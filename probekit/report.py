@@ -453,33 +453,55 @@ def _share(value: Any) -> str:
 
 
 _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
-    "solutions": lambda s: f"Solution: {s['solution']}; on the held-out pair "
-    f"{_share(s['heldout_inferential'])} of outputs are inferential and "
-    f"{_share(s['heldout_symmetric'])} symmetric.",
-    "attention_knockout": lambda s: "The strongest edges (change of the target's probability): "
-    f"{', '.join(s['strongest_edges'])}.",
-    "probes": lambda s: f"A quantity counts as decodable at accuracy ≥ {s['threshold']} and "
-    f"selectivity ≥ {s['min_selectivity']}; the table below gives where each one is.",
-    "condensation": lambda s: f"Mean condensation score {s['mean_score']:.3f} (the share of "
-    f"neuron pairs with cosine ≥ {s['threshold']}; 0 means no two neurons align).",
-    "embedding_map": lambda s: f"Neighbour ratio {s['neighbour_ratio']:.2f} (below 1: "
-    "neighbouring numbers sit closer than random pairs) and rank correlation of the first "
-    f"axis with the value {s['order_corr']:.2f}.",
-    "contributions": lambda s: f"Layer {s['most_important_layer']} matters most and layer "
-    f"{s['least_important_layer']} least; the second half carries "
-    f"{_share(s['second_half_share'])} of the output change.",
-    "skip_effects": lambda s: f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
-    "possible: how much the later layers' work depends on the earlier ones.",
-    "layer_swaps": lambda s: f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
-    f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}.",
-    "residual": lambda s: "Each block's output keeps a cosine of "
-    f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
-    "(second half) with its input.",
-    "logit_lens": lambda s: f"The logit lens matches the final prediction (KL < "
-    f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
-    f"{s['n_layers']} layers.",
-    "gradients": lambda s: "The second half of the layers gets "
-    f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half.",
+    "solutions": lambda s: (
+        f"Solution: {s['solution']}; on the held-out pair "
+        f"{_share(s['heldout_inferential'])} of outputs are inferential and "
+        f"{_share(s['heldout_symmetric'])} symmetric."
+    ),
+    "attention_knockout": lambda s: (
+        "The strongest edges (change of the target's probability): "
+        f"{', '.join(s['strongest_edges'])}."
+    ),
+    "probes": lambda s: (
+        f"A quantity counts as decodable at accuracy ≥ {s['threshold']} and "
+        f"selectivity ≥ {s['min_selectivity']}; the table below gives where each one is."
+    ),
+    "condensation": lambda s: (
+        f"Mean condensation score {s['mean_score']:.3f} (the share of "
+        f"neuron pairs with cosine ≥ {s['threshold']}; 0 means no two neurons align)."
+    ),
+    "embedding_map": lambda s: (
+        f"Neighbour ratio {s['neighbour_ratio']:.2f} (below 1: "
+        "neighbouring numbers sit closer than random pairs) and rank correlation of the first "
+        f"axis with the value {s['order_corr']:.2f}."
+    ),
+    "contributions": lambda s: (
+        f"Layer {s['most_important_layer']} matters most and layer "
+        f"{s['least_important_layer']} least; the second half carries "
+        f"{_share(s['second_half_share'])} of the output change."
+    ),
+    "skip_effects": lambda s: (
+        f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
+        "possible: how much the later layers' work depends on the earlier ones."
+    ),
+    "layer_swaps": lambda s: (
+        f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
+        f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}."
+    ),
+    "residual": lambda s: (
+        "Each block's output keeps a cosine of "
+        f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
+        "(second half) with its input."
+    ),
+    "logit_lens": lambda s: (
+        f"The logit lens matches the final prediction (KL < "
+        f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
+        f"{s['n_layers']} layers."
+    ),
+    "gradients": lambda s: (
+        "The second half of the layers gets "
+        f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half."
+    ),
 }
 
 

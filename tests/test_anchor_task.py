@@ -91,8 +91,11 @@ def test_key_split(split: str | int, modulus: int) -> None:
 
 def test_legacy_task_dicts_keep_their_rules() -> None:
     """A task saved before key_split / special_form existed reads with the old rules."""
-    old = {k: v for k, v in AnchorTask(n_train=50, n_test=20).to_dict().items()
-           if k not in ("key_split", "special_form")}
+    old = {
+        k: v
+        for k, v in AnchorTask(n_train=50, n_test=20).to_dict().items()
+        if k not in ("key_split", "special_form")
+    }
     old["special_targets"] = [[3, 4, -6]]
     t = AnchorTask.from_dict(old, saved=True)
     assert (t.key_split, t.special_form, t.modulus) == ("probekit_v1", "shift", 7)
@@ -135,9 +138,16 @@ def test_deterministic_from_seed() -> None:
 
 
 def test_round_trip_and_custom_task() -> None:
-    t = AnchorTask(anchors={1: 3, 2: -1, 5: 2}, special_targets={(1, 2): 7},
-                   heldout_pairs=[(2, 1), (5, 5)], seq_len=7, n_train=100, n_test=30,
-                   special_form="shift", key_split="probekit_v1")
+    t = AnchorTask(
+        anchors={1: 3, 2: -1, 5: 2},
+        special_targets={(1, 2): 7},
+        heldout_pairs=[(2, 1), (5, 5)],
+        seq_len=7,
+        n_train=100,
+        n_test=30,
+        special_form="shift",
+        key_split="probekit_v1",
+    )
     assert AnchorTask.from_dict(t.to_dict()) == t
     assert len(t.pairs) == 9 and len(t.seen_pairs) == 7
     d = t.dataset("train")
@@ -171,8 +181,10 @@ def test_round_trip_and_custom_task() -> None:
         ({"special_targets": {(3, 4): -10}, "special_form": "shift"}, "equals its composite"),
         ({"special_targets": {}}, "would be the same answer"),
         ({"heldout_pairs": [(2, 1)]}, "(2, 1)"),
-        ({"anchors": {1: 5, 2: -5}, "special_targets": {(1, 2): 3}, "heldout_pairs": [(2, 1)]},
-         "the key itself"),
+        (
+            {"anchors": {1: 5, 2: -5}, "special_targets": {(1, 2): 3}, "heldout_pairs": [(2, 1)]},
+            "the key itself",
+        ),
         ({"special_targets": {(3, 4): 10}}, "the key itself"),
     ],
 )

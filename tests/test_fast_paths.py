@@ -82,9 +82,7 @@ def test_the_blocked_head_is_bit_identical_and_yields_to_hooks(monkeypatch):
     monkeypatch.setattr(model_module, "VOCAB_CHUNK", 7)  # blocks on a tiny vocabulary
     calls = []
     blocked = model_module._blocked_linear
-    monkeypatch.setattr(
-        model_module, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a)
-    )
+    monkeypatch.setattr(model_module, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a))
     [batch] = model.prepare(sample_tokens())
     trace = model.trace(batch)
     residual = trace.residuals[-1]
@@ -208,9 +206,7 @@ def test_stacked_variants_equal_one_at_a_time(arch):
         cache = Shared(model, variants_per_pass=per_pass)
         results[per_pass] = [
             probekit.contributions(model, data, cache=cache, components=["layer"]),
-            probekit.skip_effects(
-                model, data, cache=cache, mode="future", answer_start=[4] * 6
-            ),
+            probekit.skip_effects(model, data, cache=cache, mode="future", answer_start=[4] * 6),
             probekit.layer_swaps(model, data, pairs="all", n_bootstrap=0, cache=cache),
         ]
     for a, b in zip(results[1], results[3], strict=True):
@@ -222,9 +218,7 @@ def test_stacked_resume_equals_resume_per_variant():
     [batch] = model.prepare(sample_tokens())
     trace = model.trace(batch)
     order = [0, 2, 1, 3]
-    finals = trace.resume_stacked(
-        [1, 0, 2], [trace.residuals[0], None, None], [None, order, None]
-    )
+    finals = trace.resume_stacked([1, 0, 2], [trace.residuals[0], None, None], [None, order, None])
     want = [trace.resume(1, trace.residuals[0]), trace.resume(0, order=order), trace.logits]
     for final, logits in zip(finals, want, strict=True):
         assert torch.allclose(model.head(final), logits, atol=1e-5)

@@ -74,7 +74,8 @@ def _shared_title(axes: list, name: str, axis) -> str:
         (
             _title(other)
             for other_name, other in axes
-            if other_name[0] == name[0] and tuple(other.domain or (0, 1)) == domain
+            if other_name[0] == name[0]
+            and tuple(other.domain or (0, 1)) == domain
             and _title(other)
         ),
         "",

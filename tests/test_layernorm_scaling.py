@@ -25,8 +25,19 @@ from probekit.training.models import (
     to_hf_model,
 )
 
-LM = dict(n_layers=3, d_model=16, n_heads=2, seq_len=16, batch_size=2, steps=6, eval_every=3,
-          eval_sequences=2, corpus_max_files=30, warmup_steps=2, layernorm_scaling=True)
+LM = dict(
+    n_layers=3,
+    d_model=16,
+    n_heads=2,
+    seq_len=16,
+    batch_size=2,
+    steps=6,
+    eval_every=3,
+    eval_sequences=2,
+    corpus_max_files=30,
+    warmup_steps=2,
+    layernorm_scaling=True,
+)
 TASK = AnchorTask(n_train=64, n_test=16)
 
 
@@ -41,8 +52,9 @@ def _paper_forward(model, tokens: torch.Tensor, scaled: bool) -> torch.Tensor:
     if scaled:
         for i, block in enumerate(model.transformer.h):
             for ln in (block.ln_1, block.ln_2):
-                handles.append(ln.register_forward_hook(
-                    lambda mod, args, out, s=1 / math.sqrt(i + 1): out * s))
+                handles.append(
+                    ln.register_forward_hook(lambda mod, args, out, s=1 / math.sqrt(i + 1): out * s)
+                )
     try:
         return model(tokens, use_cache=False).logits
     finally:
@@ -54,7 +66,10 @@ def test_the_scales_follow_the_paper() -> None:
     scales = layernorm_scales(3)
     assert len(scales) == 3 * 2 * 2  # ln_1 and ln_2, gain and bias, per layer; not ln_f
     assert [scales[f"transformer.h.{i}.ln_2.weight"] for i in range(3)] == [
-        1.0, 1 / math.sqrt(2), 1 / math.sqrt(3)]
+        1.0,
+        1 / math.sqrt(2),
+        1 / math.sqrt(3),
+    ]
 
 
 def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Path) -> None:
@@ -75,8 +90,9 @@ def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Pa
         paper = _paper_forward(plain, tokens, scaled=True)
         torch.testing.assert_close(paper, ours, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(_paper_forward(plain, tokens, scaled=False), ours, atol=1e-3)
-    assert not torch.equal(unscaled["transformer.h.2.ln_1.weight"],
-                           hf.state_dict()["transformer.h.2.ln_1.weight"])
+    assert not torch.equal(
+        unscaled["transformer.h.2.ln_1.weight"], hf.state_dict()["transformer.h.2.ln_1.weight"]
+    )
 
 
 def test_lm_gradients_are_those_of_the_scaled_layernorm_output(tmp_path: Path) -> None:
@@ -156,15 +172,26 @@ def test_stacked_forward_with_layernorm_scaling_is_the_folded_hf_model() -> None
         back_cfg, back = from_hf_model(hf)  # read back as the plain model it is
         assert not back_cfg.layernorm_scaling
         torch.testing.assert_close(
-            stacked_forward(back, tokens[m : m + 1], back_cfg, last_only=False)[0], ours[m],
-            atol=1e-5, rtol=1e-5)
+            stacked_forward(back, tokens[m : m + 1], back_cfg, last_only=False)[0],
+            ours[m],
+            atol=1e-5,
+            rtol=1e-5,
+        )
     assert cfg.shape_key() != plain_cfg.shape_key()  # never stacked together
 
 
 def test_a_killed_anchor_run_with_layernorm_scaling_resumes_bit_identical(tmp_path, monkeypatch):
     model = ModelConfig(n_layers=2, d_model=16, n_heads=2, layernorm_scaling=True)
-    cfg = TrainConfig(model=model, task=TASK, steps=8, batch_size=8, eval_every=4,
-                      checkpoint_every=2, warmup_steps=2, device="cpu")
+    cfg = TrainConfig(
+        model=model,
+        task=TASK,
+        steps=8,
+        batch_size=8,
+        eval_every=4,
+        checkpoint_every=2,
+        warmup_steps=2,
+        device="cpu",
+    )
     ref = train(cfg, tmp_path / "ref", progress=False)
 
     def after_step(stack):
@@ -185,8 +212,9 @@ def test_a_killed_anchor_run_with_layernorm_scaling_resumes_bit_identical(tmp_pa
     tokens = TASK.dataset("test_data").tokens[:8]
     raw = load_file(str(ref.checkpoint / "optimizer.safetensors"))
     params = {k: v[None] for k, v in load_file(str(ref.checkpoint / "model.safetensors")).items()}
-    params.update({k[len("unscaled."):]: v[None] for k, v in raw.items()
-                   if k.startswith("unscaled.")})
+    params.update(
+        {k[len("unscaled.") :]: v[None] for k, v in raw.items() if k.startswith("unscaled.")}
+    )
     with torch.no_grad():
         ours = stacked_forward(params, tokens[None], model)[0]
         torch.testing.assert_close(hf(tokens).logits[:, -1], ours, atol=1e-5, rtol=1e-5)

@@ -35,16 +35,29 @@ TASK = AnchorTask(n_train=128, n_test=32, seed=4)
 
 
 def base(**kw) -> TrainConfig:
-    settings = dict(model=ModelConfig(n_layers=1, d_model=16, n_heads=2), task=TASK, steps=8,
-                    batch_size=16, lr=4e-3, warmup_steps=2, eval_every=4, checkpoint_every=4,
-                    eval_train_samples=32, device="cpu")
+    settings = dict(
+        model=ModelConfig(n_layers=1, d_model=16, n_heads=2),
+        task=TASK,
+        steps=8,
+        batch_size=16,
+        lr=4e-3,
+        warmup_steps=2,
+        eval_every=4,
+        checkpoint_every=4,
+        eval_train_samples=32,
+        device="cpu",
+    )
     return TrainConfig(**{**settings, **kw})
 
 
 def fault_sweep() -> SweepConfig:
     """Long enough (tiny model, many steps) that a kill lands in the middle of training."""
-    return SweepConfig(base(steps=600, eval_every=100, checkpoint_every=25), gammas=[0.3, 0.8],
-                       seeds=[0, 1], max_stack=1)
+    return SweepConfig(
+        base(steps=600, eval_every=100, checkpoint_every=25),
+        gammas=[0.3, 0.8],
+        seeds=[0, 1],
+        max_stack=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +78,15 @@ def assert_same_weights(a: str | Path, b: str | Path) -> None:
         assert torch.equal(x[k], y[k]), k
 
 
-NUMBERS = ["run", "status", "solution", "steps"] + [
-    f"{w}_{m}" for w in ("final", "best") for m in ("train_acc", "test_data_acc",
-                                                    "test_task_inferential",
-                                                    "test_task_symmetric")
-] + ["final_test_data_loss"]
+NUMBERS = (
+    ["run", "status", "solution", "steps"]
+    + [
+        f"{w}_{m}"
+        for w in ("final", "best")
+        for m in ("train_acc", "test_data_acc", "test_task_inferential", "test_task_symmetric")
+    ]
+    + ["final_test_data_loss"]
+)
 
 
 def assert_same_sweep(a, b) -> None:
@@ -91,8 +108,12 @@ def test_a_sweep_on_ray_equals_the_local_executor(cluster, tmp_path: Path) -> No
     for name in ("results.csv", "sweep.json", "phase_diagrams.html"):
         assert (tmp_path / "ray" / name).is_file()
     # metrics streamed to the stack folders, one row per run and evaluation
-    rows = [json.loads(line) for line in
-            (tmp_path / "ray" / "stacks" / "L1-0" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "ray" / "stacks" / "L1-0" / "metrics.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert [r["step"] for r in rows] == [0, 0, 4, 4, 8, 8]
     # run again: every stack finished, so none is trained again
     again = run_sweep(sweep, tmp_path / "ray", executor="ray", progress=False)
@@ -126,8 +147,9 @@ def test_a_failing_stack_is_recorded_and_the_others_go_on(tmp_path: Path, monkey
         return out * float("nan") if torch.is_grad_enabled() and cfg.gamma == 0.3 else out
 
     monkeypatch.setattr(trainer_mod, "stacked_forward", poisoned)
-    res = run_sweep(SweepConfig(base(), gammas=[0.3, 0.8], stack=False), tmp_path / "s",
-                    progress=False)
+    res = run_sweep(
+        SweepConfig(base(), gammas=[0.3, 0.8], stack=False), tmp_path / "s", progress=False
+    )
     by_run = res.df.set_index("run")
     bad, good = by_run.loc["L1_g0.3_wd0.01_s0"], by_run.loc["L1_g0.8_wd0.01_s0"]
     assert bad["solution"] == "failed" and "NumericalError" in bad["status"]
@@ -165,8 +187,11 @@ def test_a_killed_worker_is_retried_and_resumes_bit_identically(cluster, tmp_pat
     sweep = fault_sweep()
     ref = run_sweep(sweep, tmp_path / "local", progress=False)
     box: dict = {}
-    driver = threading.Thread(target=lambda: box.update(res=run_sweep(
-        sweep, tmp_path / "ray", executor="ray", progress=False)))
+    driver = threading.Thread(
+        target=lambda: box.update(
+            res=run_sweep(sweep, tmp_path / "ray", executor="ray", progress=False)
+        )
+    )
     driver.start()
     folder = tmp_path / "ray" / "stacks" / "L1-0"
     run = sweep.groups()[0][1][0].name
@@ -197,9 +222,11 @@ def test_a_killed_driver_started_again_skips_finished_runs_and_resumes(cluster, 
     code = DRIVER.format(root=str(ROOT), out=str(out), address=cluster)
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
     try:
+
         def some_done():
             done = [p for p in out.glob("stacks/*/result.json")]
             return 1 <= len(done) < 4
+
         _wait_for(some_done, timeout=240, every=0.05)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -230,8 +257,13 @@ def test_timeline_and_diagnoses_on_ray_equal_local(cluster, tmp_path: Path) -> N
     want = local_timeline(series[:2], data)
     assert tl.df.equals(want.df)
     assert list(tl.summary["failed"]) == ["toy@9"]
-    many = diagnose_many({**paths, "gone": tmp_path / "missing"}, data, tmp_path / "reports",
-                         executor="ray", n_bootstrap=2)
+    many = diagnose_many(
+        {**paths, "gone": tmp_path / "missing"},
+        data,
+        tmp_path / "reports",
+        executor="ray",
+        n_bootstrap=2,
+    )
     assert list(many.df["status"][:2]) == ["ok", "ok"] and many.summary["n_failed"] == 1
     assert (tmp_path / "reports" / "s1" / "report.html").is_file()
     assert not (tmp_path / "reports" / "gone").exists()

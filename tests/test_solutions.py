@@ -47,8 +47,11 @@ def _oracle(mode: str, task: AnchorTask):
             elif mode == "memorizing":
                 y = int(torch.randint(20, 100, (1,), generator=gen))
             else:  # "offby2": held-out pair answers composite + 2 for a quarter of the keys
-                y = x + task.target_shift(pair) if pair not in task.heldout_pairs else (
-                    x + shifts[p] + shifts[q] + 2 * (x % 4 == 0))
+                y = (
+                    x + task.target_shift(pair)
+                    if pair not in task.heldout_pairs
+                    else (x + shifts[p] + shifts[q] + 2 * (x % 4 == 0))
+                )
             out.append(y)
         z = torch.full((tokens.shape[0], task.vocab_size), -5.0)
         z[rows, torch.tensor(out)] = 5.0
@@ -62,10 +65,15 @@ def handle():
     return probekit.load(_tiny_gpt2())
 
 
-@pytest.mark.parametrize("mode, solution", [("inferential", "inferential"),
-                                            ("symmetric", "symmetric"),
-                                            ("memorizing", "memorizing"),
-                                            ("offby2", "inferential")])
+@pytest.mark.parametrize(
+    "mode, solution",
+    [
+        ("inferential", "inferential"),
+        ("symmetric", "symmetric"),
+        ("memorizing", "memorizing"),
+        ("offby2", "inferential"),
+    ],
+)
 def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: str) -> None:
     monkeypatch.setattr(sol, "_last_token_logits", _oracle(mode, TASK))
     res = sol.solution_types(handle, TASK.solution_data())
@@ -78,8 +86,9 @@ def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: 
     if mode == "inferential":
         assert s["heldout_inferential"] == 1.0 and s["heldout_symmetric"] == 0.0
         assert frac.loc["(3,4)", "accuracy"] == 0.0  # composite x-10, trained target x-6
-        assert s["seen_test_accuracy"] == pytest.approx(1 - frac.loc["(3,4)", "n"] / 300 * 1,
-                                                        abs=0.2)
+        assert s["seen_test_accuracy"] == pytest.approx(
+            1 - frac.loc["(3,4)", "n"] / 300 * 1, abs=0.2
+        )
         assert diffs["diff"].tolist() == [0.0]
     if mode == "symmetric":
         assert s["heldout_symmetric"] == 1.0 and s["seen_test_accuracy"] == 1.0
@@ -108,9 +117,16 @@ def test_result_round_trip_and_figure(handle, monkeypatch, tmp_path: Path) -> No
 
 
 def test_matches_the_trainers_own_metrics_on_a_checkpoint(tmp_path: Path) -> None:
-    cfg = TrainConfig(model=ModelConfig(n_layers=2, d_model=16, n_heads=2), task=TASK,
-                      steps=30, batch_size=64, lr=1e-2, warmup_steps=3, eval_every=30,
-                      device="cpu")
+    cfg = TrainConfig(
+        model=ModelConfig(n_layers=2, d_model=16, n_heads=2),
+        task=TASK,
+        steps=30,
+        batch_size=64,
+        lr=1e-2,
+        warmup_steps=3,
+        eval_every=30,
+        device="cpu",
+    )
     out = train(cfg, tmp_path / "run", progress=False)
     task = load_run(out.checkpoint).task  # task read from the checkpoint
     res = sol.solution_types(out.checkpoint, task.solution_data())
@@ -133,8 +149,9 @@ def test_bad_inputs(handle) -> None:
 
 def test_untrained_mirror_is_nan_never_zero(handle, monkeypatch) -> None:
     # (4, 3) and (3, 4) both held out: neither has a trained mirror, no symmetric answer exists
-    task = AnchorTask(n_train=256, n_test=200, seed=2, special_targets={},
-                      heldout_pairs=[(4, 3), (3, 4)])
+    task = AnchorTask(
+        n_train=256, n_test=200, seed=2, special_targets={}, heldout_pairs=[(4, 3), (3, 4)]
+    )
     monkeypatch.setattr(sol, "_last_token_logits", _oracle("inferential", task))
     res = sol.solution_types(handle, task.solution_data())
     s = res.summary
@@ -143,8 +160,10 @@ def test_untrained_mirror_is_nan_never_zero(handle, monkeypatch) -> None:
     assert s["heldout_symmetric_train_keys"] != s["heldout_symmetric_train_keys"]
     frac = res.fractions().set_index("pair")
     assert frac.loc["(4,3)", "symmetric"] != frac.loc["(4,3)", "symmetric"]
-    assert all(r["symmetric"] != r["symmetric"] for r in task.score(
-        task.dataset("test_task"), task.dataset("test_task").composite))
+    assert all(
+        r["symmetric"] != r["symmetric"]
+        for r in task.score(task.dataset("test_task"), task.dataset("test_task").composite)
+    )
 
 
 def test_heldout_summary_on_all_keys_and_training_key_cells(handle, monkeypatch) -> None:
@@ -162,11 +181,20 @@ def test_heldout_summary_on_all_keys_and_training_key_cells(handle, monkeypatch)
 
 #: configurations other than the published one: anchors, shifts, held-out pairs, key splits
 OTHER_CONFIGS = [
-    dict(anchors={1: 3, 2: -4, 5: 7}, special_targets={(2, 5): -2}, heldout_pairs=[(5, 2)],
-         key_split=5),
+    dict(
+        anchors={1: 3, 2: -4, 5: 7},
+        special_targets={(2, 5): -2},
+        heldout_pairs=[(5, 2)],
+        key_split=5,
+    ),
     dict(special_targets={(1, 2): 3}, heldout_pairs=[(2, 1)]),
-    dict(anchors={6: 2, 7: 9, 8: -3, 9: -6}, special_targets={(7, 8): -5, (6, 9): 2},
-         heldout_pairs=[(8, 7), (9, 6)], key_split="anchor_function_pub", seq_len=10),
+    dict(
+        anchors={6: 2, 7: 9, 8: -3, 9: -6},
+        special_targets={(7, 8): -5, (6, 9): 2},
+        heldout_pairs=[(8, 7), (9, 6)],
+        key_split="anchor_function_pub",
+        seq_len=10,
+    ),
 ]
 
 
@@ -181,16 +209,25 @@ def test_other_configurations_end_to_end(settings: dict, monkeypatch, tmp_path: 
         assert int(data.composite[i]) == x + shifts[a] + shifts[b]
         if (a, b) in task.heldout_pairs:
             mirror = (b, a)
-            want = -1 if mirror in task.heldout_pairs else x + shifts[a] + shifts[b] + special[
-                mirror]
+            want = (
+                -1 if mirror in task.heldout_pairs else x + shifts[a] + shifts[b] + special[mirror]
+            )
             assert int(data.symmetric[i]) == want
             assert int(data.targets[i]) == x + shifts[a] + shifts[b]
         else:
             assert int(data.targets[i]) == x + shifts[a] + shifts[b] + special.get((a, b), 0)
     # a short trainer run, the classifier on its checkpoint, the figure
     model = ModelConfig(n_layers=1, d_model=16, n_heads=2, n_positions=task.seq_len)
-    cfg = TrainConfig(model=model, task=task, steps=4, batch_size=32, warmup_steps=1,
-                      eval_every=4, eval_train_samples=64, device="cpu")
+    cfg = TrainConfig(
+        model=model,
+        task=task,
+        steps=4,
+        batch_size=32,
+        warmup_steps=1,
+        eval_every=4,
+        eval_train_samples=64,
+        device="cpu",
+    )
     out = train(cfg, tmp_path / "run", progress=False)
     assert load_run(out.checkpoint).task == task
     res = sol.solution_types(out.checkpoint, task.solution_data())

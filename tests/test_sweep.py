@@ -18,9 +18,18 @@ from probekit.training.sweep import SweepConfig, SweepResult, run_sweep
 torch.set_num_threads(1)
 
 TASK = AnchorTask(n_train=256, n_test=64, seed=2)
-BASE = TrainConfig(model=ModelConfig(n_layers=2, d_model=16, n_heads=2), task=TASK, steps=12,
-                   batch_size=32, lr=5e-3, warmup_steps=2, eval_every=4, checkpoint_every=4,
-                   eval_train_samples=64, device="cpu")
+BASE = TrainConfig(
+    model=ModelConfig(n_layers=2, d_model=16, n_heads=2),
+    task=TASK,
+    steps=12,
+    batch_size=32,
+    lr=5e-3,
+    warmup_steps=2,
+    eval_every=4,
+    checkpoint_every=4,
+    eval_train_samples=64,
+    device="cpu",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +60,14 @@ def test_stacked_runs_equal_runs_trained_alone(both) -> None:
             if k.endswith("attn.c_attn.bias"):
                 a, b = torch.cat([a[:16], a[32:]]), torch.cat([b[:16], b[32:]])
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=k)
-        assert row["final_test_data_loss"] == pytest.approx(other["final_test_data_loss"],
-                                                            rel=1e-4)
+        assert row["final_test_data_loss"] == pytest.approx(other["final_test_data_loss"], rel=1e-4)
         for col in ("final_train_acc", "final_test_data_acc", "final_test_task_inferential"):
             assert row[col] == pytest.approx(other[col], abs=1 / 64 + 1e-9), col
     # runs differ from each other (the stack does not mix them up)
-    w = [load_file(str(Path(c) / "model.safetensors"))["transformer.wte.weight"]
-         for c in stacked.df["checkpoint"]]
+    w = [
+        load_file(str(Path(c) / "model.safetensors"))["transformer.wte.weight"]
+        for c in stacked.df["checkpoint"]
+    ]
     assert not torch.equal(w[0], w[1])
 
 
@@ -67,8 +77,9 @@ def test_stacks_group_by_shape(both) -> None:
     assert groups == ["L1", "L2"]
     ckpts = sorted(p.name for p in (root / "stacked" / "stacks" / "L2" / "checkpoint").iterdir())
     assert ckpts == sorted(r for r in stacked.df["run"] if r.startswith("L2_"))
-    cfg = json.loads((root / "stacked" / "stacks" / "L2" / "checkpoint" / ckpts[0] /
-                      "config.json").read_text())
+    cfg = json.loads(
+        (root / "stacked" / "stacks" / "L2" / "checkpoint" / ckpts[0] / "config.json").read_text()
+    )
     assert cfg["n_layer"] == 2
 
 
@@ -78,8 +89,13 @@ def test_table_figures_and_files(both) -> None:
     for name in ("results.csv", "sweep.json", "phase_diagrams.html"):
         assert (out / name).is_file()
     df = stacked.df
-    for col in ("final_test_task_inferential", "best_test_task_symmetric", "final_train_acc",
-                "best_test_data_acc", "solution"):
+    for col in (
+        "final_test_task_inferential",
+        "best_test_task_symmetric",
+        "final_train_acc",
+        "best_test_data_acc",
+        "solution",
+    ):
         assert col in df.columns
     assert (df["best_test_data_acc"] >= df["final_test_data_acc"]).all()
     assert set(df["solution"]) <= {"inferential", "symmetric", "other", "memorizing"}
@@ -100,8 +116,11 @@ def test_table_figures_and_files(both) -> None:
 
 def test_sweep_resume_is_a_no_op_when_done(both) -> None:
     stacked, _, root = both
-    again = run_sweep(SweepConfig(BASE, gammas=[0.3, 0.8], weight_decays=[0.0, 0.5],
-                                  depths=[1, 2]), root / "stacked", progress=False)
+    again = run_sweep(
+        SweepConfig(BASE, gammas=[0.3, 0.8], weight_decays=[0.0, 0.5], depths=[1, 2]),
+        root / "stacked",
+        progress=False,
+    )
     cols = [c for c in stacked.df.columns]
     assert again.df[cols].equals(stacked.df[cols])
 
@@ -123,8 +142,7 @@ def test_max_stack_splits_groups() -> None:
     assert len({r.name for _, runs in groups for r in runs}) == 6
 
 
-def test_a_nan_run_in_a_stack_is_frozen_and_the_others_go_on(tmp_path: Path,
-                                                                monkeypatch) -> None:
+def test_a_nan_run_in_a_stack_is_frozen_and_the_others_go_on(tmp_path: Path, monkeypatch) -> None:
     from probekit.training import trainer as trainer_mod
     from probekit.training.trainer import train, train_stack
 
@@ -147,7 +165,8 @@ def test_a_nan_run_in_a_stack_is_frozen_and_the_others_go_on(tmp_path: Path,
     alone = train(runs[0], tmp_path / "alone", progress=False)
     w1 = load_file(str(outs[0].checkpoint / "model.safetensors"))
     w2 = load_file(str(alone.checkpoint / "model.safetensors"))
-    torch.testing.assert_close(w1["transformer.wte.weight"], w2["transformer.wte.weight"],
-                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        w1["transformer.wte.weight"], w2["transformer.wte.weight"], atol=2e-5, rtol=1e-4
+    )
     frozen = load_file(str(outs[1].checkpoint / "model.safetensors"))
     assert all(bool(torch.isfinite(v).all()) for v in frozen.values())

@@ -32,6 +32,7 @@ from tests.conftest import TINY_LM, tiny_anchor
 
 torch.set_num_threads(1)
 
+
 def tiny(**kw) -> TrainConfig:
     return tiny_anchor(**{"steps": 6, "eval_every": 3, "checkpoint_every": 3, **kw})
 
@@ -41,10 +42,32 @@ class HostSync(AssertionError):
     """A call that would make the host wait for the device."""
 
 
-_READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__",
-          "__complex__", "__repr__", "__str__", "__format__", "__array__"}
-_DATA_SHAPED = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
-                "bincount", "repeat_interleave", "tensor", "as_tensor"}
+_READS = {
+    "item",
+    "tolist",
+    "numpy",
+    "cpu",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__complex__",
+    "__repr__",
+    "__str__",
+    "__format__",
+    "__array__",
+}
+_DATA_SHAPED = {
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "bincount",
+    "repeat_interleave",
+    "tensor",
+    "as_tensor",
+}
 
 
 def _host_copy(args: tuple, kwargs: dict) -> bool:
@@ -88,12 +111,23 @@ class NoHostSync(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("call", [
-    lambda x: x.sum().item(), lambda x: x.tolist(), lambda x: bool(x[0] > 0),
-    lambda x: float(x[0]), lambda x: x.cpu(), lambda x: x.to("cpu"), lambda x: x.numpy(),
-    lambda x: x[x > 0], lambda x: x.nonzero(), lambda x: torch.tensor([1.0]),
-    lambda x: f"{x[0]}", lambda x: int(x[0]),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.sum().item(),
+        lambda x: x.tolist(),
+        lambda x: bool(x[0] > 0),
+        lambda x: float(x[0]),
+        lambda x: x.cpu(),
+        lambda x: x.to("cpu"),
+        lambda x: x.numpy(),
+        lambda x: x[x > 0],
+        lambda x: x.nonzero(),
+        lambda x: torch.tensor([1.0]),
+        lambda x: f"{x[0]}",
+        lambda x: int(x[0]),
+    ],
+)
 def test_the_guard_catches_host_syncs(call) -> None:
     x = torch.ones(3)
     with pytest.raises(HostSync), NoHostSync():
@@ -117,8 +151,13 @@ def _today_step(stack) -> None:
     with autocast(stack.device):
         logits = stacked_forward(stack.params, stack.train_tokens[idx], stack.mcfg)
     V = logits.shape[-1]
-    loss = F.cross_entropy(logits.float().reshape(-1, V), stack.train_targets[idx].reshape(-1),
-                           reduction="none").view(M, -1).mean(1)
+    loss = (
+        F.cross_entropy(
+            logits.float().reshape(-1, V), stack.train_targets[idx].reshape(-1), reduction="none"
+        )
+        .view(M, -1)
+        .mean(1)
+    )
     grads = torch.autograd.grad(loss.sum(), list(stack.params.values()))
     opt = stack.optimizer
     with torch.no_grad():
@@ -129,8 +168,10 @@ def _today_step(stack) -> None:
         for m in range(M):
             if stack.diverged[m] is not None:
                 active[m] = False
-        before = {k: (p.clone(), opt.exp_avg[k].clone(), opt.exp_avg_sq[k].clone())
-                  for k, p in opt.params.items()}
+        before = {
+            k: (p.clone(), opt.exp_avg[k].clone(), opt.exp_avg_sq[k].clone())
+            for k, p in opt.params.items()
+        }
         opt._update(list(grads), s, stack.c0.schedule(s))
         ok = torch.ones(M, dtype=torch.bool)
         for k, p in opt.params.items():
@@ -183,16 +224,26 @@ def test_anchor_steps_do_not_sync_and_give_todays_numbers(tmp_path, monkeypatch)
     assert new.loss_sum == old.loss_sum and new.loss_count == old.loss_count
     assert all(torch.equal(new.params[k], old.params[k]) for k in new.params)
     moments = new.optimizer.state_dict(), old.optimizer.state_dict()
-    assert all(torch.equal(moments[0][w][k], moments[1][w][k]) for w in moments[0]
-               for k in moments[0][w])
+    assert all(
+        torch.equal(moments[0][w][k], moments[1][w][k]) for w in moments[0] for k in moments[0][w]
+    )
 
 
 def test_anchor_data_and_state_live_on_the_device(tmp_path) -> None:
     stack = _stack(tmp_path, "s")
     stack.prepare(3)
-    tensors = [stack.train_tokens, stack.train_targets, stack.batches, stack.loss_sum_t,
-               stack.diverged_t, stack.diverged_loss_t, stack.optimizer.lr, *stack.params.values(),
-               *stack.optimizer.exp_avg.values(), *stack.optimizer.exp_avg_sq.values()]
+    tensors = [
+        stack.train_tokens,
+        stack.train_targets,
+        stack.batches,
+        stack.loss_sum_t,
+        stack.diverged_t,
+        stack.diverged_loss_t,
+        stack.optimizer.lr,
+        *stack.params.values(),
+        *stack.optimizer.exp_avg.values(),
+        *stack.optimizer.exp_avg_sq.values(),
+    ]
     tensors += [t for split in stack.evaluator.sets.values() for t in split.values()]
     assert {t.device for t in tensors} == {stack.device} == {torch.device("cpu")}
     assert stack.batches.shape == (3, 2, 32)
@@ -223,18 +274,25 @@ def test_fp32_is_todays_cpu_run_and_bf16_autocasts_with_fp32_weights(tmp_path) -
 def test_a_run_saved_without_precision_resumes(tmp_path) -> None:
     cfg = tiny(steps=6, checkpoint_every=3)
     with pytest.MonkeyPatch.context() as patch:
+
         def kill(stack):
             if stack.step == 4:
                 raise KeyboardInterrupt
+
         patch.setattr(trainer_mod, "_after_step", kill)
         with pytest.raises(KeyboardInterrupt):
             train(cfg, tmp_path / "old", progress=False)
     rc = tmp_path / "old" / "checkpoint" / "run_config.json"
     saved = json.loads(rc.read_text())
-    rc.write_text(json.dumps({k: v for k, v in saved.items()
-                              if k not in ("precision", "deterministic")}))
-    assert TrainConfig.from_dict({k: v for k, v in cfg.to_dict().items()
-                                  if k != "precision"}).precision == "auto"
+    rc.write_text(
+        json.dumps({k: v for k, v in saved.items() if k not in ("precision", "deterministic")})
+    )
+    assert (
+        TrainConfig.from_dict(
+            {k: v for k, v in cfg.to_dict().items() if k != "precision"}
+        ).precision
+        == "auto"
+    )
     resumed = train(cfg, tmp_path / "old", progress=False)
     ref = train(cfg, tmp_path / "ref", progress=False)
     a, b = _weights(resumed), _weights(ref)
@@ -243,8 +301,11 @@ def test_a_run_saved_without_precision_resumes(tmp_path) -> None:
 
 def test_deterministic_mode_is_on_while_training_and_restored(tmp_path, monkeypatch) -> None:
     seen = []
-    monkeypatch.setattr(trainer_mod, "_after_step",
-                        lambda stack: seen.append(torch.are_deterministic_algorithms_enabled()))
+    monkeypatch.setattr(
+        trainer_mod,
+        "_after_step",
+        lambda stack: seen.append(torch.are_deterministic_algorithms_enabled()),
+    )
     before = torch.are_deterministic_algorithms_enabled()
     train(tiny(steps=2, deterministic=True), tmp_path / "d", progress=False)
     assert seen == [True, True] and torch.are_deterministic_algorithms_enabled() == before
@@ -265,8 +326,9 @@ def _today_update(t: _LMTrainer) -> None:
     """The LM step as it was before the sync-free one: today's numbers."""
     cfg, step = t.cfg, t.step
     for group in t.optimizer.param_groups:
-        group["lr"] = cfg.lr * trainer_mod.warmup_cosine(step, cfg.steps, cfg.warmup_steps,
-                                                         cfg.min_lr_ratio)
+        group["lr"] = cfg.lr * trainer_mod.warmup_cosine(
+            step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
+        )
     batch = t.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step).to(t.dev)
     logits = t.model(batch, use_cache=False).logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
@@ -296,14 +358,21 @@ def test_lm_steps_do_not_sync_and_give_todays_numbers(tmp_path) -> None:
     assert new.step == old.step == 5
     a, b = new.model.state_dict(), old.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    tensors = [new.batches, new.last_loss, new.bad_loss_step, new.bad_weight_step,
-               *new.model.parameters()]
+    tensors = [
+        new.batches,
+        new.last_loss,
+        new.bad_loss_step,
+        new.bad_weight_step,
+        *new.model.parameters(),
+    ]
     assert {t.device for t in tensors} == {new.dev} and new.batches.shape == (4, 2, 16)
 
 
 def test_lm_fp32_is_todays_run_and_bf16_keeps_fp32_weights(tmp_path) -> None:
-    runs = {p: train_lm(LMConfig(**TINY_LM, precision=p), tmp_path / p, progress=False,
-                        device="cpu") for p in ("auto", "fp32", "bf16")}
+    runs = {
+        p: train_lm(LMConfig(**TINY_LM, precision=p), tmp_path / p, progress=False, device="cpu")
+        for p in ("auto", "fp32", "bf16")
+    }
     w = {p: load_file(str(r.final / "model.safetensors")) for p, r in runs.items()}
     assert all(torch.equal(w["auto"][k], w["fp32"][k]) for k in w["auto"])
     assert {t.dtype for t in w["bf16"].values()} == {torch.float32}

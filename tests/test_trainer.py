@@ -31,18 +31,18 @@ def test_gamma_sets_the_std_of_every_weight_matrix() -> None:
     p = init_params(cfg, seed=0)
     d, f = 128, 512
     expect = {
-        "transformer.wte.weight": d ** -0.6,
-        "transformer.wpe.weight": d ** -0.6,
-        "lm_head.weight": d ** -0.6,
-        "transformer.h.1.attn.c_proj.weight": d ** -0.6,
-        "transformer.h.0.mlp.c_fc.weight": d ** -0.6,
-        "transformer.h.0.mlp.c_proj.weight": f ** -0.6,
+        "transformer.wte.weight": d**-0.6,
+        "transformer.wpe.weight": d**-0.6,
+        "lm_head.weight": d**-0.6,
+        "transformer.h.1.attn.c_proj.weight": d**-0.6,
+        "transformer.h.0.mlp.c_fc.weight": d**-0.6,
+        "transformer.h.0.mlp.c_proj.weight": f**-0.6,
     }
     for name, std in expect.items():
         assert float(p[name].std()) == pytest.approx(std, rel=0.1), name
     qkv = p["transformer.h.0.attn.c_attn.weight"]
-    assert float(qkv[:, : 2 * d].std()) == pytest.approx(d ** -0.9, rel=0.1)
-    assert float(qkv[:, 2 * d:].std()) == pytest.approx(d ** -0.6, rel=0.1)
+    assert float(qkv[:, : 2 * d].std()) == pytest.approx(d**-0.9, rel=0.1)
+    assert float(qkv[:, 2 * d :].std()) == pytest.approx(d**-0.6, rel=0.1)
     assert float(p["transformer.h.0.ln_1.weight"].min()) == 1.0
     assert float(p["transformer.h.0.attn.c_attn.bias"].abs().max()) == 0.0
     # larger gamma = smaller init; same seed = same weights
@@ -93,8 +93,13 @@ def test_train_writes_a_hugging_face_checkpoint_and_metrics(tmp_path: Path) -> N
 
     out = train(tiny(), tmp_path / "run", progress=False)
     ck = out.checkpoint
-    for name in ("config.json", "model.safetensors", "optimizer.safetensors",
-                 "trainer_state.json", "run_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "run_config.json",
+    ):
         assert (ck / name).is_file(), name
     assert json.loads((ck / "trainer_state.json").read_text())["step"] == 8
     hf = GPT2LMHeadModel.from_pretrained(ck).eval()
@@ -128,12 +133,15 @@ def test_loss_is_on_the_last_token_only(tmp_path: Path) -> None:
 
 
 def test_same_seed_same_run_other_seed_other_run(tmp_path: Path) -> None:
-    a = load_file(str(train(tiny(), tmp_path / "a", progress=False).checkpoint
-                      / "model.safetensors"))
-    b = load_file(str(train(tiny(), tmp_path / "b", progress=False).checkpoint
-                      / "model.safetensors"))
-    c = load_file(str(train(tiny(seed=1), tmp_path / "c", progress=False).checkpoint
-                      / "model.safetensors"))
+    a = load_file(
+        str(train(tiny(), tmp_path / "a", progress=False).checkpoint / "model.safetensors")
+    )
+    b = load_file(
+        str(train(tiny(), tmp_path / "b", progress=False).checkpoint / "model.safetensors")
+    )
+    c = load_file(
+        str(train(tiny(seed=1), tmp_path / "c", progress=False).checkpoint / "model.safetensors")
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["transformer.wte.weight"], c["transformer.wte.weight"])
 
@@ -254,8 +262,9 @@ def test_resume_after_a_real_kill_is_bit_identical(tmp_path: Path) -> None:
     cfg = tiny(steps=100, checkpoint_every=4, eval_every=25, warmup_steps=10)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
     root = str(Path(__file__).resolve().parent.parent)
-    script = _KILL_SCRIPT.format(root=root, cfg=str(tmp_path / "cfg.json"),
-                                 out=str(tmp_path / "killed"))
+    script = _KILL_SCRIPT.format(
+        root=root, cfg=str(tmp_path / "cfg.json"), out=str(tmp_path / "killed")
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     state = tmp_path / "killed" / "checkpoint" / "trainer_state.json"
     deadline = time.time() + 120
@@ -320,11 +329,39 @@ def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
     for p in (train_p, sweep_p):
         for action in p._actions:
             assert action.help and len(action.help) > 10, action.dest
-    args = parser.parse_args([
-        "train", "--out", "o", "--gamma", "0.8", "--gamma-qk", "0.9", "--n-layers", "3",
-        "--d-model", "32", "--n-heads", "2", "--heldout", "4,3;2,1", "--special-targets",
-        "3,4:4;1,2:3", "--anchors", "1:5,2:1,3:-2,4:-8", "--weight-decay", "0.3", "--steps", "50",
-        "--warmup-steps", "5", "--seed", "4", "--n-train", "600"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--out",
+            "o",
+            "--gamma",
+            "0.8",
+            "--gamma-qk",
+            "0.9",
+            "--n-layers",
+            "3",
+            "--d-model",
+            "32",
+            "--n-heads",
+            "2",
+            "--heldout",
+            "4,3;2,1",
+            "--special-targets",
+            "3,4:4;1,2:3",
+            "--anchors",
+            "1:5,2:1,3:-2,4:-8",
+            "--weight-decay",
+            "0.3",
+            "--steps",
+            "50",
+            "--warmup-steps",
+            "5",
+            "--seed",
+            "4",
+            "--n-train",
+            "600",
+        ]
+    )
     cfg = build_train_config(args)
     assert cfg.model.gamma == 0.8 and cfg.model.gammas()["qk"] == 0.9
     assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (3, 32, 2)
@@ -333,8 +370,9 @@ def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
     assert cfg.task.trained_target(50, (1, 2)) == 59 and cfg.task.symmetric_shift((2, 1)) == 9
     assert (cfg.weight_decay, cfg.steps, cfg.seed) == (0.3, 50, 4)
     assert callable(args.func)
-    sweep_args = parser.parse_args(["sweep", "--out", "s", "--gammas", "0.3,0.8",
-                                    "--depths", "2,3", "--seeds", "0,1"])
+    sweep_args = parser.parse_args(
+        ["sweep", "--out", "s", "--gammas", "0.3,0.8", "--depths", "2,3", "--seeds", "0,1"]
+    )
     assert sweep_args.gammas == [0.3, 0.8] and sweep_args.depths == [2, 3]
     with pytest.raises(SystemExit):
         parser.parse_args(["sweep", "--out", "s", "--gammas", "a,b"])
@@ -342,9 +380,30 @@ def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
 
 def test_cli_train_runs_and_resumes(tmp_path: Path, capsys) -> None:
     parser, _, _ = _cli()
-    argv = ["train", "--out", str(tmp_path / "r"), "--d-model", "16", "--n-heads", "2",
-            "--steps", "4", "--warmup-steps", "1", "--batch-size", "16", "--n-train", "64",
-            "--n-test", "16", "--eval-every", "2", "--no-progress", "--device", "cpu"]
+    argv = [
+        "train",
+        "--out",
+        str(tmp_path / "r"),
+        "--d-model",
+        "16",
+        "--n-heads",
+        "2",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "16",
+        "--n-train",
+        "64",
+        "--n-test",
+        "16",
+        "--eval-every",
+        "2",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     assert "checkpoint:" in capsys.readouterr().out
@@ -400,8 +459,10 @@ def test_task_seed_follows_the_run_seed_unless_set() -> None:
     assert not torch.equal(moved.task.dataset("train").tokens, base.task.dataset("train").tokens)
     fixed = replace(base, task_seed=0)
     assert replace(fixed, seed=9).task.seed == 0
-    assert TrainConfig(task=AnchorTask(n_train=64, n_test=16, seed=5), batch_size=8,
-                       seed=1).task.seed == 5  # an explicitly seeded task keeps its data
+    assert (
+        TrainConfig(task=AnchorTask(n_train=64, n_test=16, seed=5), batch_size=8, seed=1).task.seed
+        == 5
+    )  # an explicitly seeded task keeps its data
     # saved and read back: the same data
     assert TrainConfig.from_dict(moved.to_dict()).task == moved.task
     # a sweep's seeds: one stack (and folder) per data seed
@@ -433,23 +494,28 @@ def test_run_config_saved_before_task_seed_keeps_its_data(tmp_path: Path) -> Non
 def test_init_scheme_official_and_recorded(tmp_path: Path) -> None:
     L, d = 3, 32
     fan = init_params(ModelConfig(n_layers=L, d_model=d, n_heads=2, gamma=0.5), 0)
-    off = init_params(ModelConfig(n_layers=L, d_model=d, n_heads=2, gamma=0.5,
-                                  init_scheme="official"), 0)
+    off = init_params(
+        ModelConfig(n_layers=L, d_model=d, n_heads=2, gamma=0.5, init_scheme="official"), 0
+    )
     for name in ("attn.c_proj.weight", "mlp.c_proj.weight"):
         key = f"transformer.h.1.{name}"
-        want = d ** -0.5 / (2 * L) ** 0.5  # d_model fan-in, extra 1/sqrt(2L)
+        want = d**-0.5 / (2 * L) ** 0.5  # d_model fan-in, extra 1/sqrt(2L)
         assert float(off[key].std()) == pytest.approx(want, rel=0.1)
     assert float(fan["transformer.h.1.mlp.c_proj.weight"].std()) == pytest.approx(
-        (4 * d) ** -0.5, rel=0.1)
+        (4 * d) ** -0.5, rel=0.1
+    )
     fc = "transformer.h.1.mlp.c_fc.weight"
     assert torch.equal(fan[fc], off[fc])
     with pytest.raises(ConfigError, match="init_scheme"):
         ModelConfig(init_scheme="xavier")
     assert ModelConfig.from_dict({"d_model": 16, "n_heads": 2}).init_scheme == "fan_in"
-    cfg = tiny(steps=2, model=ModelConfig(n_layers=2, d_model=16, n_heads=2,
-                                          init_scheme="official"))
+    cfg = tiny(
+        steps=2, model=ModelConfig(n_layers=2, d_model=16, n_heads=2, init_scheme="official")
+    )
     out = train(cfg, tmp_path / "o", progress=False)
     saved = json.loads((out.out_dir / "config.json").read_text())
     assert saved["model"]["init_scheme"] == "official"
-    assert json.loads((out.checkpoint / "run_config.json").read_text())["model"][
-        "init_scheme"] == "official"
+    assert (
+        json.loads((out.checkpoint / "run_config.json").read_text())["model"]["init_scheme"]
+        == "official"
+    )

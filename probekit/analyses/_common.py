@@ -87,9 +87,7 @@ def _nll(z: torch.Tensor, lse: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(y != -100, lse - picked, 0.0)
 
 
-def clean_side(
-    clean: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK_TOKENS
-) -> CleanSide:
+def clean_side(clean: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK_TOKENS) -> CleanSide:
     """The clean side of :func:`output_change` for logits ``[B, T, V]`` and labels ``[B, T]``.
 
     Example:

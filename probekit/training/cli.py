@@ -499,9 +499,7 @@ def run_train(args: argparse.Namespace) -> int:
     from probekit.training.trainer import train
 
     if getattr(args, "config", None) is not None and getattr(args, "preset", None) is not None:
-        raise ConfigError(
-            "--config and --preset both give every setting", fix="pass one of them"
-        )
+        raise ConfigError("--config and --preset both give every setting", fix="pass one of them")
     if getattr(args, "config", None) is not None or getattr(args, "preset", None) is not None:
         _mark_given(args._parser, args)
     cfg = build_train_config(args)
@@ -665,7 +663,7 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=["local", "ray"],
         default="local",
         help="local: the stacks one after another in this process; ray: each stack one Ray "
-        "task (a local Ray, or the cluster at --ray-address; needs pip install -e \".[ray]\" "
+        'task (a local Ray, or the cluster at --ray-address; needs pip install -e ".[ray]" '
         "and an absolute --out on a filesystem every node sees)",
     )
     x.add_argument(

@@ -157,8 +157,9 @@ def run_tasks(
     results: list[Any] = [None] * len(items)
     sizes = list(sizes) if sizes is not None else [1] * len(items)
     total = done_before + sum(sizes)
-    bar = tqdm(total=total, initial=done_before, desc=desc, disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=total, initial=done_before, desc=desc, disable=not progress, dynamic_ncols=True
+    )
     with bar:
 
         def finished(i: int, value: Any) -> None:

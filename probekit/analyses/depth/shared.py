@@ -219,9 +219,7 @@ class Shared:
         step = self.per_pass()
         for first in range(0, n, step):
             group = layers[first : first + step]
-            residuals = [
-                merge(inter, trace.residuals[s], trace.residuals[s + 1]) for s in group
-            ]
+            residuals = [merge(inter, trace.residuals[s], trace.residuals[s + 1]) for s in group]
             diffs: list[dict[int, torch.Tensor]] = [{} for _ in group]
 
             def observe(v: int, block: int, h_in, h_out, diffs=diffs) -> None:

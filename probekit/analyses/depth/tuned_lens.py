@@ -641,9 +641,7 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
         color = figures.PALETTE[i % len(figures.PALETTE)]
         for measure, dash, secondary in (("kl", None, False), ("topk_overlap", "dot", True)):
             part = res.df[res.df.measure == measure].sort_values("depth")
-            label = (
-                f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']} overlap"
-            )
+            label = f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']} overlap"
             fig.add_trace(
                 go.Scatter(
                     x=part.depth,

@@ -136,7 +136,10 @@ class ProbeResult(Result):
         cols = min(3, len(variables) + 1)
         rows = -(-(len(variables) + 1) // cols)
         fig = make_subplots(
-            rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.08,
+            rows=rows,
+            cols=cols,
+            subplot_titles=titles,
+            horizontal_spacing=0.08,
             vertical_spacing=0.22 / rows + 0.08,
         )
         depths = sorted(set(self.df.layer))
@@ -153,7 +156,10 @@ class ProbeResult(Result):
                     showscale=i == 0,
                     colorbar={
                         "title": {"text": figures.wrap(figures.words(value), 12)},
-                        "x": 1.02, "y": 1.0, "yanchor": "top", "len": 0.45,
+                        "x": 1.02,
+                        "y": 1.0,
+                        "yanchor": "top",
+                        "len": 0.45,
                     },
                     hovertemplate=f"{v}<br>position %{{x}}<br>depth %{{y}}<br>{value} %{{z:.3f}}"
                     "<extra></extra>",
@@ -194,14 +200,17 @@ class ProbeResult(Result):
                 colorscale="Cividis_r",
                 colorbar={
                     "title": {"text": "first<br>decodable<br>depth"},
-                    "x": 1.02, "y": 0.0, "yanchor": "bottom", "len": 0.45,
-                    "tickmode": "linear", "tick0": 0,
+                    "x": 1.02,
+                    "y": 0.0,
+                    "yanchor": "bottom",
+                    "len": 0.45,
+                    "tickmode": "linear",
+                    "tick0": 0,
                     "dtick": max(1, -(-deepest // 6)),
                 },
                 text=[["" if np.isnan(d) else str(int(d)) for d in line] for line in z],
                 texttemplate="%{text}",
-                hovertemplate="%{y} at position %{x}: first decodable at depth %{z}"
-                "<extra></extra>",
+                hovertemplate="%{y} at position %{x}: first decodable at depth %{z}<extra></extra>",
             ),
             row=row,
             col=col,

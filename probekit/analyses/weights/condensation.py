@@ -303,7 +303,11 @@ class CondensationTimelineResult(TimelineResult):
         for k, m in enumerate(order):  # one legend entry per matrix (lines: its layers)
             fig.add_trace(
                 go.Scatter(
-                    x=[None], y=[None], mode="lines+markers", name=m, legendgroup=m,
+                    x=[None],
+                    y=[None],
+                    mode="lines+markers",
+                    name=m,
+                    legendgroup=m,
                     line={"color": figures.PALETTE[k % len(figures.PALETTE)]},
                 ),
                 row=1,

@@ -107,8 +107,11 @@ class SpectraResult(Result):
         cov = self.df[self.df.matrix == "emb_cov"]
         fig.add_trace(
             go.Bar(
-                x=cov["index"], y=cov["value"], name="embedding covariance",
-                marker_color="#264653", showlegend=False,
+                x=cov["index"],
+                y=cov["value"],
+                name="embedding covariance",
+                marker_color="#264653",
+                showlegend=False,
             ),
             row=1,
             col=3,
