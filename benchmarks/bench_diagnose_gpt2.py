@@ -14,13 +14,17 @@ each peak is its own, with ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's default th
 after each large free, so later tensors come from a heap it keeps: the resident set would show
 memory retained, not live). ``diagnose`` uses its default batching (the memory-bounded
 :meth:`probekit.model.Model.default_batch_size`, 2 sequences of 128 tokens here) unless
-``--batch-size`` is given. ``uptime`` is printed before and after: the machine may be shared. A
-single slow run (minutes), so no A B B A here; compare two code versions by running this script
-with ``PYTHONPATH`` pointing at each.
+``--batch-size`` is given. ``uptime`` is printed before and after: the machine may be shared.
+
+``--baseline DIR`` compares this checkout's code with the probekit in ``DIR`` (another checkout,
+e.g. ``git worktree add /tmp/before <commit>``): the diagnoses run interleaved, baseline, this,
+this, baseline (``--repeats`` rounds), each in its own process with ``PYTHONPATH`` at its code,
+and the medians of the wall times and peaks of each are printed with their ratio.
 
 Usage:
     python benchmarks/bench_diagnose_gpt2.py [--batch 8] [--seq 128] [--threads 1]
         [--bootstrap 100] [--mode both|diagnose|cache] [--layers 12] [--batch-size N]
+        [--baseline DIR [--repeats 1]]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -139,6 +144,61 @@ def uptime() -> str:
         return "uptime unavailable"
 
 
+def _run_mode(mode: str, code_root: str | None = None) -> dict | str:
+    """One ``--mode`` run in its own process (its code from ``code_root`` when given): its
+    JSON line, or the end of its error output."""
+    cmd = [sys.executable, __file__, *_without_compare(sys.argv[1:]), "--mode", mode]
+    env = dict(os.environ)
+    if code_root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [code_root, env.get("PYTHONPATH")]))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return out.stdout.strip() or out.stderr.strip()[-2000:]
+
+
+def _without_compare(argv: list[str]) -> list[str]:
+    """``argv`` less ``--baseline DIR``, ``--repeats N`` and ``--mode M``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--baseline", "--repeats", "--mode"):
+            skip = True
+            continue
+        if arg.split("=")[0] not in ("--baseline", "--repeats", "--mode"):
+            out.append(arg)
+    return out
+
+
+def compare(baseline: str, repeats: int) -> None:
+    """Baseline and this code interleaved A B B A, ``repeats`` rounds; medians and ratio."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    for _ in range(repeats):
+        for who in ("baseline", "this", "this", "baseline"):
+            result = _run_mode("diagnose", baseline if who == "baseline" else here)
+            print(f"{who:8s} {json.dumps(result) if isinstance(result, dict) else result}")
+            if not isinstance(result, dict):
+                raise SystemExit(f"the {who} run failed")
+            runs[who].append(result)
+    medians = {
+        who: {key: statistics.median(r[key] for r in rows) for key in ("seconds", "peak_extra_mib")}
+        for who, rows in runs.items()
+    }
+    for who, m in medians.items():
+        seconds = [r["seconds"] for r in runs[who]]
+        peaks = [r["peak_extra_mib"] for r in runs[who]]
+        print(
+            f"{who:8s}: median {m['seconds']:.1f} s (runs {seconds}), median peak "
+            f"{m['peak_extra_mib']:.1f} MiB (runs {peaks})"
+        )
+    ratio = medians["baseline"]["seconds"] / medians["this"]["seconds"]
+    print(f"speed-up: {ratio:.2f}x (ratio of the median wall times)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -148,6 +208,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bootstrap", type=int, default=100)
     parser.add_argument("--mode", choices=["both", "diagnose", "cache"], default="both")
+    parser.add_argument("--baseline", default=None, help="a checkout to compare with")
+    parser.add_argument("--repeats", type=int, default=1, help="A B B A rounds (--baseline)")
     args = parser.parse_args()
     if args.mode != "both":
         import torch
@@ -163,10 +225,13 @@ def main() -> None:
         f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}",
         flush=True,
     )
-    for mode in ("cache", "diagnose"):
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        print(out.stdout.strip() or out.stderr.strip()[-2000:], flush=True)
+    cache = _run_mode("cache")
+    print(json.dumps(cache) if isinstance(cache, dict) else cache, flush=True)
+    if args.baseline is not None:
+        compare(args.baseline, args.repeats)
+    else:
+        result = _run_mode("diagnose")
+        print(json.dumps(result) if isinstance(result, dict) else result, flush=True)
     print(f"after:  {uptime()}", flush=True)
 
 
