@@ -383,7 +383,7 @@ class Model:
                 "residual, attention and MLP hooks",
                 fix="use an architecture listed as supported in the README's architecture table",
             )
-        if not all(bool(torch.isfinite(t).all()) for t in clean.values()):
+        if not all(all_finite(t) for t in clean.values()):
             raise NumericalError(
                 f"the {self.architecture} forward overflows (NaN or infinite activations), so "
                 "its block structure cannot be read",
@@ -746,7 +746,7 @@ class Model:
         """Raise :class:`NumericalError` if any weight is NaN or infinite (weights offloaded
         to disk by a ``device_map`` are read from the offload folder to be checked)."""
         for name, param in _named_weights(self.hf_model):
-            if not torch.isfinite(param).all():
+            if not all_finite(param):
                 raise NumericalError(
                     f"weight {name} contains NaN or infinite values",
                     fix="load an earlier checkpoint or retrain with a lower learning rate",
@@ -1345,6 +1345,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """
     if not tensor.is_floating_point() and not tensor.is_complex():
         return True
+    tensor = tensor.detach()
     if bool(torch.isfinite(tensor.sum())):
         return True
     return bool(torch.isfinite(tensor).all())
@@ -1370,7 +1371,7 @@ def _precision_key(device_type: str) -> tuple[str, bool, torch.dtype | None]:
 def _deviation(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max(1, max |want|) in float64 (NaN if either is not finite)."""
     got, want = got.double(), want.double()
-    if not (bool(torch.isfinite(got).all()) and bool(torch.isfinite(want).all())):
+    if not (all_finite(got) and all_finite(want)):
         return math.nan
     return float((got - want).abs().max() / want.abs().max().clamp_min(1.0))
 

@@ -143,7 +143,7 @@ def output_change(
     side = clean if isinstance(clean, CleanSide) else clean_side(clean, labels, chunk)
     flat = changed.reshape(-1, changed.shape[-1])
     n, f64 = flat.shape[0], torch.float64
-    out = {name: torch.empty(n, dtype=f64, device=flat.device) for name in OUTPUT_MEASURES}
+    out = {name: torch.empty(n, dtype=f64, device=flat.device) for name in measures}
     for part in _chunks(n, chunk):
         z, p, y = side.logits[part], side.p[part], side.labels[part]
         d = flat[part].float() - z
@@ -163,14 +163,15 @@ def output_change(
             out["prob_l2"][part] = torch.linalg.vector_norm(spread, dim=-1).double() / (
                 1 + s[:, 0].double()
             )
-        out["loss_delta"][part] = torch.where(y != -100, shift - picked, 0.0)
+        if "loss_delta" in measures:
+            out["loss_delta"][part] = torch.where(y != -100, shift - picked, 0.0)
         wild = (rise > EXP_SAFE) | (s[:, 0] < -0.5)  # e^d overflows, or 1 + S loses digits
         if bool(wild.any()):
             rows = torch.arange(part.start, part.stop, device=flat.device)[wild]
             exact = _output_change64(z[wild], flat[part][wild].float(), y[wild])
-            for name, values in exact.items():
-                out[name][rows] = values
-    return {name: out[name].view(side.shape) for name in measures}
+            for name in measures:
+                out[name][rows] = exact[name]
+    return {name: values.view(side.shape) for name, values in out.items()}
 
 
 def _output_change64(z: torch.Tensor, zq: torch.Tensor, y: torch.Tensor) -> dict:
