@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import html
+import importlib
 import io
 import json
 import math
@@ -34,6 +35,38 @@ SIDECAR_CELLS = 20_000
 _INF = {"inf": math.inf, "-inf": -math.inf}
 
 _REGISTRY: dict[str, type[Result]] = {}
+
+RESULT_MODULES: dict[str, str] = {
+    "contributions": "probekit.analyses.depth.contributions",
+    "residual": "probekit.analyses.depth.residual",
+    "skip_effects": "probekit.analyses.depth.skips",
+    "gradients": "probekit.analyses.depth.gradients",
+    "swaps": "probekit.analyses.depth.swaps",
+    "logit_lens": "probekit.analyses.depth.lens",
+    "tuned_lens": "probekit.analyses.depth.tuned_lens",
+    "attention_knockout": "probekit.analyses.mechanisms.knockout",
+    "token_masking": "probekit.analyses.mechanisms.masking",
+    "information_flow": "probekit.analyses.mechanisms.flow",
+    "hidden_state_map": "probekit.analyses.mechanisms.maps",
+    "pair_cosines": "probekit.analyses.mechanisms.maps",
+    "probes": "probekit.analyses.mechanisms.probes",
+    "solutions": "probekit.analyses.mechanisms.solutions",
+    "condensation": "probekit.analyses.weights.condensation",
+    "condensation_timeline": "probekit.analyses.weights.condensation",
+    "checkpoint_weights": "probekit.analyses.weights.condensation",
+    "embedding_map": "probekit.analyses.weights.embeddings",
+    "spectra": "probekit.analyses.weights.spectra",
+    "timeline": "probekit.analyses.timeline",
+    "depth_headlines": "probekit.analyses.timeline",
+    "depth_timeline": "probekit.analyses.timeline",
+    "family": "probekit.training.families",
+    "sweep": "probekit.training.sweep",
+    "diagnoses": "probekit.cluster",
+}
+"""Every kind of result probekit writes -> the module that defines its class. :meth:`Result.load`
+imports that module when the kind is not registered yet, so a file loads in a fresh process
+(the classes register themselves on import; ``tests/test_result_kinds.py`` checks this map
+against every Result subclass in probekit)."""
 
 
 def json_ready(value: Any) -> Any:
@@ -130,18 +163,40 @@ class Result:
                 f"cannot read a probekit result from {path} ({err})",
                 fix="pass a file written by Result.save()",
             ) from err
-        klass = _REGISTRY.get(kind)
-        if klass is None:
-            raise CheckpointError(
-                f"{path} holds a result of unknown kind {kind!r}",
-                fix="import the module that defines it, or upgrade probekit",
-            )
+        klass = result_class(kind, path)
         result = klass.__new__(klass)
         Result.__init__(result, df.reset_index(drop=True), payload["summary"], payload["meta"])
         return result
 
 
 _REGISTRY[Result.kind] = Result
+
+
+def result_class(kind: Any, path: str | os.PathLike = "the file") -> type[Result]:
+    """The Result class of a saved ``kind``, importing the module that defines it if needed.
+
+    Example:
+        >>> result_class("contributions").__name__
+        'ContributionResult'
+    """
+    if not isinstance(kind, str):
+        raise CheckpointError(
+            f"{path} names its result kind as a JSON {type(kind).__name__} ({kind!r:.60}), "
+            "not a string",
+            fix="pass a file written by Result.save()",
+        )
+    if kind not in _REGISTRY and kind in RESULT_MODULES:
+        importlib.import_module(RESULT_MODULES[kind])
+    klass = _REGISTRY.get(kind)
+    if klass is None:
+        known = ", ".join(sorted({*RESULT_MODULES, *_REGISTRY}))
+        raise CheckpointError(
+            f"{path} holds a result of unknown kind {kind!r:.60}; probekit writes these kinds: "
+            f"{known}",
+            fix="pass a file written by Result.save() of this probekit version, or import the "
+            "module that defines your own Result subclass before loading",
+        )
+    return klass
 
 
 def _numeric_columns(df: pd.DataFrame) -> list[Any]:
