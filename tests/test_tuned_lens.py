@@ -85,7 +85,22 @@ def test_fit_matches_a_plain_torch_reference(arch):
         assert float(a.abs().max()) > 1e-4  # it moved
         torch.testing.assert_close(translator.weight.detach(), a, rtol=0, atol=1e-6)
         torch.testing.assert_close(translator.bias.detach(), b, rtol=0, atol=1e-6)
-    assert lens.fit_info["loss_history"] == pytest.approx(history, rel=1e-5)
+    # The summed KL of a step is computed in float32 by both sides in a different order. Each
+    # KL(p || q) = sum_v p_v (log p_v - log q_v) is a small difference of log-probabilities of
+    # size |log p|, each rounded to float32, so its error is about eps32 * E_p|log p| = eps32 *
+    # H(p) however small the KL is: over the L depths, L * eps32 * H in absolute terms (about
+    # 9e-7 here, where the KLs are ~5e-3 and a relative bound would fail on reordering alone).
+    entropy = max(_final_entropy(plain, t, m) for t, m in batches)
+    bound = len(lens.translators) * torch.finfo(torch.float32).eps * entropy
+    assert lens.fit_info["loss_history"] == pytest.approx(history, rel=0, abs=bound)
+
+
+def _final_entropy(hf, tokens, mask) -> float:
+    """The mean entropy (nats) of the plain model's final next-token distributions."""
+    with torch.no_grad():
+        _, _, final = ref.block_io(hf, tokens, mask)
+    logp = final[mask.bool()].double().log_softmax(-1)
+    return float(-(logp.exp() * logp).sum(-1).mean())
 
 
 def test_fit_leaves_the_model_unchanged_and_is_deterministic():
