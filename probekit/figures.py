@@ -12,11 +12,15 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from probekit.errors import InputError
 
 TEMPLATE = "plotly_white"
 SEQUENTIAL = "Viridis"
@@ -141,6 +145,41 @@ def wrap(text: str, limit: int) -> str:
     return "<br>".join([*lines, line])
 
 
+TOOLBAR_BAND = 30
+"""Pixels at the top of a figure that plotly's toolbar (the mode bar) covers in a browser; the
+title starts below them, so the toolbar never hides a word of it."""
+
+TITLE_LINE = 22
+"""Pixels of one line of a title."""
+
+
+def _title_lines(title: str, width: int) -> str:
+    """``title`` wrapped for a figure ``width`` pixels wide (about 8 px a character at the
+    title's font, with room on both sides)."""
+    return wrap(title, max(24, width // 9))
+
+
+def _title_pad(text: str) -> int:
+    """Pixels from the figure's top to the title's first line: below the toolbar band. Plotly
+    draws a title of several lines about 13 px higher than a one-line title at the same pad
+    (measured in Chromium), so those get 13 px more."""
+    return TOOLBAR_BAND + 4 + (13 if "<br>" in text else 0)
+
+
+def _top_margin(text: str, fig: go.Figure) -> int:
+    """The top margin that holds the toolbar band, the wrapped title and any annotations."""
+    lines = 1 + text.count("<br>")
+    return TOOLBAR_BAND + 28 + TITLE_LINE * (lines - 1) + (25 if fig.layout.annotations else 10)
+
+
+def _legend_rows(fig: go.Figure, width: int) -> tuple[list[str], int, int]:
+    """The legend's entries, how many fit on a row of ``width`` pixels, and the rows needed."""
+    entries = _legend_entries(fig)
+    longest = max((len(e) for e in entries), default=1)
+    per_row = max(1, (width - 140) // max(120, 8 * longest + 50))
+    return entries, per_row, -(-len(entries) // per_row)
+
+
 def base_layout(
     fig: go.Figure,
     title: str,
@@ -150,16 +189,13 @@ def base_layout(
     height: int | None = None,
 ) -> go.Figure:
     """Apply probekit's common layout to ``fig``: white template, a title wrapped to the
-    width, the legend below the axes (never over a subplot title), at most
-    :data:`MAX_WIDTH` pixels wide, powers of ten written as 10⁻³ (not µ)."""
+    width below the toolbar band (:data:`TOOLBAR_BAND`), the legend below the axes (never
+    over a subplot title), at most :data:`MAX_WIDTH` pixels wide, powers of ten written as
+    10⁻³ (not µ). :func:`resize` lays the same figure out again for another width."""
     width = min(MAX_WIDTH, int(width or fig.layout.width or 1000))
     height = int(height or fig.layout.height or 500)
-    text = wrap(title, max(40, width // 9))
-    top = 50 + 22 * text.count("<br>") + (25 if fig.layout.annotations else 10)
-    entries = _legend_entries(fig)
-    per_row = max(1, (width - 140) // max(120, 8 * max((len(e) for e in entries), default=1) + 50))
-    rows = -(-len(entries) // per_row)
-    bottom = 70 + 24 * rows
+    text = _title_lines(title, width)
+    entries, per_row, rows = _legend_rows(fig, width)
     fig.update_layout(
         template=TEMPLATE,
         title={
@@ -169,7 +205,7 @@ def base_layout(
             "y": 1,
             "yref": "container",
             "yanchor": "top",
-            "pad": {"t": 12},
+            "pad": {"t": _title_pad(text)},
         },
         font={"size": 13},
         showlegend=bool(entries),
@@ -180,12 +216,13 @@ def base_layout(
             "yanchor": "bottom",
             "x": 0,
             "xanchor": "left",
-            "entrywidth": (width - 140) // per_row - 4,
+            "entrywidth": max(40, (width - 140) // per_row - 4),
             "entrywidthmode": "pixels",
         },
-        margin={"l": 70, "r": 30, "t": top, "b": bottom},
+        margin={"l": 70, "r": 30, "t": _top_margin(text, fig), "b": 70 + 24 * rows},
         width=width,
         height=height + 24 * rows,
+        meta={"probekit_height": height},
     )
     if x:
         fig.update_layout(xaxis_title=x)
@@ -193,7 +230,110 @@ def base_layout(
         fig.update_layout(yaxis_title=y)
     fig.update_xaxes(exponentformat="power")
     fig.update_yaxes(exponentformat="power")
+    fig.update_traces(colorbar_exponentformat="power", selector={"type": "heatmap"})
     return fig
+
+
+def fit_top(fig: go.Figure) -> go.Figure:
+    """Recompute the top margin after annotations were added above the plot area."""
+    return fig.update_layout(margin_t=_top_margin(fig.layout.title.text or "", fig))
+
+
+def resize(
+    fig: go.Figure, width: int, height: int | None = None, aspect: float | None = None
+) -> go.Figure:
+    """Lay ``fig`` out again for ``width`` pixels: the title re-wrapped, the top margin and the
+    legend's entries fitted, so nothing is clipped at the new size. The height stays the
+    figure's own, or is ``height``, or, with ``aspect``, is sized to the content: a plot area
+    ``aspect`` times as high as it is wide, plus the title, axis titles and legend.
+
+    Example:
+        >>> fig = base_layout(go.Figure(go.Scatter(x=[0], y=[0])), "a long title " * 8)
+        >>> resize(fig, 340).layout.title.text.count("<br>") > 0
+        True
+    """
+    title = (fig.layout.title.text or "").replace("<br>", " ")
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    text = _title_lines(title, width)
+    _, per_row, rows = _legend_rows(fig, width)
+    top, bottom = _top_margin(text, fig), 70 + 24 * rows
+    if aspect is not None:
+        margin = fig.layout.margin
+        plot_width = width - int(margin.l or 70) - int(margin.r or 30) - _colorbar_width(fig)
+        height = top + 70 + round(aspect * plot_width)
+    kept = int(height or meta.get("probekit_height") or fig.layout.height or 500)
+    fig.update_layout(
+        title_text=text,
+        title_pad_t=_title_pad(text),
+        margin_t=top,
+        margin_b=bottom,
+        legend_entrywidth=max(40, (width - 140) // per_row - 4),
+        width=int(width),
+        height=kept + 24 * rows,
+        meta={"probekit_height": kept},
+    )
+    return fig
+
+
+def _colorbar_width(fig: go.Figure) -> int:
+    """Pixels a heatmap's colour bar takes beside the plot area (0 without one)."""
+    return 110 if any(trace.type == "heatmap" for trace in fig.data) else 0
+
+
+PAPER_WIDTHS = {"one-column": 3.5, "two-column": 7.0}
+"""Figure widths of a paper, in inches: one column and the full text width of a two-column
+layout (NeurIPS/ICML/ACL are all within a few hundredths of these)."""
+
+CSS_DPI = 96
+"""Plotly lays figures out in CSS pixels, 96 to the inch."""
+
+PAPER_ZOOM = 1.45
+"""Layout pixels per printed CSS pixel of a paper figure: the 13 px text prints at about
+6.7 pt (13 / 1.45 px at 0.75 pt a px), the size of a paper's figure labels."""
+
+PAPER_ASPECT = 0.62
+"""Height / width of a paper figure's plot area."""
+
+
+def paper_size(preset: str) -> tuple[int, float]:
+    """The layout width in pixels of a paper ``preset`` (see :data:`PAPER_WIDTHS`) and the
+    pixels per inch it is laid out at.
+
+    Example:
+        >>> paper_size("two-column")
+        (974, 139.2)
+    """
+    if preset not in PAPER_WIDTHS:
+        raise InputError(
+            f"unknown paper preset {preset!r}", fix=f"use one of {', '.join(PAPER_WIDTHS)}"
+        )
+    per_inch = CSS_DPI * PAPER_ZOOM
+    return round(PAPER_WIDTHS[preset] * per_inch), per_inch
+
+
+def write_image(
+    fig: go.Figure,
+    path: str | os.PathLike,
+    preset: str | None = None,
+    dpi: int = 300,
+) -> Path:
+    """Write ``fig`` as PNG/SVG/PDF (by the suffix) with nothing clipped: at its own size, or
+    laid out again (:func:`resize`) for a paper ``preset`` (``"one-column"``: 3.5 in,
+    ``"two-column"``: 7 in wide) and rendered at ``dpi`` dots per inch, the height sized to
+    the content. Needs kaleido and a Chrome/Chromium.
+    """
+    import plotly.io as pio
+
+    fig = go.Figure(fig)  # a copy: the caller's figure keeps its size
+    scale = 1.0
+    if preset is not None:
+        width, _ = paper_size(preset)
+        resize(fig, width, aspect=PAPER_ASPECT)
+        # exactly inches x dpi pixels wide (a quarter pixel over, as the renderer rounds down)
+        scale = (PAPER_WIDTHS[preset] * dpi + 0.25) / width
+    width, height = int(fig.layout.width or 1000), int(fig.layout.height or 600)
+    pio.write_image(fig, str(path), width=width, height=height, scale=scale)
+    return Path(path)
 
 
 def heatmap(

@@ -819,10 +819,15 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     names = [f"{name}.{suffix}" for name in diagnosis.results for suffix in ("png", "svg")]
     figs = [_figure(name, diagnosis.results) for name in diagnosis.results for _ in ("png", "svg")]
-    for fig in figs:  # each figure's own size; 1000 x 600 where it sets none
-        fig.update_layout(width=fig.layout.width or 1000, height=fig.layout.height or 600)
+    # each figure's own size (kaleido renders at 700 x 500 unless told, clipping titles)
+    sizes = [(int(f.layout.width or 1000), int(f.layout.height or 600)) for f in figs]
     with tempfile.TemporaryDirectory(dir=out, prefix=".images.") as tmp:
-        pio.write_images(fig=figs, file=[Path(tmp) / name for name in names])
+        pio.write_images(
+            fig=figs,
+            file=[Path(tmp) / name for name in names],
+            width=[w for w, _ in sizes],
+            height=[h for _, h in sizes],
+        )
         written = []
         for name in names:
             os.replace(Path(tmp) / name, out / name)

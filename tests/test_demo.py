@@ -6,6 +6,7 @@ import json
 
 import probekit.demo as demo
 from probekit.cli import main
+from tests.browser import figure_problems, open_page
 
 
 def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
@@ -41,3 +42,9 @@ def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
             "layer_swaps",
         ):
             assert (out / name / f"{analysis}.json").is_file(), analysis
+    # the same pages in a real browser: no console error, every figure drawn, no title clipped
+    for page in (out / "index.html", out / "symmetric" / "report.html"):
+        figures, errors = open_page(page)
+        assert errors == [], page
+        assert len(figures) == (2 if page.name == "index.html" else 11), page
+        assert figure_problems(figures) == [], page

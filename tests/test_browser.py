@@ -1,0 +1,66 @@
+"""The HTML reports in a real browser (headless Chromium): no console error, every figure
+rendered, no figure title clipped, covered by the toolbar or run into its plot."""
+
+from __future__ import annotations
+
+import pytest
+
+from probekit.cli import main
+from probekit.toy import toy_hf_model
+from tests.browser import figure_problems, open_page
+
+
+@pytest.fixture(scope="module")
+def gpt2_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    toy_hf_model("gpt2", n_layers=4).save_pretrained(root / "ckpt")
+    assert main(["diagnose", str(root / "ckpt"), "--out", str(root / "report"), "--quiet"]) == 0
+    return root / "report" / "report.html"
+
+
+def test_a_diagnosis_report_renders_cleanly(gpt2_report):
+    figures, errors = open_page(gpt2_report)
+    assert errors == []
+    assert len(figures) == 6  # contributions, skip effects, swaps, residual, lens, gradients
+    assert figure_problems(figures) == []
+
+
+def test_the_checker_sees_a_covered_and_a_clipped_title(tmp_path):
+    import plotly.graph_objects as go
+
+    long = "a title long enough to run under the toolbar " * 3
+    pages = []
+    for name, title in (
+        ("covered", {"text": long, "x": 0.02, "y": 0.99, "yanchor": "top"}),
+        ("clipped", {"text": long + long, "x": 0.02, "y": 1.0, "yanchor": "bottom"}),
+    ):
+        fig = go.Figure(go.Bar(x=[0, 1], y=[1, 2]))
+        fig.update_layout(title=title, width=600, margin_t=40)
+        fig.write_html(tmp_path / f"{name}.html", include_plotlyjs=True)
+        pages.append(" ".join(figure_problems(open_page(tmp_path / f"{name}.html")[0])))
+    assert "the toolbar covers the title" in pages[0]
+    assert "the title is clipped" in pages[1]
+
+
+@pytest.mark.parametrize("preset", ["one-column", "two-column"])
+def test_paper_presets_fit_every_title(gpt2_report, tmp_path, preset):
+    import struct
+
+    from probekit import figures
+    from probekit.result import Result
+
+    folder = gpt2_report.parent
+    paper_width, _ = figures.paper_size(preset)
+    parts = []
+    for name in ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens"):
+        fig = Result.load(folder / f"{name}.json").figure()
+        png = figures.write_image(fig, tmp_path / f"{name}.png", preset=preset, dpi=300)
+        width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG header
+        assert width == round(figures.PAPER_WIDTHS[preset] * 300)
+        assert width * figures.PAPER_ASPECT / 2 < height < width * 1.6
+        figures.resize(fig, paper_width, aspect=figures.PAPER_ASPECT)
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=not parts))
+    (tmp_path / "figures.html").write_text("<html><body>" + "".join(parts) + "</body></html>")
+    figs, errors = open_page(tmp_path / "figures.html")
+    assert errors == [] and len(figs) == 5
+    assert figure_problems(figs) == []
