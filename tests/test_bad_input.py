@@ -214,7 +214,7 @@ def test_huge_configs_are_refused_before_building(checkpoint, key, value):
 
 
 def test_a_model_larger_than_memory_is_refused(checkpoint, monkeypatch):
-    import probekit.model as model_module
+    import probekit.model.checkpoint as model_module
 
     monkeypatch.setattr(model_module, "available_memory", lambda device: 1000)
     with pytest.raises(CheckpointError, match="GiB are available"):

@@ -59,7 +59,7 @@ def test_a_subset_of_measures_equals_the_full_computation():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_all_finite_agrees_with_the_elementwise_test(dtype):
-    from probekit.model import all_finite
+    from probekit.numerics import all_finite
 
     huge = 1e308 if dtype == torch.float64 else 3e38
     big = torch.full((300, 500), huge, dtype=dtype)
@@ -76,13 +76,13 @@ def test_all_finite_agrees_with_the_elementwise_test(dtype):
 
 
 def test_the_blocked_head_is_bit_identical_and_yields_to_hooks(monkeypatch):
-    from probekit import model as model_module
+    from probekit.model import output as model_module
 
     model = _model("gpt2")
     monkeypatch.setattr(model_module, "VOCAB_CHUNK", 7)  # blocks on a tiny vocabulary
     calls = []
-    blocked = model_module._blocked_linear
-    monkeypatch.setattr(model_module, "_blocked_linear", lambda *a: calls.append(1) or blocked(*a))
+    blocked = model_module.blocked_linear
+    monkeypatch.setattr(model_module, "blocked_linear", lambda *a: calls.append(1) or blocked(*a))
     [batch] = model.prepare(sample_tokens())
     trace = model.trace(batch)
     residual = trace.residuals[-1]
@@ -102,7 +102,7 @@ def test_the_blocked_head_is_bit_identical_and_yields_to_hooks(monkeypatch):
 
 
 def test_blocks_of_the_real_chunk_give_the_one_product():
-    from probekit.model import VOCAB_CHUNK, _blocked_linear
+    from probekit.numerics import VOCAB_CHUNK, blocked_linear
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(2 * VOCAB_CHUNK + 77, 64, generator=g)
@@ -111,7 +111,7 @@ def test_blocks_of_the_real_chunk_give_the_one_product():
         x = torch.randn(2, rows, 64, generator=g)
         for b in (None, bias):
             want = torch.nn.functional.linear(x, weight, b)
-            got = _blocked_linear(x, weight, b)
+            got = blocked_linear(x, weight, b)
             assert got.shape == want.shape
             assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
 
@@ -263,7 +263,7 @@ def test_default_batches_bound_the_output_and_keep_the_numbers(monkeypatch):
     """Without batch_size a batch is split so that one batch's float32 output stays within
     OUTPUT_BATCH_BYTES (here lowered to two sequences' worth of a toy model's logits), and
     every number equals the one-batch diagnosis."""
-    from probekit import model as model_module
+    from probekit.model import inputs as model_module
     from probekit.toy import TOY_VOCAB, toy_model, toy_tokens
 
     model = toy_model(n_layers=3)

@@ -17,7 +17,7 @@ import transformers
 import probekit
 from probekit.analyses import contributions, gradient_norms, layer_swaps, logit_lens, skip_effects
 from probekit.errors import CheckpointError, ProbekitError, UnsupportedModelError
-from probekit.model import _head_class_for
+from probekit.model.headless import head_class_for
 from probekit.report import diagnose
 from tests import reference as ref
 from tests.conftest import FAMILIES, VOCAB, family_tokens, hf_config, make_family
@@ -84,12 +84,12 @@ def padded_tokens():
 
 
 def test_head_class_comes_from_the_auto_mappings():
-    assert _head_class_for("GPT2Model") == "GPT2LMHeadModel"
-    assert _head_class_for("LlamaModel") == "LlamaForCausalLM"
-    assert _head_class_for("Qwen2Model") == "Qwen2ForCausalLM"
-    assert _head_class_for("BertModel") == "BertForMaskedLM"
-    assert _head_class_for("RobertaModel") == "RobertaForMaskedLM"
-    assert _head_class_for("NotAModel") is None
+    assert head_class_for("GPT2Model") == "GPT2LMHeadModel"
+    assert head_class_for("LlamaModel") == "LlamaForCausalLM"
+    assert head_class_for("Qwen2Model") == "Qwen2ForCausalLM"
+    assert head_class_for("BertModel") == "BertForMaskedLM"
+    assert head_class_for("RobertaModel") == "RobertaForMaskedLM"
+    assert head_class_for("NotAModel") is None
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])

@@ -42,12 +42,12 @@ def _snapshot(model, tokens, mask):
 
 
 def fail_midway(monkeypatch, at: int) -> None:
-    """Make the ``at``-th call of TokenMeans.add or Trace._call (together) raise: a failure
-    inside an analysis's hooks and resumed forwards (``Trace._call`` runs every resumed block,
-    one variant or stacked ones, through the bridge or the Hugging Face copies)."""
+    """Make the ``at``-th call of TokenMeans.add or Trace.run_module (together) raise: a
+    failure inside an analysis's hooks and resumed forwards (``Trace.run_module`` runs every
+    resumed block, one variant or stacked ones, through the bridge or the Hugging Face copies)."""
     calls = {"n": 0}
     original_add = _common.TokenMeans.add
-    original_call = Trace._call
+    original_call = Trace.run_module
 
     def tick() -> None:
         calls["n"] += 1
@@ -63,7 +63,7 @@ def fail_midway(monkeypatch, at: int) -> None:
         return original_call(self, *args, **kwargs)
 
     monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
-    monkeypatch.setattr(Trace, "_call", failing_call)
+    monkeypatch.setattr(Trace, "run_module", failing_call)
 
 
 def _assert_same(before, after):

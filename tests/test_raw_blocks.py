@@ -14,7 +14,7 @@ from torch import nn
 
 import probekit
 from probekit.interventions import reorder_layers
-from probekit.model import RAW_BLOCKS_ENV, _HFBlocks
+from probekit.model.hf_blocks import RAW_BLOCKS_ENV, HFBlocks
 from tests.conftest import family_tokens, hf_config, make_family
 
 CASES = ("gpt2", "llama", "bert", "bloom", "gpt2-headless", "bert-headless")
@@ -47,7 +47,7 @@ class _Counter:
 
     def __init__(self, model: probekit.Model) -> None:
         self.calls: dict[int, int] = {}
-        hf = model._hf_blocks
+        hf = model.hf_blocks
         assert hf is not None
         self.handles = [
             hf.copies[id(block)].register_forward_pre_hook(self._count(layer))
@@ -99,7 +99,7 @@ def test_hf_blocks_give_the_bridge_numbers(case):
 def test_copies_share_the_weights(case):
     model = _load(case)
     model.block_path  # noqa: B018  (builds the copies)
-    hf = model._hf_blocks
+    hf = model.hf_blocks
     params = {id(p) for p in model.hf_model.parameters()}
     pointers = {p.data_ptr() for p in model.hf_model.parameters()}
     for block in model.blocks:
@@ -136,18 +136,18 @@ def test_hooked_blocks_run_through_the_bridge():
     # a plain torch hook on a Hugging Face module inside the bridge block is honoured too
     handle = model.blocks[0].original_component.mlp.register_forward_hook(lambda m, i, o: o * 0)
     try:
-        assert model._raw_block(model.blocks[0]) is None
-        assert model._raw_block(model.blocks[1]) is not None
+        assert model.raw_block(model.blocks[0]) is None
+        assert model.raw_block(model.blocks[1]) is not None
         edited = trace.resume(0)
     finally:
         handle.remove()
     assert not torch.allclose(edited, trace.logits, atol=1e-3)
     model.hf_model.train()
     try:
-        assert model._raw_block(model.blocks[1]) is None  # dropout would differ
+        assert model.raw_block(model.blocks[1]) is None  # dropout would differ
     finally:
         model.hf_model.eval()
-    assert model._raw_block(model.blocks[1]) is not None
+    assert model.raw_block(model.blocks[1]) is not None
 
 
 class _Shifted(nn.Module):
@@ -164,10 +164,10 @@ class _Shifted(nn.Module):
 
 def test_a_copy_that_differs_falls_back_to_the_bridge():
     model = _load("llama")
-    hf = _HFBlocks.build(model)
+    hf = HFBlocks.build(model)
     block = model.blocks[1]
     hf.copies[id(block)] = _Shifted(hf.copies[id(block)], 1e-4)
-    model._hf_blocks = hf
+    model.hf_blocks = hf
     assert model.block_path.startswith("bridge (the Hugging Face copy of block 1 differs")
     trace = _trace(model)
     fast = trace.resume(0, 0.5 * trace.residuals[0])
@@ -179,7 +179,7 @@ def test_accelerate_hooks_and_the_switch_keep_the_bridge(monkeypatch):
     from accelerate.hooks import ModelHook, add_hook_to_module
 
     model = _load("gpt2")
-    model._hf_blocks = None
+    model.hf_blocks = None
     add_hook_to_module(model.hf_model.lm_head, ModelHook())
     assert model.block_path == "bridge (accelerate device_map / offload hooks on the model)"
     monkeypatch.setenv(RAW_BLOCKS_ENV, "0")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit.errors import NumericalError
-from probekit.model import all_finite
+from probekit.numerics import all_finite
 
 OUTPUT_MEASURES = ("logit_l2", "kl", "prob_l2", "loss_delta")
 """How an intervention's output is compared with the clean output, per token:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from probekit.errors import ConfigError
-from probekit.model import available_memory
+from probekit.numerics import available_memory
 
 #: bytes per parameter while training: float32 weights, gradients and two AdamW moments
 TRAIN_BYTES_PER_PARAM = 16

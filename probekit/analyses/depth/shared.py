@@ -51,7 +51,8 @@ from probekit.analyses._common import (
 from probekit.analyses.depth.conventions import merge
 from probekit.data import Batch
 from probekit.errors import InputError
-from probekit.model import Model, Trace, available_memory
+from probekit.model import Model, Trace
+from probekit.numerics import available_memory
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

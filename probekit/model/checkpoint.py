@@ -1,0 +1,284 @@
+"""A checkpoint folder's files, read and checked before anything is built: its config,
+its safetensors headers, its weights' dtype and size against the config and the free memory,
+and a complete load (no weight missing, unexpected or mismatched).
+
+probekit never unpickles a checkpoint file: weights come from safetensors only.
+
+Example:
+    >>> estimate_parameters({"n_layer": 2, "n_embd": 32, "vocab_size": 50}) // 1000
+    26
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from probekit.errors import CheckpointError
+from probekit.numerics import available_memory
+
+
+def check_safetensors(path: Path) -> int:
+    """Check that a .safetensors file has a readable header and all the data it declares;
+    return the number of values it stores."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError(f"header length {header_len} exceeds file size {size}")
+            header = json.loads(handle.read(header_len))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        if 8 + header_len + max(ends, default=0) > size:
+            raise ValueError("the file is shorter than its header says (truncated)")
+        return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as err:
+        raise CheckpointError(
+            f"corrupt safetensors file {path} ({err})",
+            fix="re-save the checkpoint with save_pretrained(safe_serialization=True)",
+        ) from err
+
+
+def check_checkpoint_dir(path: Path) -> tuple[dict, int]:
+    """The checkpoint's config, and the number of values its safetensors files store."""
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint path {path} does not exist", fix="pass a Hugging Face model directory"
+        )
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint path {path} is a file, not a directory",
+            fix="pass the directory holding config.json and *.safetensors",
+        )
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(
+            f"{path} has no config.json",
+            fix="pass a directory written by save_pretrained() (config.json + safetensors)",
+        )
+    check_regular_file(config_path)
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{config_path} is not valid JSON ({err})", fix="re-save the model's config"
+        ) from err
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{config_path} holds a JSON {type(config).__name__}, not an object",
+            fix="re-save the model's config with save_pretrained()",
+        )
+    archs = config.get("architectures")
+    if archs is not None and not (
+        isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+    ):
+        raise CheckpointError(
+            f"'architectures' in {config_path} is {archs!r}, not a list of class names",
+            fix='write e.g. "architectures": ["GPT2LMHeadModel"]',
+        )
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        fix = (
+            "convert the weights to safetensors (probekit never unpickles checkpoint files)"
+            if pickled
+            else "save the weights with save_pretrained(safe_serialization=True)"
+        )
+        raise CheckpointError(f"{path} has no *.safetensors weights", fix=fix)
+    stored = 0
+    for weight_file in weights:
+        check_regular_file(weight_file)
+        stored += check_safetensors(weight_file)
+    return config, stored
+
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+def stored_dtype(path: str | os.PathLike, config: dict | None = None) -> torch.dtype:
+    """The floating dtype a checkpoint directory stores its weights in: the one holding most
+    values in the safetensors headers, else the config's ``dtype`` / ``torch_dtype``, else
+    float32.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from probekit.toy import toy_hf_model
+        >>> folder = tempfile.mkdtemp()
+        >>> toy_hf_model("llama").to(torch.bfloat16).save_pretrained(folder)
+        >>> stored_dtype(folder)
+        torch.bfloat16
+    """
+    counts: dict[torch.dtype, int] = {}
+    for weight_file in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with weight_file.open("rb") as handle:
+                (header_len,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(header_len))
+            for key, info in header.items():
+                dtype = SAFETENSORS_DTYPES.get(info.get("dtype")) if key != "__metadata__" else None
+                if dtype is not None:
+                    counts[dtype] = counts.get(dtype, 0) + math.prod(info["shape"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+            continue  # check_safetensors names a corrupt file
+    if counts:
+        return max(counts, key=lambda d: counts[d])
+    named = (config or {}).get("dtype") or (config or {}).get("torch_dtype")
+    dtype = getattr(torch, named, None) if isinstance(named, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def _config_int(config: dict, *keys: str, default: int = 0) -> int:
+    """The first of ``keys`` that ``config`` holds as an int (not a bool), else ``default``."""
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
+def estimate_parameters(config: dict) -> int:
+    """An estimate of the parameter count a Hugging Face config describes, from its
+    sizes alone (no model is built): per layer 4 d² attention and 2-3 d·d_ff MLP weights,
+    the token embedding, and learned position embeddings where the config has them.
+
+    Example:
+        >>> estimate_parameters({"n_layer": 12, "n_embd": 768, "vocab_size": 50257,
+        ...                      "n_positions": 1024}) // 10**6
+        124
+    """
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    d = _config_int(config, "hidden_size", "n_embd", "d_model")
+    d_ff = _config_int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * d) or 4 * d
+    gated = 3 if config.get("hidden_act") in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
+    vocab = _config_int(config, "vocab_size")
+    positions = _config_int(config, "n_positions")
+    if config.get("position_embedding_type") == "absolute":
+        positions = _config_int(config, "max_position_embeddings")
+    return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
+
+
+def check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> None:
+    """Refuse, before anything is built, a config far bigger than its weights or than memory."""
+    estimate = estimate_parameters(config)
+    if estimate > 8 * max(stored, 1) and estimate > 10**6:
+        raise CheckpointError(
+            f"config.json in {path} describes about {estimate:.3g} parameters but the weights "
+            f"hold {stored:.3g} values",
+            fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
+        )
+    need = estimate * torch.empty((), dtype=dtype).element_size()
+    available = available_memory("cpu")  # weights are read into host memory first
+    if available is not None and need > available:
+        raise CheckpointError(
+            f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
+            f"{estimate:.3g} parameters; {available / 2**30:.3g} GiB are available",
+            fix="free memory, load in half precision (dtype=torch.bfloat16), or use a "
+            "machine with more memory",
+        )
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse anything but a regular file (after symlinks): a FIFO or device would hang."""
+    if not path.resolve().is_file():
+        raise CheckpointError(
+            f"{path} is not a regular file (a pipe, device or dangling link)",
+            fix="point the checkpoint at real files written by save_pretrained()",
+        )
+
+
+def from_pretrained_complete(klass: Any, path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+    """``klass.from_pretrained(path)`` from safetensors, refusing incomplete weights.
+
+    Raises :class:`CheckpointError` when loading fails or when the checkpoint's tensors do not
+    match the model its config describes (see :func:`_check_complete`).
+    """
+    path = Path(path)
+    try:
+        hf_model, loading_info = klass.from_pretrained(
+            str(path), use_safetensors=True, output_loading_info=True, **kwargs
+        )
+    except Exception as err:  # HF raises many types; name the folder and the cause
+        raise CheckpointError(
+            f"could not load the checkpoint in {path}: {type(err).__name__}: {err}",
+            fix="check that config.json matches the safetensors weights",
+        ) from err
+    _check_complete(path, loading_info)
+    return hf_model
+
+
+def _check_complete(path: Path, loading_info: dict) -> None:
+    """Refuse a checkpoint whose tensors do not match the model its config describes.
+
+    Hugging Face fills missing weights with a random initialisation and drops unexpected ones,
+    so numbers computed after such a load would not be the checkpoint's. Weights that the model
+    ties to others (GPT-2's unembedding) are not reported missing by transformers and load.
+    """
+    problems = []
+    for what in ("missing", "unexpected", "mismatched"):
+        names = sorted(str(n) for n in loading_info.get(f"{what}_keys") or ())
+        if names:
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            problems.append(f"{len(names)} {what} tensor(s): {shown}")
+    if problems:
+        raise CheckpointError(
+            f"the weights in {path} do not match its config.json ({'; '.join(problems)})",
+            fix="re-save the complete model with save_pretrained(safe_serialization=True), or "
+            "fix config.json (number of layers, sizes, architectures) to match the weights",
+        )
+
+
+def named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight of ``module`` with its name; weights a ``device_map`` offloaded to disk
+    (meta tensors in the module) are read from the offload folder instead."""
+    for name, param in module.named_parameters():
+        if not param.is_meta:
+            yield name, param
+    seen: set[int] = set()
+    for sub in module.modules():
+        hooks = getattr(sub, "_hf_hook", None)
+        for hook in getattr(hooks, "hooks", None) or ([hooks] if hooks is not None else []):
+            stored = getattr(getattr(hook, "weights_map", None), "dataset", None)
+            if not getattr(hook, "offload", False) or stored is None or id(stored) in seen:
+                continue
+            seen.add(id(stored))
+            for name in stored:
+                yield name, stored[name]
+
+
+def check_not_a_checkpoint(path: Path) -> None:
+    """Name a folder that is neither a transformers nor a sentence-transformers checkpoint."""
+    raise CheckpointError(
+        f"{path} is neither a transformers checkpoint (no config.json) nor a "
+        "sentence-transformers one (no modules.json)",
+        fix="pass a folder written by save_pretrained() (config.json + *.safetensors) or by "
+        "sentence-transformers' save() (modules.json, 1_Pooling/)",
+    )
+
+
+__all__ = [
+    "SAFETENSORS_DTYPES",
+    "check_checkpoint_dir",
+    "check_fits",
+    "check_not_a_checkpoint",
+    "check_regular_file",
+    "check_safetensors",
+    "estimate_parameters",
+    "from_pretrained_complete",
+    "named_weights",
+    "stored_dtype",
+]

@@ -1,0 +1,525 @@
+"""The model handle: one object over a TransformerLens 4 ``TransformerBridge``.
+
+:class:`Model` is what analyzers hold: the model's sizes and weights, its tokenizer, its
+validated batches, its forward and output head, the hooks that read or replace each block's
+updates, and the clean :class:`~probekit.model.Trace` that resumes the forward from any layer.
+Each of those jobs lives in a module of its own in :mod:`probekit.model` (block structure,
+inputs, output head, Hugging Face block path, trace); the methods here are the public surface
+over them. Analyzers only use the handle's methods and the canonical hook names it returns.
+
+Example:
+    >>> import probekit, transformers
+    >>> hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    ...     vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4))
+    >>> model = probekit.load(hf)
+    >>> model.n_layers, model.d_model, model.is_causal
+    (2, 32, True)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cached_property
+from typing import Any
+
+import torch
+from torch import nn
+
+from probekit.data import Batch, Data, as_batches
+from probekit.errors import InputError, NumericalError, UnsupportedModelError
+from probekit.model import inputs
+from probekit.model import structure as block_structure
+from probekit.model.checkpoint import named_weights
+from probekit.model.headless import Headless, pool, stop_at_base_output
+from probekit.model.hf_blocks import RAW_BLOCKS_ENV, HFBlocks, block_path_refusal, hf_block_for
+from probekit.model.output import apply_head
+from probekit.model.sites import (
+    MASKED_LM_SUFFIXES,
+    REQUIRED_SITES,
+    WEIGHT_NAMES,
+    HookList,
+    hook_name,
+)
+from probekit.model.structure import BlockStructure
+from probekit.model.trace import Trace, record_trace
+from probekit.numerics import all_finite
+
+
+class Model:
+    """A loaded model: the bridge plus what analyzers need to know about it.
+
+    Build one with :func:`~probekit.model.load`. Attributes: ``bridge`` (the
+    TransformerBridge), ``hf_model`` (the wrapped Hugging Face module), ``n_layers``,
+    ``d_model``, ``d_vocab``, ``n_ctx``, ``device``, ``dtype``, ``architecture``,
+    ``is_causal``, ``blocks``. The wrapped model is put in eval mode (no dropout): every
+    analysis needs a deterministic forward.
+
+    Every block is read as h_{l+1} = h_l + a_l + m_l, with a_l the attention and m_l the MLP
+    update (see :attr:`structure`, read from the model at load, and
+    :data:`~probekit.model.structure.BLOCK_KINDS`):
+
+    - pre-norm blocks (GPT-2, Llama, ...): a_l = attn(norm(h_l)), m_l = mlp(norm(h_l + a_l));
+    - parallel blocks (GPT-J, GPT-NeoX with parallel residual, Falcon, Phi; detected because
+      zeroing a_l leaves m_l unchanged, :attr:`parallel_blocks`): both read the same h_l,
+      a_l = attn(norm(h_l)), m_l = mlp(norm'(h_l)), so ablating one leaves the other as it was;
+    - sandwich-norm blocks (Gemma 2/3, OLMo 2): a_l and m_l are the normed sublayer outputs;
+    - post-norm blocks (BERT, RoBERTa): a_l = h_mid - h_l and m_l = h_{l+1} - h_mid, with h_mid
+      the stream after the attention's add-norm.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> model = toy_model("bert")
+        >>> model.structure.kind, model.post_norm, model.parallel_blocks
+        ('stream', True, False)
+    """
+
+    def __init__(
+        self, bridge: Any, source: str | None = None, headless: Headless | None = None
+    ) -> None:
+        self.bridge = bridge
+        self.source = source
+        self.headless = headless
+        self.hf_model: nn.Module = bridge.original_model
+        if headless is not None:
+            stop_at_base_output(self.hf_model)
+        if not hasattr(bridge, "blocks") or len(bridge.blocks) == 0:
+            raise UnsupportedModelError(
+                f"the {self.architecture} bridge exposes no 'blocks' stack",
+                fix="use a standard decoder (GPT-2, Llama, ...) or encoder (BERT) architecture",
+            )
+        missing = [
+            name
+            for site in REQUIRED_SITES
+            if (name := self.hook_name(0, site)) not in bridge.hook_dict
+        ]
+        if missing:
+            raise UnsupportedModelError(
+                f"the {self.architecture} bridge lacks the hook points {missing}",
+                fix="use an architecture with separate attention and MLP sublayers",
+            )
+        self.hf_model.eval()
+        self.raw_blocks: bool = os.environ.get(RAW_BLOCKS_ENV, "1") != "0"
+        """Run hook-free blocks of :meth:`Trace.resume` / :meth:`Trace.resume_stacked` through
+        pure Hugging Face copies of the blocks (see :attr:`block_path`); False: always the
+        bridge. Default from the ``PROBEKIT_RAW_BLOCKS`` environment variable (``0``: off)."""
+        self.hf_blocks: HFBlocks | None = None
+        """The pure Hugging Face copies of the blocks and their checks, built the first time
+        :attr:`block_path` or a hook-free block run asks (None before)."""
+
+    # ---- what the model is -------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face class loaded (the base class, e.g. ``GPT2Model``, for a model
+        without a head)."""
+        if self.headless is not None:
+            return self.headless.architecture
+        return self._bridged_architecture
+
+    @property
+    def _bridged_architecture(self) -> str:
+        """The class the bridge wraps (the head class of a model loaded without a head)."""
+        return str(getattr(self.bridge.cfg, "architecture", type(self.hf_model).__name__))
+
+    @property
+    def output_kind(self) -> str:
+        """What the forward returns and output changes compare (one of
+        :data:`~probekit.model.OUTPUT_KINDS`)."""
+        if self.headless is None:
+            return "logits"
+        return "hidden" if self.headless.pooling is None else "embedding"
+
+    @property
+    def output_description(self) -> str:
+        """The model's output in words, for reports and summaries."""
+        if self.headless is None:
+            return "logits over the vocabulary, per token"
+        pooling = self.headless.pooling
+        if pooling is None:
+            return f"final hidden state per token ({self.architecture} has no LM head)"
+        norm = ", L2-normalised" if pooling.normalize else ""
+        return f"{pooling.mode}-pooled sentence embedding per sequence{norm}"
+
+    def require_vocabulary(self, what: str) -> None:
+        """Refuse, with :class:`UnsupportedModelError`, an analysis ``what`` that needs logits
+        over a vocabulary on a model loaded without its LM head."""
+        if self.headless is not None:
+            raise UnsupportedModelError(
+                f"{what} needs the model's logits over its vocabulary, but {self.architecture} "
+                f"is loaded without an LM head (its output is the {self.output_description})",
+                fix="use contributions, skip_effects, layer_swaps or residual_stats, which "
+                "measure the output in hidden space, or load the checkpoint with its LM head",
+            )
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The sentence embedding ``[B, d_model]`` of final hidden states ``[B, T, d_model]``
+        (right padding, as :meth:`prepare` guarantees): the pooling of the checkpoint's
+        ``1_Pooling/config.json``, then unit L2 norm when a ``Normalize`` module follows."""
+        pooling = self.headless.pooling if self.headless is not None else None
+        if pooling is None:
+            raise InputError(
+                f"{self.architecture} has no pooling (it is not a sentence-transformers model)",
+                fix="pool only models loaded from a sentence-transformers folder",
+            )
+        return pool(pooling, hidden, attention_mask)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of blocks."""
+        return len(self.bridge.blocks)
+
+    @property
+    def d_model(self) -> int:
+        """Width of the residual stream."""
+        return int(self.bridge.cfg.d_model)
+
+    @property
+    def d_vocab(self) -> int:
+        """Size of the vocabulary."""
+        return int(self.bridge.cfg.d_vocab)
+
+    @property
+    def n_ctx(self) -> int:
+        """The longest sequence the model takes (its context)."""
+        return int(self.bridge.cfg.n_ctx)
+
+    @property
+    def device(self) -> torch.device:
+        """Where inputs go: the first device of a ``device_map`` that is not the disk (the CPU
+        when every layer is offloaded), else the device of the weights."""
+        placed = getattr(self.hf_model, "hf_device_map", None)
+        if not placed:
+            placed = getattr(getattr(self.hf_model, "base_model", None), "hf_device_map", None)
+        if placed:
+            devices = [d for d in placed.values() if d != "disk"]
+            first = devices[0] if devices else "cpu"
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's weights."""
+        return next(self.hf_model.parameters()).dtype
+
+    @property
+    def is_causal(self) -> bool:
+        """True for decoders (targets are next tokens), False for masked-LM encoders."""
+        return not self._bridged_architecture.endswith(MASKED_LM_SUFFIXES)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The ModuleList of blocks that the model's forward iterates over, in run order."""
+        return self.bridge.blocks
+
+    @property
+    def n_heads(self) -> int:
+        """Number of attention (query) heads per layer."""
+        return int(self.bridge.cfg.n_heads)
+
+    # ---- how the blocks write to the stream (probekit.model.structure) -------------------
+    @cached_property
+    def structure(self) -> BlockStructure:
+        """How every block writes to the residual stream, read from the model (once).
+
+        One probe forward records each block's input, sublayer outputs and output; the first
+        :data:`~probekit.model.structure.BLOCK_KINDS` entry whose definition of the attention
+        and MLP updates ``a``, ``m`` gives ``h_out = h_in + a + m`` in every layer (``sum``,
+        ``sandwich``), or whose mid-block state fully determines the block output
+        (``stream``), is the structure, and a second forward checks that replacing those
+        updates through the hooks is honoured. ``parallel`` is True when the MLP reads the
+        block input rather than ``h_in + a`` (zeroing ``a`` leaves layer 0's MLP output
+        unchanged). Raises :class:`UnsupportedModelError` when no definition fits: never wrong
+        numbers.
+        """
+        return block_structure.read_structure(self)
+
+    @property
+    def post_norm(self) -> bool:
+        """True for post-LayerNorm blocks (BERT-style, ``structure.kind == 'stream'``), whose
+        attention hook holds the normalised mid-block stream rather than the update added to
+        it. Read from the blocks themselves (see :attr:`structure`), not from the name."""
+        return self.structure.kind == "stream"
+
+    @property
+    def parallel_blocks(self) -> bool:
+        """True when attention and MLP both read the block input (GPT-J, Falcon, Phi, GPT-NeoX
+        with parallel residual): ``h_out = h_in + attn(h_in) + mlp(h_in)``."""
+        return self.structure.parallel
+
+    @cached_property
+    def supports_pattern_edits(self) -> bool:
+        """Whether editing ``attn_pattern`` changes the output (False where the bridge only
+        observes an attention computed inside the wrapped module, e.g. BERT). Tested once."""
+        return block_structure.pattern_edits_work(self)
+
+    def update_hooks(
+        self,
+        layer: int,
+        on_layer: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+    ) -> list[tuple[str, Callable]]:
+        """Hooks that call ``on_layer(h_in, a, m, h_out)`` once block ``layer`` has run.
+
+        ``a`` and ``m`` are the attention and MLP updates, ``h_out = h_in + a + m`` (see
+        :attr:`structure`): the sublayer outputs in pre-norm and parallel blocks, the
+        post-sublayer-normed outputs in sandwich-norm blocks (Gemma 2/3, OLMo 2), and in
+        post-norm blocks (BERT) the change each sublayer, with its add-norm, makes to the stream.
+        """
+        return block_structure.update_hooks(self.structure.kind, layer, on_layer)
+
+    def replace_update_hooks(
+        self, layer: int, sublayer: str, value: torch.Tensor | None = None
+    ) -> list[tuple[str, Callable]]:
+        """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of ``layer`` by
+        ``value`` (broadcast; ``None`` = zero), with updates as in :meth:`update_hooks`."""
+        if sublayer not in ("attn", "mlp"):
+            raise InputError(f"unknown sublayer {sublayer!r}", fix="use 'attn' or 'mlp'")
+        return block_structure.replace_hooks(self.structure.kind, layer, sublayer, value)
+
+    def hook_name(self, layer: int, site: str) -> str:
+        """Canonical hook name of ``site`` (one of :data:`~probekit.model.SITES`) in block
+        ``layer``."""
+        return hook_name(layer, site)
+
+    # ---- indices, weights and tokens ----------------------------------------------------
+    def check_layer(self, layer: Any, what: str = "layer") -> int:
+        """``layer`` as an int in ``0..n_layers-1``, or :class:`InputError` naming the problem
+        (other types, ``True``/``False`` and floats included)."""
+        return inputs.check_layer(layer, self.n_layers, what)
+
+    def check_head(self, head: Any) -> int | None:
+        """``head`` as an int in ``0..n_heads-1``, ``None`` (all heads), or :class:`InputError`."""
+        return inputs.check_head(head, self.n_heads)
+
+    @torch.no_grad()
+    def weights(self, names: Sequence[str] = WEIGHT_NAMES) -> dict[tuple[int, str], torch.Tensor]:
+        """Every per-layer weight as a 2-D float64 CPU tensor ``[d_in, n_out]`` (columns are
+        neurons), keyed ``(layer, name)`` with names from :data:`~probekit.model.WEIGHT_NAMES`.
+
+        W_Q/W_K/W_V are ``[d_model, heads * d_head]`` (grouped K/V keep their own number of
+        heads), W_O ``[heads * d_head, d_model]``, W_in/W_gate ``[d_model, d_mlp]``, W_out
+        ``[d_mlp, d_model]``. Names a model lacks (W_gate in a non-gated MLP) are left out.
+        """
+        unknown = set(names) - set(WEIGHT_NAMES)
+        if unknown:
+            raise InputError(
+                f"unknown weight matrices {sorted(unknown)}", fix=f"use {list(WEIGHT_NAMES)}"
+            )
+        out: dict[tuple[int, str], torch.Tensor] = {}
+        for name in names:
+            try:
+                stacked = getattr(self.bridge, name)
+            except AttributeError:
+                continue
+            if stacked is None:
+                continue
+            stacked = stacked.detach().to("cpu", torch.float64)
+            for layer in range(stacked.shape[0]):
+                w = stacked[layer]
+                if name in ("W_Q", "W_K", "W_V"):  # [heads, d_model, d_head]
+                    w = w.permute(1, 0, 2).reshape(w.shape[1], -1)
+                elif name == "W_O":  # [heads, d_head, d_model]
+                    w = w.reshape(-1, w.shape[-1])
+                out[(layer, name)] = w
+        return out
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        """Token embedding ``W_E`` ``[d_vocab, d_model]`` as a float64 CPU tensor."""
+        return self.bridge.W_E.detach().to("cpu", torch.float64)
+
+    @property
+    def unembedding(self) -> torch.Tensor:
+        """Unembedding ``W_U`` ``[d_model, d_vocab]`` as a float64 CPU tensor (refused for a
+        model loaded without its head: see :meth:`require_vocabulary`)."""
+        self.require_vocabulary("the unembedding W_U")
+        return self.bridge.W_U.detach().to("cpu", torch.float64)
+
+    def layer_weights(self, layer: int) -> list[list[nn.Parameter]]:
+        """The weight tensors of block ``layer`` as the original model defines them.
+
+        The bridge may expose one stored weight as several parameters (GPT-2's fused ``c_attn``
+        appears as views ``q``, ``k``, ``v``); parameters sharing storage form one group here,
+        so a layer has as many groups as the Hugging Face model has weight tensors.
+        """
+        groups: dict[int, list[nn.Parameter]] = {}
+        for param in self.blocks[layer].parameters():
+            groups.setdefault(param.untyped_storage().data_ptr(), []).append(param)
+        return list(groups.values())
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer saved with the checkpoint, or ``None``."""
+        return getattr(self.bridge, "tokenizer", None)
+
+    def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> Batch:
+        """``texts`` as one right-padded batch, each text tokenized on its own by the
+        checkpoint's tokenizer with its special tokens (BERT's ``[CLS]`` ... ``[SEP]``, a BOS)
+        and cut at ``max_length`` (default and at most the context), with the attention mask
+        of its real tokens. A tokenizer that pads on the left (embedding models that pool the
+        last token) pads on the right here, as :meth:`prepare` requires; one without a pad token
+        pads with its EOS / UNK id (masked out, never read)."""
+        length = min(max_length or self.n_ctx, self.n_ctx)
+        return inputs.tokenize(self.tokenizer, texts, length, self.architecture)
+
+    def __repr__(self) -> str:
+        return (
+            f"Model({self.architecture}, n_layers={self.n_layers}, d_model={self.d_model}, "
+            f"d_vocab={self.d_vocab}, device={self.device}, dtype={self.dtype})"
+        )
+
+    # ---- checks and batches (probekit.model.inputs) ---------------------------------------
+    def check_finite(self) -> None:
+        """Raise :class:`NumericalError` if any weight is NaN or infinite (weights offloaded
+        to disk by a ``device_map`` are read from the offload folder to be checked)."""
+        for name, param in named_weights(self.hf_model):
+            if not all_finite(param):
+                raise NumericalError(
+                    f"weight {name} contains NaN or infinite values",
+                    fix="load an earlier checkpoint or retrain with a lower learning rate",
+                )
+
+    def prepare(
+        self, data: Data, batch_size: int | None = None, backward: bool = False
+    ) -> list[Batch]:
+        """Validate ``data`` against this model and return batches on its device with labels.
+
+        Without a ``batch_size``, a batch whose output would exceed
+        :data:`~probekit.model.inputs.OUTPUT_BATCH_BYTES` is split (:meth:`default_batch_size`;
+        smaller for a ``backward``); pass ``batch_size`` to choose.
+
+        Raises :class:`InputError` for empty data, token ids that are not integers or lie
+        outside the vocabulary, sequences longer than the context, masks that are not right
+        padding of 0/1 values (left padding, holes, other values, an all-padding row), labels
+        that are not integer token ids or -100, masks and labels of the wrong shape, and data
+        with no position to predict at all.
+        """
+        out = []
+        for batch in self.split_batches(as_batches(data, batch_size), batch_size, backward):
+            inputs.check_batch(batch, self.d_vocab, self.n_ctx)
+            batch = batch.to(self.device)
+            tokens = batch.tokens.long()
+            mask = None if batch.attention_mask is None else batch.attention_mask.long()
+            labels = batch.labels.long() if batch.labels is not None else None
+            if labels is None:
+                labels = self.default_labels(tokens, mask)
+            out.append(Batch(tokens, mask, labels))
+        if self.headless is None:
+            inputs.require_targets(out)
+        return out
+
+    def default_batch_size(self, seq_len: int, backward: bool = False) -> int:
+        """Sequences of ``seq_len`` tokens per batch when none is given: as many as keep one
+        batch's float32 output within :data:`~probekit.model.inputs.OUTPUT_BATCH_BYTES` (at
+        least one); for a ``backward``, with the gradients and saved activations counted too.
+
+        Example:
+            >>> from probekit.toy import toy_model
+            >>> model = toy_model(n_layers=2, vocab_size=50257)
+            >>> model.default_batch_size(128)   # 64 MiB / (128 tokens x 50257 x 4 bytes)
+            2
+        """
+        width = self.d_vocab if self.output_kind == "logits" else self.d_model
+        return inputs.default_batch_size(seq_len, width, self.d_model, self.n_layers, backward)
+
+    def split_batches(
+        self, batches: list[Batch], batch_size: int | None, backward: bool = False
+    ) -> list[Batch]:
+        """``batches`` as they are when a ``batch_size`` was given, else each split to
+        :meth:`default_batch_size` (what :meth:`prepare` runs, before validating)."""
+        if batch_size is not None:
+            return batches
+        return [
+            part
+            for batch in batches
+            for part in as_batches(batch, self.default_batch_size(batch.tokens.shape[-1], backward))
+        ]
+
+    def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Targets per position: the next real token (decoders) or the token itself (encoders)."""
+        return inputs.default_labels(tokens, mask, self.is_causal)
+
+    # ---- running ------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, fwd_hooks: HookList = (), bwd_hooks: HookList = ()) -> Iterator[Model]:
+        """Attach TransformerLens hooks for the duration of the block; always removed after."""
+        with self.bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks)):
+            yield self
+
+    def forward(self, batch: Batch, fwd_hooks: HookList = ()) -> torch.Tensor:
+        """Full forward of one prepared batch through the bridge; returns logits ``[B, T, V]``."""
+        with self.hooks(fwd_hooks):
+            return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
+
+    @torch.no_grad()
+    def logits(self, tokens: Any, attention_mask: Any = None) -> torch.Tensor:
+        """Logits ``[batch, pos, vocab]`` of the model on ``tokens`` (validated)."""
+        [batch] = self.prepare((tokens, attention_mask) if attention_mask is not None else tokens)
+        return self.forward(batch)
+
+    def head(self, residual: torch.Tensor) -> torch.Tensor:
+        """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction
+        head (BERT's ``cls``, RoBERTa's ``lm_head``) of encoders; for decoders the final norm
+        and unembedding, then the logit soft-capping (Gemma 2/3) or scaling (Granite, Cohere) the
+        model's config defines. :meth:`check_structure` checks it against the model's forward.
+
+        A model without a head (:attr:`output_kind` ``hidden`` / ``embedding``) returns its
+        final hidden state: the base model's final norm (decoders) or the residual itself
+        (post-norm encoders such as BERT, whose last block ends in its norm); pooling is
+        :meth:`pool`'s, applied where outputs are compared."""
+        return apply_head(self, residual)
+
+    @torch.no_grad()
+    def check_structure(self) -> None:
+        """Refuse, with :class:`UnsupportedModelError`, a model whose numbers probekit would get
+        wrong: blocks whose updates cannot be read (:attr:`structure`), or a forward that
+        resuming from the first block or applying :meth:`head` to the last residual does not
+        reproduce. Runs a few forwards of 6 tokens; :func:`~probekit.model.load` calls it.
+        """
+        block_structure.check_structure(self)
+
+    @torch.no_grad()
+    def trace(self, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
+        """Clean forward that keeps only each block's input residual and its call arguments.
+
+        The returned :class:`Trace` resumes the forward from any layer without recomputing the
+        blocks before it (see :meth:`Trace.resume`).
+        """
+        return record_trace(self, batch, fwd_hooks)
+
+    # ---- the Hugging Face block path of hook-free resumes (probekit.model.hf_blocks) -----
+    @property
+    def block_path(self) -> str:
+        """Which module a hook-free block run of a :class:`Trace` calls under the current
+        precision (autocast or not): ``"hf"``, a pure Hugging Face copy of the block sharing
+        its weights (none of TransformerLens' components, whose Python norms and attention
+        rebuild cost time), or ``"bridge (<why>)"``, the bridge's block.
+
+        The copies are used when :attr:`raw_blocks` is on, the model has no accelerate
+        ``device_map`` / offload hooks, and a one-time check (per precision) on two probe
+        batches (with and without padding) finds every copy's output equal to the bridge
+        block's within :data:`~probekit.model.hf_blocks.RAW_BLOCKS_TOLERANCE`, run alone and
+        stacked; even then a block with a hook in it (a TransformerLens hook or any torch hook
+        on its modules), in training mode, or any global torch forward hook, runs through the
+        bridge.
+
+        Example:
+            >>> from probekit.toy import toy_model
+            >>> model = toy_model(n_layers=2)
+            >>> model.block_path
+            'hf'
+            >>> model.raw_blocks = False
+            >>> model.block_path
+            'bridge (Model.raw_blocks is False)'
+        """
+        why = block_path_refusal(self)
+        return "hf" if why is None else f"bridge ({why})"
+
+    def raw_block(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
+        """The pure HF copy a :class:`Trace` runs instead of bridge ``block`` now on
+        ``device_type`` (the device of the residual; default the model's), or None (the
+        bridge). Called per block run, so the checked case costs a few microseconds."""
+        return hf_block_for(self, block, device_type)
+
+
+__all__ = ["Model"]

@@ -1,0 +1,242 @@
+"""Loading a model: :func:`load` from a checkpoint folder (every file checked before it is
+read), an in-memory Hugging Face model or a bridge, with the device placement (one device or an
+accelerate ``device_map``), the tokenizer saved beside the weights, and base models and
+sentence-transformers folders wrapped for the bridge.
+
+A call of :func:`load` runs: placement -> folder checks (:mod:`probekit.model.checkpoint`) ->
+the head class of a base model (:mod:`probekit.model.headless`) -> ``from_pretrained`` -> the
+bridge (:mod:`probekit.model.bridge`) -> :class:`probekit.model.Model` -> its weight and
+structure checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from probekit.errors import InputError, UnsupportedModelError
+from probekit.model.bridge import attach_bridge, supported_architectures, unsupported
+from probekit.model.checkpoint import (
+    check_checkpoint_dir,
+    check_fits,
+    check_not_a_checkpoint,
+    from_pretrained_complete,
+    stored_dtype,
+)
+from probekit.model.handle import Model
+from probekit.model.headless import (
+    Headless,
+    Pooling,
+    has_final_norm,
+    head_class_for,
+    read_sentence_transformers,
+    wrap_headless,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _default_device() -> str:
+    """Where a checkpoint folder loads without a ``device``: CUDA when present, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(
+    source: Any,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    copy_model: bool = True,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+) -> Model:
+    """Attach probekit to a model and return its :class:`Model` handle.
+
+    ``source`` is a Hugging Face model directory on disk (config.json + safetensors), an
+    in-memory Hugging Face ``PreTrainedModel``, a ``TransformerBridge``, or an existing
+    :class:`Model` (returned as is). An in-memory model is copied first, so the caller's object
+    keeps its modules, parameter names, device and dtype (``save_pretrained`` still works);
+    ``copy_model=False`` skips the copy for a model too large to hold twice, and then the
+    bridge replaces its submodules in place: use the returned handle, not the original.
+    Directories load onto CUDA when present, else the CPU, in the dtype their weights are
+    stored in (bf16 / fp16 / fp32, see :func:`stored_dtype`) unless ``dtype`` is set; every
+    measure is accumulated in float64 whatever the model's dtype.
+
+    Base models without an LM head (``GPT2Model``, ``LlamaModel``, ``BertModel``, ... of every
+    family whose head class the bridge supports, found from transformers' auto mappings) and
+    sentence-transformers folders (``modules.json``, ``1_Pooling/config.json``: mean, CLS or
+    last-token pooling, optional ``Normalize``) load too: their output is the final hidden
+    state per token or the pooled embedding per sequence (:attr:`Model.output_kind`). The
+    bridge attaches to the base model wrapped in its head class whose head is never run or
+    read (weights tied to the embeddings or zeros, never random).
+
+    ``device_map`` (``"auto"``, or a dict as accelerate takes it), with ``max_memory`` and
+    ``offload_folder``, spreads a checkpoint folder's layers over GPUs, the CPU and the disk
+    (accelerate); a trace's cached residuals stay on the device of the block that wrote them.
+
+    Example:
+        >>> import tempfile
+        >>> from probekit.toy import toy_hf_model
+        >>> folder = tempfile.mkdtemp()
+        >>> toy_hf_model("llama", n_layers=2).save_pretrained(folder)
+        >>> load(folder, device="cpu").architecture
+        'LlamaForCausalLM'
+    """
+    if isinstance(source, Model):
+        return source
+    placement = _placement(source, device, device_map, max_memory, offload_folder)
+    if isinstance(source, str | os.PathLike):  # checked before transformers is imported
+        model = _load_folder(Path(source).expanduser(), device, dtype, placement)
+    else:
+        model = _load_object(source, device, dtype, copy_model)
+    model.check_finite()
+    model.check_structure()
+    return model
+
+
+def _placement(
+    source: Any, device: Any, device_map: Any, max_memory: Any, offload_folder: Any
+) -> dict:
+    """The accelerate placement arguments of :func:`load`, checked before any work."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise InputError(
+                "max_memory and offload_folder only apply with a device_map",
+                fix='pass device_map="auto" as well',
+            )
+        return {}
+    if not isinstance(source, str | os.PathLike):
+        raise InputError(
+            "device_map applies to a checkpoint folder, not to a model already in memory",
+            fix="pass the folder's path, or place the in-memory model yourself",
+        )
+    if device is not None:
+        raise InputError("device and device_map were both given", fix="pass only one of them")
+    if not (device_map in ("auto", "balanced", "sequential") or isinstance(device_map, dict)):
+        raise InputError(
+            f"device_map={device_map!r} is neither 'auto', 'balanced', 'sequential' nor a dict",
+            fix='pass device_map="auto" (with max_memory={0: "20GiB", "cpu": "60GiB"})',
+        )
+    if max_memory is not None and not isinstance(max_memory, dict):
+        raise InputError(
+            f"max_memory={max_memory!r} is not a dict", fix='pass e.g. {0: "20GiB", "cpu": "60GiB"}'
+        )
+    out: dict[str, Any] = {"device_map": device_map}
+    if max_memory is not None:
+        out["max_memory"] = max_memory
+    if offload_folder is not None:
+        out["offload_folder"] = str(offload_folder)
+    return out
+
+
+def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model: bool) -> Model:
+    """A handle on an in-memory Hugging Face model (copied unless told not to) or a bridge."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import PreTrainedModel
+
+    if isinstance(source, TransformerBridge):
+        return Model(source)
+    if not isinstance(source, PreTrainedModel):
+        raise InputError(
+            f"cannot load a model from a {type(source).__name__}",
+            fix="pass a model directory path, a Hugging Face model or a TransformerBridge",
+        )
+    arch = type(source).__name__
+    head = head_class_for(arch)  # base classes, even those the bridge lists
+    if arch not in supported_architectures() and head is None:
+        raise unsupported(arch)
+    hf_model = copy.deepcopy(source) if copy_model else source
+    if device is not None or dtype is not None:
+        hf_model.to(device=device, dtype=dtype)
+    if head is not None:
+        return _headless_model(hf_model, head, None, None, None)
+    return Model(attach_bridge(hf_model, arch))
+
+
+def _load_folder(
+    path: Path, device: Any, dtype: torch.dtype | None, placement: dict | None = None
+) -> Model:
+    """A handle on the checkpoint folder ``path``, every file checked before it is read."""
+    pooling = None
+    if (path / "modules.json").exists() and path.is_dir():
+        folder, pooling = read_sentence_transformers(path)
+    else:
+        folder = path
+    if not (folder / "config.json").exists() and path.is_dir() and folder == path:
+        check_not_a_checkpoint(path)
+    config, stored = check_checkpoint_dir(folder)
+    dtype = dtype or stored_dtype(folder, config)
+    if not placement:
+        check_fits(folder, config, stored, dtype)
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else config.get("model_type", "<unknown>")
+    head = head_class_for(arch)  # base classes, even those the bridge lists
+    if arch not in supported_architectures() and head is None:
+        raise unsupported(arch)
+    if pooling is not None and head is None:
+        raise UnsupportedModelError(
+            f"the transformer of the sentence-transformers model in {path} is a {arch}, a "
+            "model with an LM head, not a base model",
+            fix="save the sentence-transformers model with its base (AutoModel) transformer",
+        )
+    hf_model = _from_folder(folder, arch, dtype, placement or {})
+    if not placement:
+        hf_model.to(device or _default_device())
+    if head is not None:
+        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
+    return Model(attach_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+
+
+def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> nn.Module:
+    """The Hugging Face model ``arch`` from ``folder`` (eager attention, no progress bars)."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one line per problem on the CLI, no HF bars
+    try:
+        return from_pretrained_complete(
+            getattr(transformers, arch),
+            folder,
+            dtype=dtype,
+            attn_implementation="eager",
+            **placement,
+        )
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _tokenizer(path: Path) -> Any:
+    """The tokenizer saved beside the weights, if any (probekit itself needs none)."""
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as err:  # a broken tokenizer must not block the analyses
+        reason = " ".join(str(err).split())[:300]  # one line on the CLI
+        log.warning("ignoring the tokenizer in %s: %s: %s", path, type(err).__name__, reason)
+        return None
+
+
+def _headless_model(
+    base: nn.Module, head_name: str, tokenizer: Any, source: str | None, pooling: Pooling | None
+) -> Model:
+    """A :class:`Model` over the base model ``base`` (no LM head), wrapped for the bridge."""
+    arch = type(base).__name__
+    wrapper = wrap_headless(base, head_name)
+    bridge = attach_bridge(wrapper, head_name, tokenizer)
+    headless = Headless(arch, has_final_norm(bridge, wrapper.base_model), pooling)
+    return Model(bridge, source=source, headless=headless)
+
+
+__all__ = ["load"]

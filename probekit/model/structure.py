@@ -1,0 +1,301 @@
+"""How a model's blocks write to the residual stream, read from the model itself: the probe
+forwards that find the block structure, the hooks that observe or replace each block's
+attention and MLP updates, and the replay check :func:`probekit.model.load` runs.
+
+Every block is read as ``h_out = h_in + a + m`` (see :data:`BLOCK_KINDS`); which hook sites
+hold ``a`` and ``m`` depends on the structure, so analyzers ask for
+:meth:`probekit.model.Model.update_hooks` and never name the sites.
+
+Example:
+    >>> from probekit.toy import toy_model
+    >>> read_structure(toy_model("llama"))
+    BlockStructure(kind='sum', parallel=False)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from probekit.data import Batch
+from probekit.errors import NumericalError, ProbekitError, UnsupportedModelError
+from probekit.model.inputs import probe_batch
+from probekit.model.sites import POST_NORM_SITES, REQUIRED_SITES, HookList, hook_name
+from probekit.numerics import all_finite, dtype_guard, tolerance, within_tolerance
+
+if TYPE_CHECKING:
+    from probekit.model.handle import Model
+
+BLOCK_KINDS = ("sum", "sandwich", "stream")
+"""How a block's sublayers write to the residual stream (see
+:attr:`probekit.model.Model.structure`):
+
+- ``sum``: ``h_out = h_in + attn_out + mlp_out`` (pre-norm blocks, sequential or parallel),
+- ``sandwich``: ``h_out = h_in + norm(attn_out) + norm(mlp_out)`` (post-sublayer norms),
+- ``stream``: post-norm blocks (BERT), where the attention hook holds the normalised mid-block
+  stream ``h_mid`` and the updates are ``h_mid - h_in`` and ``h_out - h_mid``.
+"""
+
+UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(POST_NORM_SITES)}
+"""The sites holding the attention and MLP updates of the block kinds that have them."""
+
+UNREADABLE_FIX = "use an architecture listed as supported in the README's architecture table"
+"""The fix every refusal of an unreadable block structure names."""
+
+
+@dataclass(frozen=True)
+class BlockStructure:
+    """A model's block structure: ``kind`` (one of :data:`BLOCK_KINDS`) and ``parallel``
+    (attention and MLP both read the block input)."""
+
+    kind: str
+    parallel: bool
+
+
+def read_structure(model: Model) -> BlockStructure:
+    """How every block of ``model`` writes to the residual stream (see
+    :attr:`probekit.model.Model.structure`, which caches it)."""
+    clean = _probe_record(model)
+    needed = [(site, i) for site in REQUIRED_SITES for i in range(model.n_layers)]
+    if any(key not in clean for key in needed):
+        raise UnsupportedModelError(
+            f"the {model.architecture} forward does not pass through every block's "
+            "residual, attention and MLP hooks",
+            fix=UNREADABLE_FIX,
+        )
+    if not all(all_finite(t) for t in clean.values()):
+        raise NumericalError(
+            f"the {model.architecture} forward overflows (NaN or infinite activations), so "
+            "its block structure cannot be read",
+            fix="check the checkpoint's weights and the dtype (float16 overflows above "
+            "65504; load with dtype=torch.float32)",
+        )
+    tol = tolerance(model.dtype)
+    layers = range(model.n_layers)
+    for kind in ("sum", "sandwich"):
+        attn, mlp = UPDATE_SITES[kind]
+        if (attn, 0) not in clean or (mlp, 0) not in clean:
+            continue
+        if all(
+            within_tolerance(
+                clean["resid_in", i] + clean[attn, i] + clean[mlp, i],
+                clean["resid_out", i],
+                tol,
+            )
+            for i in layers
+        ) and _edits_honoured(model, kind, tol):
+            return BlockStructure(kind, _reads_block_input(model, kind, clean, tol))
+    if _mid_is_state(model, clean, tol):
+        return BlockStructure("stream", False)
+    raise UnsupportedModelError(
+        f"the {model.architecture} blocks do not write to the residual stream in a way "
+        "probekit can read from the bridge's hooks (neither h_out = h_in + attn + mlp, nor "
+        "with post-sublayer norms, nor a post-norm mid-block state)",
+        fix=UNREADABLE_FIX,
+    )
+
+
+def _probe_record(
+    model: Model, edits: HookList = (), before: Sequence[tuple[str, int]] = ()
+) -> dict[tuple[str, int], torch.Tensor]:
+    """One probe forward with ``edits``; float64 copies of every update site keyed
+    ``(site, layer)``: after the edits, except the ``before`` ones (as computed)."""
+    held: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(key: tuple[str, int]) -> Callable:
+        def fn(tensor: torch.Tensor, hook: Any) -> None:
+            held[key] = tensor.detach().double()
+
+        return fn
+
+    sites = ("resid_in", "attn_out", "mlp_out", "resid_out", *POST_NORM_SITES)
+    names = {
+        (site, i): name
+        for site in sites
+        for i in range(model.n_layers)
+        if (name := hook_name(i, site)) in model.bridge.hook_dict
+    }
+    first = [(names[key], keep(key)) for key in before if key in names]
+    last = [(name, keep(key)) for key, name in names.items() if key not in before]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with dtype_guard(model.dtype, model.device):
+            model.forward(_probe(model), first + list(edits) + last)
+    return held
+
+
+def _probe(model: Model) -> Batch:
+    """The probe batch of ``model`` (its context, vocabulary and device)."""
+    return probe_batch(model.n_ctx, model.d_vocab, model.device)
+
+
+def _edits_honoured(model: Model, kind: str, tol: float) -> bool:
+    """Whether zeroing both updates of every block through the hooks leaves h_out = h_in."""
+    edits = [
+        hook
+        for i in range(model.n_layers)
+        for sub in ("attn", "mlp")
+        for hook in replace_hooks(kind, i, sub, None)
+    ]
+    got = _probe_record(model, edits)
+    return all(
+        within_tolerance(got["resid_in", i], got["resid_out", i], tol)
+        for i in range(model.n_layers)
+    )
+
+
+def _reads_block_input(model: Model, kind: str, clean: dict, tol: float) -> bool:
+    """Whether layer 0's MLP update is unchanged when its attention update is zeroed."""
+    mlp = UPDATE_SITES[kind][1]
+    got = _probe_record(model, replace_hooks(kind, 0, "attn", None), before=[(mlp, 0)])
+    return within_tolerance(got[mlp, 0], clean[mlp, 0], tol)
+
+
+def _mid_is_state(model: Model, clean: dict, tol: float) -> bool:
+    """Post-norm check: with every block input perturbed but the attention hook given its
+    clean value, every block output is the clean one (the hook holds the whole stream)."""
+    if ("attn_out", 0) not in clean:
+        return False
+    g = torch.Generator().manual_seed(0)
+
+    def value(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return tensor.to(like.device, like.dtype)
+
+    edits = []
+    for i in range(model.n_layers):
+        h = clean["resid_in", i]
+        noise = torch.randn(h.shape, generator=g, dtype=h.dtype) * h.std()
+        edits += [
+            (hook_name(i, "resid_in"), lambda t, hook, v=h + noise: value(v, t)),
+            (hook_name(i, "attn_out"), lambda t, hook, v=clean["attn_out", i]: value(v, t)),
+        ]
+    before = [("attn_out", i) for i in range(model.n_layers)]
+    got = _probe_record(model, edits, before=before)
+    layers = range(model.n_layers)
+    moved = all(not within_tolerance(got["attn_out", i], clean["attn_out", i], tol) for i in layers)
+    return moved and all(
+        within_tolerance(got["resid_out", i], clean["resid_out", i], tol) for i in layers
+    )
+
+
+def pattern_edits_work(model: Model) -> bool:
+    """Whether editing ``attn_pattern`` changes ``model``'s output (see
+    :attr:`probekit.model.Model.supports_pattern_edits`)."""
+    if hook_name(0, "attn_pattern") not in model.bridge.hook_dict:
+        return False
+    tokens = torch.ones(1, 3, dtype=torch.long, device=model.device)
+    batch = Batch(tokens, torch.ones_like(tokens))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clean = model.forward(batch)
+        zeroed = model.forward(
+            batch, [(hook_name(0, "attn_pattern"), lambda t, hook: torch.zeros_like(t))]
+        )
+    return not torch.equal(clean, zeroed)
+
+
+def update_hooks(
+    kind: str,
+    layer: int,
+    on_layer: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+) -> list[tuple[str, Callable]]:
+    """Hooks that call ``on_layer(h_in, a, m, h_out)`` once block ``layer`` of a model whose
+    blocks are of ``kind`` has run (see :meth:`probekit.model.Model.update_hooks`)."""
+    held: dict[str, torch.Tensor] = {}
+
+    def keep(key: str) -> Callable:
+        def fn(tensor: torch.Tensor, hook: Any) -> None:
+            held[key] = tensor.detach().clone()  # blocks may add to it in place (Falcon)
+
+        return fn
+
+    def finish(tensor: torch.Tensor, hook: Any) -> None:
+        h_in, h_out = held.pop("in"), tensor.detach()
+        if kind == "stream":
+            mid = held.pop("mid")
+            on_layer(h_in, mid - h_in, h_out - mid, h_out)
+        else:
+            on_layer(h_in, held.pop("attn"), held.pop("mlp"), h_out)
+
+    hooks = [(hook_name(layer, "resid_in"), keep("in"))]
+    if kind == "stream":
+        hooks.append((hook_name(layer, "attn_out"), keep("mid")))
+    else:
+        attn, mlp = UPDATE_SITES[kind]
+        hooks += [(hook_name(layer, attn), keep("attn")), (hook_name(layer, mlp), keep("mlp"))]
+    return hooks + [(hook_name(layer, "resid_out"), finish)]
+
+
+def replace_hooks(
+    kind: str, layer: int, sublayer: str, value: torch.Tensor | None
+) -> list[tuple[str, Callable]]:
+    """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of block ``layer`` of a
+    model whose blocks are of ``kind`` by ``value`` (broadcast; ``None`` = zero)."""
+
+    def update(like: torch.Tensor) -> torch.Tensor:
+        if value is None:
+            return torch.zeros_like(like)
+        return value.to(like.device, like.dtype).expand_as(like)
+
+    if kind != "stream":
+        site = UPDATE_SITES[kind][0 if sublayer == "attn" else 1]
+        return [(hook_name(layer, site), lambda t, hook: update(t).clone())]
+    held: dict[str, torch.Tensor] = {}
+
+    def keep(tensor: torch.Tensor, hook: Any) -> None:
+        held["base"] = tensor
+
+    def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        base = held.pop("base")
+        return base + update(base)
+
+    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    return [(hook_name(layer, before), keep), (hook_name(layer, at), replace)]
+
+
+def check_structure(model: Model) -> None:
+    """Refuse, with :class:`UnsupportedModelError`, a model whose numbers probekit would get
+    wrong (see :meth:`probekit.model.Model.check_structure`)."""
+    try:
+        _check_replay(model)
+    except NumericalError:
+        return  # an overflowing forward: the analyses name the first non-finite layer
+    except ProbekitError:
+        raise
+    except Exception as err:  # the bridge's own forward fails on this architecture
+        raise UnsupportedModelError(
+            f"TransformerLens' bridge cannot run a {model.architecture} forward "
+            f"({type(err).__name__}: {err})",
+            fix=UNREADABLE_FIX,
+        ) from err
+
+
+def _check_replay(model: Model) -> None:
+    """Resuming the probe forward from block 0, and the head on the last residual, give the
+    model's own logits."""
+    model.structure  # noqa: B018  (raises when no block structure fits)
+    with dtype_guard(model.dtype, model.device):
+        trace = model.trace(_probe(model))
+        for start, what in ((0, "the blocks replayed"), (model.n_layers, "the output head")):
+            if not within_tolerance(trace.resume(start), trace.logits, tolerance(model.dtype)):
+                raise UnsupportedModelError(
+                    f"probekit cannot reproduce the {model.architecture} forward from "
+                    f"{what} (resumed logits differ from the model's own)",
+                    fix=UNREADABLE_FIX,
+                )
+
+
+__all__ = [
+    "BLOCK_KINDS",
+    "UPDATE_SITES",
+    "BlockStructure",
+    "check_structure",
+    "pattern_edits_work",
+    "read_structure",
+    "replace_hooks",
+    "update_hooks",
+]

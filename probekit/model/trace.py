@@ -1,0 +1,263 @@
+"""A clean forward kept for resuming: each block's input residual and the arguments the model
+passed to it, so that any layer's forward can be rerun from there with a changed residual, a
+changed block order, or several variants stacked along the batch dimension.
+
+Example:
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model = toy_model(n_layers=2)
+    >>> trace = record_trace(model, model.prepare(toy_tokens())[0])
+    >>> len(trace.residuals)
+    3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from probekit.data import Batch
+from probekit.errors import InputError, NumericalError, UnsupportedModelError
+from probekit.model.sites import HookList, hook_name
+from probekit.numerics import all_finite
+
+if TYPE_CHECKING:
+    from probekit.model.handle import Model
+
+
+@dataclass
+class Trace:
+    """The residual stream of one clean forward, ready to resume from any layer.
+
+    ``residuals[l]`` is the input of block ``l`` (``residuals[n_layers]`` the final residual),
+    ``logits`` the clean output and ``calls[l]`` the arguments the model passed to block ``l``
+    (attention mask, position embeddings, ...), replayed by :meth:`resume`; ``hf_calls[l]``
+    those the bridge block passed on to the Hugging Face block inside it, replayed when a
+    hook-free block runs through the pure Hugging Face copy (:attr:`Model.block_path`).
+    """
+
+    model: Model
+    batch: Batch
+    residuals: list[torch.Tensor]
+    logits: torch.Tensor
+    calls: list[tuple[tuple, dict]] = field(repr=False)
+    hf_calls: list[tuple[tuple, dict] | None] = field(default_factory=list, repr=False)
+
+    def _route(self, layer: int) -> tuple[nn.Module, tuple[tuple, dict]]:
+        """The module to run for block ``layer`` and its clean call: the pure HF copy with
+        the HF block's arguments where :meth:`Model.raw_block` allows it, else the bridge."""
+        block = self.model.blocks[layer]
+        call = self.hf_calls[layer] if layer < len(self.hf_calls) else None
+        device = self.residuals[layer].device.type
+        raw = None if call is None else self.model.raw_block(block, device)
+        return (block, self.calls[layer]) if raw is None else (raw, call)  # type: ignore[return-value]
+
+    def run_block(self, layer: int, residual: torch.Tensor) -> torch.Tensor:
+        """Run block ``layer`` on ``residual`` with the arguments of the clean forward."""
+        module, call = self._route(layer)
+        return self.run_module(module, call, [residual])[0]
+
+    def run_module(
+        self, module: nn.Module, call: tuple[tuple, dict], residuals: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """``module`` run once on ``residuals`` stacked along the batch dimension with the
+        clean ``call`` (its batch-sized tensors repeated); each variant's output."""
+        args, kwargs = call if len(residuals) == 1 else self._stacked(call, len(residuals))
+        stacked = residuals[0] if len(residuals) == 1 else torch.cat(list(residuals))
+        if args:
+            out = module(stacked, *args[1:], **kwargs)
+        else:
+            out = module(**{**kwargs, "hidden_states": stacked})
+        out = out[0] if isinstance(out, tuple) else out
+        return [out] if len(residuals) == 1 else list(out.split(residuals[0].shape[0]))
+
+    def _stacked(self, call: tuple[tuple, dict], copies: int) -> tuple[tuple, dict]:
+        """The clean ``call`` with every tensor that has the batch dimension first repeated
+        ``copies`` times along it (masks, position ids, ...); BLOOM's ``alibi``, whose first
+        dimension is batch x heads (batch-major), is repeated per sequence the same way."""
+        size = self.batch.tokens.shape[0]
+
+        def tile(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == size:
+                return torch.cat([value] * copies)
+            if isinstance(value, tuple | list):
+                return type(value)(tile(v) for v in value)
+            return value
+
+        def tile_alibi(value: Any) -> Any:
+            heads = self.model.n_heads
+            if not isinstance(value, torch.Tensor) or value.shape[0] != size * heads:
+                return tile(value)
+            per_sequence = value.reshape(size, heads, *value.shape[1:])
+            return torch.cat([per_sequence] * copies).flatten(0, 1)
+
+        args, kwargs = call
+        return tile(args), {
+            key: tile_alibi(value) if key == "alibi" else tile(value)
+            for key, value in kwargs.items()
+        }
+
+    def run_stacked(self, layer: int, residuals: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run block ``layer`` once on several variants' residuals stacked along the batch
+        dimension (the clean call's arguments repeated); returns each variant's output."""
+        module, call = self._route(layer)
+        return self.run_module(module, call, residuals)
+
+    @torch.no_grad()
+    def resume_stacked(
+        self,
+        starts: Sequence[int],
+        residuals: Sequence[torch.Tensor | None] | None = None,
+        orders: Sequence[Sequence[int] | None] | None = None,
+        observe: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> list[torch.Tensor]:
+        """The final residuals of several hook-free variants resumed together.
+
+        Variant v resumes at block ``starts[v]`` from ``residuals[v]`` (default: the clean
+        one) and runs ``orders[v]`` (default ``start .. n_layers-1``; a permutation of the
+        remaining positions, as in :meth:`resume`). Step by step, the variants that run the
+        same block at the same position are stacked along the batch dimension and the block
+        runs once for all of them (one variant alone runs exactly as :meth:`resume` does).
+        ``observe(v, layer, h_in, h_out)`` sees every block run. Apply :meth:`Model.head` to
+        each returned residual for its logits.
+
+        Example:
+            >>> from probekit.toy import toy_model, toy_tokens
+            >>> model = toy_model(n_layers=3)
+            >>> trace = model.trace(model.prepare(toy_tokens())[0])
+            >>> a, b = trace.resume_stacked([1, 2], [trace.residuals[0], trace.residuals[1]])
+            >>> bool(torch.allclose(model.head(a), trace.resume(1, trace.residuals[0]), atol=1e-5))
+            True
+        """
+        n, k = self.model.n_layers, len(starts)
+        residuals = [None] * k if residuals is None else list(residuals)
+        orders = [None] * k if orders is None else list(orders)
+        plan = []
+        for start, order in zip(starts, orders, strict=True):
+            if not 0 <= start <= n:
+                raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+            plan.append(list(range(start, n)) if order is None else list(order))
+            if len(plan[-1]) != n - start:
+                raise InputError(
+                    f"a stacked variant starting at {start} lists {len(plan[-1])} blocks",
+                    fix=f"give the order of the {n - start} remaining positions",
+                )
+        hs = [self.residuals[s] if r is None else r for s, r in zip(starts, residuals, strict=True)]
+        for pos in range(min(starts, default=n), n):
+            groups: dict[int, list[int]] = {}
+            for v in range(k):
+                if starts[v] <= pos:
+                    groups.setdefault(plan[v][pos - starts[v]], []).append(v)
+            for layer, members in groups.items():
+                outs = self.run_stacked(layer, [hs[v] for v in members])
+                for v, h_out in zip(members, outs, strict=True):
+                    if observe is not None:
+                        observe(v, layer, hs[v], h_out)
+                    hs[v] = h_out
+        return hs
+
+    @torch.no_grad()
+    def resume(
+        self,
+        start: int,
+        residual: torch.Tensor | None = None,
+        order: Sequence[int] | None = None,
+        fwd_hooks: HookList = (),
+        observe: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> torch.Tensor:
+        """Logits of the forward resumed at block ``start`` (``start == n_layers``: head only).
+
+        ``residual`` replaces the cached input of block ``start`` (default: the clean one);
+        ``order`` lists the blocks to run from there on (default ``start .. n_layers-1``), so a
+        swap of layers i < j is ``resume(i, order=[j, i+1, ..., i, ...])``; ``fwd_hooks`` are
+        active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run.
+
+        Example:
+            >>> from probekit.toy import toy_model, toy_tokens
+            >>> model = toy_model(n_layers=4)
+            >>> [batch] = model.prepare(toy_tokens())
+            >>> trace = model.trace(batch)
+            >>> skipped = trace.resume(4, trace.residuals[3])   # skip layer 3
+            >>> bool(torch.allclose(trace.resume(0), trace.logits, atol=1e-5))
+            True
+        """
+        n = self.model.n_layers
+        if not 0 <= start <= n:
+            raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+        h = self.residuals[start] if residual is None else residual
+        order = list(range(start, n)) if order is None else list(order)
+        with self.model.hooks(fwd_hooks):
+            for layer in order:
+                h_out = self.run_block(layer, h)
+                if observe is not None:
+                    observe(layer, h, h_out)
+                h = h_out
+            return self.model.head(h)
+
+
+@torch.no_grad()
+def record_trace(model: Model, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
+    """The clean forward of ``batch`` through ``model`` that keeps only each block's input
+    residual and its call arguments (see :meth:`probekit.model.Model.trace`)."""
+    residuals: list[torch.Tensor | None] = [None] * (model.n_layers + 1)
+    calls: list[tuple[tuple, dict] | None] = [None] * model.n_layers
+    hf_calls: list[tuple[tuple, dict] | None] = [None] * model.n_layers
+
+    def keep(layer: int) -> Callable:
+        def fn(tensor: torch.Tensor, hook: Any) -> None:
+            residuals[layer] = tensor.detach()
+
+        return fn
+
+    def record(layer: int, into: list) -> Callable:
+        def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            into[layer] = (args, dict(kwargs))
+
+        return pre_hook
+
+    hooks = [(hook_name(i, "resid_in"), keep(i)) for i in range(model.n_layers)]
+    hooks.append((hook_name(model.n_layers - 1, "resid_out"), keep(model.n_layers)))
+    handles = []
+    for i, block in enumerate(model.blocks):
+        handles.append(block.register_forward_pre_hook(record(i, calls), with_kwargs=True))
+        inner = getattr(block, "original_component", None)
+        if isinstance(inner, nn.Module):  # what the bridge passes the HF block
+            hook = record(i, hf_calls)
+            handles.append(inner.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        logits = model.forward(batch, list(fwd_hooks) + hooks)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if any(r is None for r in residuals) or any(c is None for c in calls):
+        raise UnsupportedModelError(
+            f"the {model.architecture} forward did not pass through every block hook",
+            fix="use a standard architecture whose forward runs each block once",
+        )
+    check_finite_stream(residuals, logits)  # type: ignore[arg-type]
+    return Trace(model, batch, residuals, logits, calls, hf_calls)  # type: ignore[arg-type]
+
+
+def check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> None:
+    """Raise :class:`NumericalError` naming where a clean forward first turns non-finite."""
+    if all_finite(logits) and all(all_finite(r) for r in residuals):
+        return
+    first = next((i for i, r in enumerate(residuals) if not all_finite(r)), None)
+    where = (
+        "the output head (the residual stream is finite)"
+        if first is None
+        else "the embeddings"
+        if first == 0
+        else f"the output of layer {first - 1}"
+    )
+    raise NumericalError(
+        f"the clean forward has NaN or infinite values, first in {where}",
+        fix="check the checkpoint's weights (too large weights overflow) and the dtype "
+        "(float16 overflows above 65504; load with dtype=torch.float32)",
+    )
+
+
+__all__ = ["Trace", "check_finite_stream", "record_trace"]

@@ -1,0 +1,148 @@
+"""General numerics the model handle, the training loops and the analyses share.
+
+Nothing here knows a model: finiteness tests, free memory, a linear map computed in blocks of
+output features, the relative tolerances of comparisons between computations, and the guard
+that turns torch's "not implemented for Half" into one probekit error.
+
+Example:
+    >>> import torch
+    >>> all_finite(torch.tensor([1.0, float("inf")]))
+    False
+    >>> within_tolerance(torch.tensor([1.0]), torch.tensor([1.0005]), tolerance(torch.float32))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from probekit.errors import UnsupportedModelError
+
+VOCAB_CHUNK = 2048
+"""Rows of the unembedding per matrix product in :meth:`probekit.model.Model.head` on a CPU
+(the default chunk of :func:`blocked_linear`): a ``[256, 50257]`` product in one call took 1.5x
+the time of the same product in blocks of 2048 output columns (measured interleaved at 2
+threads: its output does not stay in cache). The blocks give the one product's logits to
+float32 rounding (bit-identical in every case measured here; tests/test_fast_paths.py checks
+1e-6)."""
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite: its sum first (one pass, no boolean
+    copy; a NaN or infinity makes it non-finite), the element-wise test only when the sum is
+    not finite (a finite tensor whose sum overflows).
+
+    Example:
+        >>> all_finite(torch.tensor([1.0, 2.0])), all_finite(torch.tensor([1.0, float("nan")]))
+        (True, False)
+        >>> all_finite(torch.tensor([3e38, 3e38]))  # the sum overflows, every value is finite
+        True
+    """
+    if not tensor.is_floating_point() and not tensor.is_complex():
+        return True
+    tensor = tensor.detach()
+    if bool(torch.isfinite(tensor.sum())):
+        return True
+    return bool(torch.isfinite(tensor).all())
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes free on ``device`` now (CPU: MemAvailable of the host); None when unknown.
+
+    Example:
+        >>> (available_memory() or 1) > 0
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):  # pragma: no cover - CUDA broken
+            return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def blocked_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, chunk: int = VOCAB_CHUNK
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed ``chunk`` output features at a time into one
+    output tensor (same dtype and autocast behaviour as one call).
+
+    Example:
+        >>> x, w = torch.randn(3, 8), torch.randn(20, 8)
+        >>> bool(torch.allclose(blocked_linear(x, w, None, chunk=6), x @ w.T, atol=1e-6))
+        True
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    out: torch.Tensor | None = None
+    for start in range(0, weight.shape[0], chunk):
+        part = slice(start, start + chunk)
+        block = nn.functional.linear(rows, weight[part], None if bias is None else bias[part])
+        if out is None:
+            out = block.new_empty(rows.shape[0], weight.shape[0])
+        out[:, part] = block
+    assert out is not None
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of a comparison between two computations in ``dtype`` (the
+    structure and replay checks of a model): 1e-3 from 32 bits up, else 5e-2."""
+    return 1e-3 if torch.finfo(dtype).bits >= 32 else 5e-2
+
+
+def within_tolerance(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    """max |got - want| <= tol * max |want| (float64)."""
+    got, want = got.double(), want.double()
+    return bool((got - want).abs().max() <= tol * want.abs().max().clamp_min(1e-12))
+
+
+def relative_deviation(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max(1, max |want|) in float64 (NaN if either is not finite)."""
+    got, want = got.double(), want.double()
+    if not (all_finite(got) and all_finite(want)):
+        return math.nan
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1.0))
+
+
+@contextmanager
+def dtype_guard(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Turn torch's 'not implemented for Half/BFloat16' into one probekit error naming the fix."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError) as err:
+        if "not implemented for" not in str(err) and "not supported" not in str(err):
+            raise
+        raise UnsupportedModelError(
+            f"torch on {device.type} cannot run this model in {dtype} ({err})",
+            fix="load it in a dtype the device runs: probekit.load(..., dtype=torch.float32) "
+            "(or bfloat16), or use a GPU",
+        ) from err
+
+
+__all__ = [
+    "VOCAB_CHUNK",
+    "all_finite",
+    "available_memory",
+    "blocked_linear",
+    "dtype_guard",
+    "relative_deviation",
+    "tolerance",
+    "within_tolerance",
+]
