@@ -115,7 +115,7 @@ def analyse(
     import probekit
     from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.report import diagnose, write_report
-    from probekit.runs import default_data
+    from probekit.sources import default_data
     from probekit.training.runs import load_run
 
     step = phases or Phases(quiet=True)

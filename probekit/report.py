@@ -45,6 +45,7 @@ from probekit.errors import InputError
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
 from probekit.result import SIDECAR_CELLS, Result, json_ready, readable_value, summary_table
+from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
@@ -125,6 +126,56 @@ def diagnose(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
     )
     return Diagnosis(repr(model), results, verdict, headline, meta)
+
+
+def diagnose_checkpoint(
+    path: str,
+    out_dir: str | os.PathLike,
+    *,
+    text: str | None = None,
+    n_sequences: int = N_SEQUENCES,
+    seq_len: int = SEQ_LEN,
+    seed: int = 0,
+    device: str | None = None,
+    dtype: str = "stored",
+    device_map: str | None = None,
+    positions: str = "auto",
+    tuned_lens: bool = False,
+    images: bool = True,
+    **options: Any,
+) -> tuple[Diagnosis, Path]:
+    """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or
+    a torch dtype name; on ``device`` or spread by ``device_map``), :func:`diagnose` it on the
+    data :func:`~probekit.sources.default_data` picks (``text``, ``n_sequences``, ``seq_len``,
+    ``seed``) at its positions (or ``positions`` unless "auto"), and save the report into
+    ``out_dir`` (checked with :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens``
+    without a ``lens`` fits one on data kept apart; ``options`` go to :func:`diagnose`. The
+    meta names the checkpoint, the data's source and the dtype. Returns the diagnosis and the
+    page."""
+    import torch
+
+    text = text or None
+    model = load(
+        path,
+        device=device,
+        dtype=None if dtype == "stored" else getattr(torch, dtype),
+        device_map=device_map,
+    )
+    source = dict(text=text, n_sequences=n_sequences, seq_len=seq_len, seed=seed, model=model)
+    data, data_positions = default_data(path, **source)
+    if tuned_lens and options.get("lens") is None:  # a lens is fitted on other data than it reads
+        options["lens_data"], _ = default_data(path, **source, purpose="fit")
+    chosen = data_positions if positions == "auto" else positions
+    diagnosis = diagnose(model, data, positions=chosen, **options)
+    diagnosis.meta = {
+        "checkpoint": os.path.abspath(path),
+        "data_source": data_source(path, data_positions, text=text, seed=seed),
+        "dtype": dtype,
+        **diagnosis.meta,
+    }
+    title = f"probekit depth diagnosis: {path}"
+    page, _ = save_report(diagnosis, out_dir, title=title, images=images)
+    return diagnosis, page
 
 
 def measured(

@@ -144,7 +144,7 @@ def _anchor_run(tmp_path):
 
 
 def test_default_data_of_an_anchor_run(tmp_path):
-    from probekit.runs import checkpoint_of, default_data
+    from probekit.sources import checkpoint_of, default_data
 
     run, task = _anchor_run(tmp_path)
     assert checkpoint_of(run) == str(run / "checkpoint")
@@ -158,7 +158,7 @@ def test_default_data_of_an_anchor_run(tmp_path):
 
 
 def test_default_data_of_an_lm_run_in_the_old_format(tmp_path):
-    from probekit.runs import default_data
+    from probekit.sources import default_data
     from probekit.tasks.corpus import ByteCorpus
     from probekit.toy import toy_model
 
@@ -169,7 +169,7 @@ def test_default_data_of_an_lm_run_in_the_old_format(tmp_path):
 
 
 def test_default_data_draws_tokens_for_other_models(checkpoint):
-    from probekit.runs import default_data, random_tokens
+    from probekit.sources import default_data, random_tokens
 
     tokens, positions = default_data(checkpoint, n_sequences=5, seq_len=8, seed=3)
     assert positions == "all" and tokens.shape == (5, 8)
@@ -306,7 +306,7 @@ def test_a_typo_suggests_the_flag(capsys):
 
 
 def test_train_help_reads_right_and_the_preset_is_the_reference(capsys):
-    from probekit.training.cli import build_train_config
+    from probekit.cli.train_flags import build_train_config
     from probekit.training.trainer import anchor_cpu_config
 
     with pytest.raises(SystemExit):
@@ -328,7 +328,7 @@ def test_train_help_reads_right_and_the_preset_is_the_reference(capsys):
 
 
 def test_train_flags_reach_the_task_and_model_settings():
-    from probekit.training.cli import build_train_config
+    from probekit.cli.train_flags import build_train_config
 
     argv = ["train", "--out", "x", "--key-split", "anchor_function_pub", "--special-form"]
     argv += ["shift", "--special-targets", "3,4:-6", "--init-scheme", "official"]

@@ -562,7 +562,7 @@ def test_demo_is_swapped_in_whole(tmp_path, monkeypatch):
 )
 def test_text_that_is_not_text_is_refused(name, match, sandbox, tmp_path, monkeypatch):
     from probekit.errors import InputError
-    from probekit.runs import check_text_file
+    from probekit.sources import check_text_file
 
     monkeypatch.setattr(probekit, "load", lambda *a, **k: pytest.fail("loaded"))
     argv = diagnose_argv(sandbox["ckpt"], tmp_path / "r", "--text", str(sandbox[name]))
@@ -574,7 +574,7 @@ def test_text_that_is_not_text_is_refused(name, match, sandbox, tmp_path, monkey
 def test_non_utf8_text_is_read_with_replacement_and_a_warning(sandbox, tmp_path):
     import torch
 
-    from probekit.runs import _tokenized
+    from probekit.sources import _tokenized
 
     out = tmp_path / "r"
     argv = diagnose_argv(sandbox["tokenized"], out, "--text", str(sandbox["latin1"]))

@@ -298,7 +298,7 @@ def test_tokenizer_pads_with_an_id_in_the_vocabulary(tmp_path):
 
 
 def test_text_windows_each_carry_the_special_tokens(tmp_path):
-    from probekit.runs import _tokenized, check_checkpoint_folder
+    from probekit.sources import _tokenized, check_checkpoint_folder
 
     folder = sentence_folder(tmp_path, "cls", normalize=False)
     _word_tokenizer(folder, padding_side="left")

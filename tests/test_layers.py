@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "probekit"
 
-CONTRACTS = ("layers", "model_layers", "acyclic")
+CONTRACTS = ("layers", "model_layers", "cli", "acyclic")
 """The import-linter contracts of setup.cfg ([importlinter:contract:<id>])."""
 
 ARCHITECTURE = re.compile(
@@ -46,7 +46,7 @@ def _lint_imports() -> Path:
 
 @pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_holds(contract):
-    """The layers (cli > demo > report > runs > training > tasks > analyses > interventions >
+    """The layers (cli > demo > report > sources > training > tasks > analyses > interventions >
     toy > model > data | result | figures > io | errors) and no cycles between siblings."""
     done = subprocess.run(
         [str(_lint_imports()), "--no-cache", "--no-logo", "--contract", contract],
@@ -104,10 +104,15 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["cli", "runs"])
+LIGHT_CLI = ("cli/__init__", "cli/common", "cli/demo", "cli/diagnose")
+"""The command line's modules that ``probekit diagnose`` and ``probekit demo`` import."""
+
+
+@pytest.mark.parametrize("module", [*LIGHT_CLI, "sources"])
 def test_the_command_line_imports_only_light_modules_up_front(module):
     """torch, transformer_lens and the report load inside the command that needs them."""
-    light = set(sys.stdlib_module_names) | {"probekit.errors", "probekit.runs"}
+    light = set(sys.stdlib_module_names) | {"probekit.errors", "probekit.sources"}
+    light |= {"probekit." + name.replace("/", ".") for name in LIGHT_CLI}
     heavy = {
         name
         for name in _top_level_imports(PACKAGE / f"{module}.py")

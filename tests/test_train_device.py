@@ -386,7 +386,9 @@ def test_lm_fp32_is_todays_run_and_bf16_keeps_fp32_weights(tmp_path) -> None:
 def test_cli_precision_and_deterministic_flags() -> None:
     import argparse
 
-    from probekit.training.cli import add_sweep_parser, add_train_parser, build_train_config
+    from probekit.cli.sweep import add_sweep_parser
+    from probekit.cli.train import add_train_parser
+    from probekit.cli.train_flags import build_train_config
 
     parser = argparse.ArgumentParser(prog="probekit")
     sub = parser.add_subparsers(dest="command")

@@ -315,7 +315,8 @@ def test_resume_recovers_a_checkpoint_swap_cut_short(tmp_path: Path, monkeypatch
 def _cli():
     import argparse
 
-    from probekit.training.cli import add_sweep_parser, add_train_parser
+    from probekit.cli.sweep import add_sweep_parser
+    from probekit.cli.train import add_train_parser
 
     parser = argparse.ArgumentParser(prog="probekit")
     sub = parser.add_subparsers(dest="command")
@@ -323,7 +324,7 @@ def _cli():
 
 
 def test_cli_flags_build_the_config_and_every_flag_is_explained() -> None:
-    from probekit.training.cli import build_train_config
+    from probekit.cli.train_flags import build_train_config
 
     parser, train_p, sweep_p = _cli()
     for p in (train_p, sweep_p):

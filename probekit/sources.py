@@ -1,10 +1,13 @@
-"""The data a checkpoint is diagnosed on, chosen from what trained it.
+"""Where a diagnosis gets its checkpoint and its data, chosen from what trained the checkpoint.
 
-:func:`default_data` picks it: the task's test data for probekit anchor runs (read at the last
-position), the validation text of the corpus for probekit LM runs, a text file tokenized with the
-model's tokenizer, or tokens drawn uniformly from the vocabulary. :func:`checkpoint_of` lets a
-probekit run folder stand for its checkpoint folder. The command line, the demo and notebooks use
-these; the run folder itself is read by :func:`probekit.training.runs.load_run`.
+:func:`checkpoint_of` lets a probekit run folder stand for its checkpoint folder;
+:func:`check_diagnose_inputs`, :func:`checkpoint_to_diagnose` and :func:`checkpoints_below` check
+a checkpoint path before anything is loaded. :func:`default_data` picks the data: the task's test
+data for probekit anchor runs (read at the last position), the validation text of the corpus for
+probekit LM runs, a text file tokenized with the model's tokenizer, or tokens drawn uniformly from
+the vocabulary; :func:`data_source` says in words which. ``probekit diagnose``
+(:func:`probekit.report.diagnose_checkpoint`), the demo and notebooks use these; the run folder
+itself is read by :func:`probekit.training.runs.load_run`.
 
 Example:
     >>> import tempfile
@@ -107,8 +110,11 @@ def checkpoints_below(
 ) -> list[Path]:
     """Checkpoint folders (those holding a config.json) below the folder ``path``.
 
-    Searches ``depth`` levels down, skipping hidden folders and visiting at most
-    ``max_folders``; returns at most ``limit`` folders, shallowest first.
+    Searches ``depth`` levels down, skipping hidden folders (an interrupted save's
+    ``.checkpoint.*`` among them) and visiting at most ``max_folders``; returns at most ``limit``
+    folders, shallowest first. The default depth of 4 is the deepest place probekit itself
+    writes a checkpoint: a sweep keeps each stacked run's at ``OUT/stacks/<group>/checkpoint/
+    <run>/``, so a sweep's folder (and a folder of runs, ``runs/<run>/checkpoint/``) lists them.
 
     Example:
         >>> import tempfile
@@ -137,6 +143,57 @@ def checkpoints_below(
                         found.append(child)
         level = below
     return found
+
+
+def check_path_names(*paths: str | os.PathLike | None) -> None:
+    """Refuse an empty path or one holding a NUL byte (None is no path and passes).
+
+    Example:
+        >>> check_path_names("runs/a", None)
+        >>> check_path_names("")
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: '' is not a path. Fix: pass a file or folder name.
+    """
+    for path in paths:
+        text = None if path is None else os.fspath(path)
+        if text is not None and (not text.strip() or "\0" in text):
+            raise InputError(f"{text!r} is not a path", fix="pass a file or folder name")
+
+
+def check_diagnose_inputs(
+    model: str | os.PathLike,
+    *,
+    text: str | os.PathLike | None = None,
+    lens: str | os.PathLike | None = None,
+) -> None:
+    """The checks of a diagnosis's inputs that read only names and the folder tree (torch is not
+    imported): the checkpoint path and ``text`` are paths, the checkpoint path exists, and
+    ``lens`` (a saved tuned lens) is a folder."""
+    check_path_names(model, text)
+    if not os.path.lexists(model):
+        raise CheckpointError(
+            f"checkpoint path {model} does not exist",
+            fix="pass a Hugging Face model directory",
+        )
+    if lens is not None and not os.path.isdir(lens):
+        raise InputError(
+            f"--lens {lens} is not a folder", fix="pass a folder written by TunedLens.save()"
+        )
+
+
+def checkpoint_to_diagnose(
+    model: str | os.PathLike, *, text: str | os.PathLike | None = None
+) -> tuple[str, list[str]]:
+    """The checkpoint folder ``model`` stands for (:func:`checkpoint_of`), checked
+    (:func:`check_checkpoint_folder`, and ``text`` with :func:`check_text_file`), and the lines
+    to show the user: ``"warning: ..."`` for a text that is not UTF-8, ``"notice: ignored ..."``
+    per file of the checkpoint probekit ignores (:func:`ignored_files`)."""
+    path = checkpoint_of(model)
+    check_checkpoint_folder(path)
+    warning = check_text_file(text) if text is not None else None
+    lines = [f"warning: {warning}"] if warning else []
+    return path, lines + [f"notice: ignored {line}" for line in ignored_files(path)]
 
 
 CHECKPOINT_MARKERS = ("config.json", "modules.json")
@@ -298,6 +355,27 @@ def default_data(
     return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
 
 
+def data_source(
+    model: str | os.PathLike, positions: str, *, text: str | None = None, seed: int = 0
+) -> str:
+    """In words, where the data :func:`default_data` chose for the checkpoint path ``model``
+    came from (``positions`` as it returned them, ``text`` and ``seed`` as passed to it).
+
+    Example:
+        >>> data_source("gpt2", "all", seed=3)
+        'tokens drawn uniformly from the vocabulary (seed 3)'
+    """
+    if text:
+        return f"text file {os.path.abspath(text)}, tokenized with the model's tokenizer"
+    if positions == "last":
+        return "the anchor task's test split stored with the run (answer at the last token)"
+    from probekit.training.runs import load_run
+
+    if load_run(checkpoint_of(model)) is not None:
+        return "the validation split of the run's byte corpus"
+    return f"tokens drawn uniformly from the vocabulary (seed {seed})"
+
+
 def _answer_labelled(data: Any) -> dict[str, Any]:
     """Task data as a token dict whose only label is the answer at the last position."""
     import torch
@@ -383,9 +461,13 @@ __all__ = [
     "SEQ_LEN",
     "PICKLE_SUFFIXES",
     "check_checkpoint_folder",
+    "check_diagnose_inputs",
+    "check_path_names",
     "check_text_file",
     "checkpoint_of",
+    "checkpoint_to_diagnose",
     "checkpoints_below",
+    "data_source",
     "default_data",
     "ignored_files",
     "random_tokens",

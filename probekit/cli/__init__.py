@@ -1,0 +1,88 @@
+"""The ``probekit`` command line: one module per subcommand, its flags and what it prints.
+
+``probekit diagnose PATH --out DIR`` (:mod:`probekit.cli.diagnose`) writes the depth-use report
+of any checkpoint probekit can load; ``probekit demo`` (:mod:`probekit.cli.demo`) trains and
+reports the two reference models; ``probekit train`` and ``probekit sweep``
+(:mod:`probekit.cli.train`, :mod:`probekit.cli.sweep`, their shared settings flags in
+:mod:`probekit.cli.train_flags`) run the anchor-function trainer. The parser style and the flags
+every subcommand shares are in :mod:`probekit.cli.common`. Every problem with the input prints
+one line (``probekit: error: ...``) and exits with status 2.
+
+From a shell: ``probekit diagnose runs/anchor --out report/`` (a run folder stands for its
+checkpoint), ``probekit demo``, ``probekit train --out runs/a``, ``probekit sweep ...``.
+
+Example:
+    >>> args = build_parser().parse_args(["diagnose", "runs/anchor", "--out", "report/"])
+    >>> args.command, args.positions, args.threads
+    ('diagnose', 'auto', None)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from probekit.cli.common import Parser, add_threads, check_device, set_threads
+from probekit.cli.demo import add_demo_parser
+from probekit.cli.diagnose import LIMITS, add_diagnose_parser, check_int_flags
+from probekit.errors import ProbekitError
+
+LIGHT_COMMANDS = ("diagnose", "demo")
+"""Subcommands whose parser needs no trainer: for them the train/sweep parsers (which import
+torch) are not built, so a wrong path is reported before torch loads."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``probekit`` parser: diagnose, demo, and train/sweep when the trainer imports (not
+    built when ``command`` is one of :data:`LIGHT_COMMANDS`)."""
+    parser = Parser(
+        prog="probekit",
+        description="probekit: how does a Transformer use its depth, and did it learn a rule "
+        "or memorize?",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    add_diagnose_parser(sub)
+    add_demo_parser(sub)
+    if command not in LIGHT_COMMANDS:
+        try:
+            from probekit.cli.sweep import add_sweep_parser
+            from probekit.cli.train import add_train_parser
+        except ImportError:  # the trainer is optional for the analyzers
+            pass
+        else:
+            add_train_parser(sub)
+            add_sweep_parser(sub)
+    for subparser in sub.choices.values():
+        add_threads(subparser)
+    return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``probekit`` command; returns the exit status.
+
+    Before torch is imported it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
+    it: OpenMP threads that spin while they wait slow a shared machine down several times.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
+    args = parser.parse_args(argv)
+    try:
+        set_threads(args.threads)
+        return int(args.func(args) or 0)
+    except ProbekitError as err:
+        print("probekit: error: " + " ".join(str(err).split()), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("probekit: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["LIGHT_COMMANDS", "LIMITS", "build_parser", "check_device", "check_int_flags", "main"]

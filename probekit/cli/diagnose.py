@@ -1,0 +1,271 @@
+"""``probekit diagnose PATH --out DIR``: its flags, their checks, and the report it prints.
+
+The work itself, loading the checkpoint, choosing its data and writing the report, is
+:func:`probekit.report.diagnose_checkpoint`; the checks of the checkpoint path are in
+:mod:`probekit.sources`. Every check that needs no model runs before the model loads.
+
+Example:
+    >>> from probekit.cli import build_parser
+    >>> args = build_parser().parse_args(["diagnose", "runs/anchor", "--out", "report/"])
+    >>> args.func is diagnose_command, args.positions, args.n_sequences
+    (True, 'auto', 32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from probekit.cli.common import (
+    add_command,
+    add_device,
+    add_force,
+    add_out,
+    add_quiet,
+    check_device,
+)
+from probekit.errors import ConfigError
+from probekit.sources import (
+    N_SEQUENCES,
+    SEQ_LEN,
+    check_diagnose_inputs,
+    checkpoint_to_diagnose,
+)
+
+LIMITS = {
+    "n_sequences": (1, 100_000),
+    "seq_len": (1, 2**20),
+    "bootstrap": (0, 10_000),
+    "batch_size": (1, 10**6),
+    "seed": (0, 2**32 - 1),
+    "lens_steps": (1, 10**7),
+}
+"""The range ``(low, high)`` each integer flag of ``probekit diagnose`` accepts."""
+
+
+def check_int_flags(args: argparse.Namespace) -> None:
+    """Raise :class:`~probekit.errors.ConfigError` for an integer flag outside :data:`LIMITS`.
+
+    Example:
+        >>> check_int_flags(argparse.Namespace(seq_len=0))
+        Traceback (most recent call last):
+        ...
+        probekit.errors.ConfigError: --seq-len 0 is outside [1, 1048576]. Fix: pass --seq-len \
+from 1 to 1048576.
+    """
+    for dest, (low, high) in LIMITS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{flag} {value} is outside [{low}, {high}]",
+                fix=f"pass {flag} from {low} to {high}",
+            )
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flag checks of ``probekit diagnose``: the integers in :data:`LIMITS`, ``--device``,
+    and not both ``--device`` and ``--device-map``."""
+    check_int_flags(args)
+    check_device(args.device)
+    if getattr(args, "device_map", None) is not None and args.device is not None:
+        raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
+
+
+def prepare(args: argparse.Namespace) -> tuple[str, Path]:
+    """Every check of ``probekit diagnose`` that needs no model, the cheap ones first (a wrong
+    path is reported before torch loads): the checkpoint path and ``--out``. Prints a warning
+    for a non-UTF-8 ``--text`` and a notice per ignored file. Returns the checkpoint folder and
+    the output folder."""
+    check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
+    check_flags(args)
+    path, lines = checkpoint_to_diagnose(args.model, text=args.text)
+    from probekit import report  # the analyses, plotly and torch
+
+    out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
+    for line in lines:
+        print(f"probekit: {line}", file=sys.stderr)
+    return path, out
+
+
+def diagnose_command(args: argparse.Namespace) -> int:
+    """``probekit diagnose``: check every flag, then diagnose the checkpoint and write the
+    report (:func:`probekit.report.diagnose_checkpoint`); print the verdict and the page."""
+    path, out = prepare(args)  # before the slow imports and the load
+    from probekit import report
+
+    keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
+    diagnosis, page = report.diagnose_checkpoint(
+        path,
+        out,
+        text=args.text,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        device_map=args.device_map,
+        positions=args.positions,
+        tuned_lens=args.tuned_lens,
+        images=not args.no_images,
+        pairs=args.pairs,
+        n_bootstrap=args.bootstrap,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        conventions=report.Conventions(args.convention, args.mode, keep_first),
+        lens=args.lens,
+        lens_steps=args.lens_steps,
+    )
+    missing = None if args.no_images else report.missing_for_images()
+    if missing:
+        print(
+            f"probekit: no PNG/SVG images: missing {missing}; wrote HTML figures only",
+            file=sys.stderr,
+        )
+    if not args.quiet:
+        for line in diagnosis.verdict:
+            print(f"- {line}")
+        print(f"report: {page}")
+    return 0
+
+
+def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``diagnose`` to an argparse subparsers object."""
+    # one add_argument per flag: a flat table, longer than 60 lines only by its help texts
+    diag = add_command(
+        subparsers,
+        "diagnose",
+        help="depth-use diagnosis of a checkpoint, written as an HTML report",
+        description="Run the depth-use analyzers (zero-ablation contributions, skip effects, "
+        "layer swaps and permutable blocks, residual stream, logit lens, gradient norms) on a "
+        "checkpoint and write report.html, summary.json and one JSON/CSV per analysis.",
+    )
+    diag.add_argument(
+        "model", help="Hugging Face model directory (config.json + safetensors) or a probekit run"
+    )
+    add_out(
+        diag,
+        help="folder for the report and the numbers; written beside it and swapped in whole, "
+        "replacing an older probekit report there",
+    )
+    add_force(diag, what="report")
+    diag.add_argument(
+        "--text",
+        help="a UTF-8 text file to tokenize with the model's tokenizer (binary files are "
+        "refused; bytes that are not UTF-8 are read as U+FFFD, with a warning) "
+        "(default: the task's test data for probekit runs, else tokens drawn uniformly from "
+        "the vocabulary)",
+    )
+    diag.add_argument(
+        "--n-sequences",
+        type=int,
+        default=N_SEQUENCES,
+        help=f"sequences of data, 1 to 100000 (default {N_SEQUENCES})",
+    )
+    diag.add_argument(
+        "--seq-len",
+        type=int,
+        default=SEQ_LEN,
+        help=f"tokens per sequence, at least 1, capped at the model's context (default {SEQ_LEN})",
+    )
+    diag.add_argument(
+        "--pairs",
+        choices=["adjacent", "all"],
+        default="adjacent",
+        help="layer pairs to swap: adjacent (fast, default) or all",
+    )
+    diag.add_argument(
+        "--bootstrap",
+        type=int,
+        default=100,
+        help="bootstrap replicates for block-boundary confidence, 0 to 10000 (default 100)",
+    )
+    diag.add_argument(
+        "--positions",
+        choices=["auto", "all", "last"],
+        default="auto",
+        help="average over all real tokens or only the last one (default auto: the last "
+        "token for probekit anchor runs, all tokens otherwise)",
+    )
+    diag.add_argument(
+        "--no-images",
+        action="store_true",
+        help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
+        "Chrome/Chromium are present)",
+    )
+    add_quiet(diag, help="no progress bar or verdict output")
+    _add_placement_flags(diag)
+    _add_depth_flags(diag)
+    diag.set_defaults(func=diagnose_command)
+    return diag
+
+
+def _add_placement_flags(diag: argparse.ArgumentParser) -> None:
+    """Where and how ``probekit diagnose`` runs the model."""
+    diag.add_argument(
+        "--batch-size", type=int, default=None, help="sequences per forward (default: all at once)"
+    )
+    add_device(diag, default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    diag.add_argument(
+        "--device-map",
+        choices=["auto", "balanced", "sequential"],
+        default=None,
+        help="spread the layers over the GPUs and the CPU with accelerate (a model bigger than "
+        "one device); not with --device",
+    )
+    diag.add_argument(
+        "--dtype",
+        choices=["stored", "float32", "bfloat16", "float16"],
+        default="stored",
+        help="load the weights in this dtype (default: as stored in the checkpoint); every "
+        "measure accumulates in float32 or float64",
+    )
+    diag.add_argument(
+        "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"
+    )
+
+
+def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
+    """The measure conventions and the tuned lens of ``probekit diagnose``."""
+    group = diag.add_argument_group("measure conventions and the tuned lens")
+    group.add_argument(
+        "--convention",
+        choices=["probekit", "csordas2025"],
+        default="probekit",
+        help="reductions: token means (default) or Csordas et al. 2025's maxima and per-prompt "
+        "means",
+    )
+    group.add_argument(
+        "--mode",
+        choices=["current", "future"],
+        default="current",
+        help="skip/ablate at every position (current, default), or at positions < t and "
+        "measure at >= t (future; needs --seq-len of at least 13)",
+    )
+    group.add_argument(
+        "--keep-first",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="never intervene at position 0 (auto, default: when the tokenizer adds a BOS)",
+    )
+    group.add_argument(
+        "--tuned-lens",
+        action="store_true",
+        help="fit a tuned lens (on data kept apart from the diagnosed data: the training "
+        "split of probekit runs, the text after the diagnosed sequences, or other drawn "
+        "tokens) and show it beside the logit lens",
+    )
+    group.add_argument("--lens", help="read this saved tuned lens (a folder) instead of fitting")
+    group.add_argument(
+        "--lens-steps",
+        type=int,
+        default=None,
+        help="optimizer steps of the tuned-lens fit, 1 to 10**7 (default: one pass)",
+    )
+
+
+__all__ = ["LIMITS", "add_diagnose_parser", "check_flags", "check_int_flags", "diagnose_command"]

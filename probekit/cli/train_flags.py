@@ -1,0 +1,515 @@
+"""The settings flags of ``probekit train`` and ``probekit sweep``, and the
+:class:`~probekit.training.trainer.TrainConfig` they describe.
+
+:func:`add_settings_flags` adds them (``--config``, the model, the task, the optimization, the
+evaluation and device); :func:`build_train_config` reads the parsed flags into a TrainConfig.
+Over ``--config`` (a JSON file of settings) or ``--preset``, a flag counts only when given a
+value other than its default (:func:`given_flags`, which compares with the defaults of a parser
+built for the purpose); without them every flag counts.
+
+Example:
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_settings_flags(parser, sweep=False)
+    >>> build_train_config(parser.parse_args(["--gamma", "0.8"])).model.gamma
+    0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from probekit.cli.common import add_device, add_quiet
+from probekit.errors import ConfigError, check_known_keys
+from probekit.tasks.anchor import KEY_SPLITS, SPECIAL_FORMS, AnchorTask
+from probekit.training.checks import check_mapping, is_int
+from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
+from probekit.training.precision import PRECISIONS
+from probekit.training.trainer import TrainConfig
+
+DEFAULT_MODEL = ModelConfig()
+"""The model settings a flag defaults to."""
+DEFAULT_RUN = TrainConfig()
+"""The optimization, evaluation and device settings a flag defaults to."""
+DEFAULT_TASK = AnchorTask()
+"""The task settings a flag defaults to."""
+
+
+def parse_floats(text: str) -> list[float]:
+    """``--gammas 0.3,0.8``: comma-separated numbers."""
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers"
+        ) from err
+
+
+def parse_ints(text: str) -> list[int]:
+    """``--depths 2,3``: comma-separated integers."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from err
+
+
+def _anchors(text: str) -> dict[int, int]:
+    """``--anchors 1:5,2:1``: anchor id -> shift; an id given twice is refused."""
+    try:
+        items = [(int(k), int(v)) for k, v in (item.split(":") for item in text.split(","))]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list ID:SHIFT,ID:SHIFT (e.g. 1:5,2:1,3:-2,4:-8)"
+        ) from err
+    ids = [k for k, _ in items]
+    repeated = sorted({k for k in ids if ids.count(k) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} gives anchor id(s) {repeated} twice")
+    return dict(items)
+
+
+def _pairs(text: str) -> list[tuple[int, int]]:
+    """``--heldout 4,3;2,1``: anchor pairs (``none`` or empty: no pair)."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    try:
+        out = []
+        for item in text.split(";"):
+            a, b = item.split(",")
+            out.append((int(a), int(b)))
+        return out
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list A1,A2;A1,A2 (e.g. 4,3)") from err
+
+
+def _special(text: str) -> dict[tuple[int, int], int]:
+    """``--special-targets 3,4:4``: anchor pair -> offset (``none`` or empty: none)."""
+    if text.strip().lower() in ("", "none"):
+        return {}
+    try:
+        out = {}
+        for item in text.split(";"):
+            pair, shift = item.split(":")
+            a, b = pair.split(",")
+            out[(int(a), int(b))] = int(shift)
+        return out
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list A1,A2:SHIFT;... (e.g. 3,4:-6)"
+        ) from err
+
+
+def _key_split(text: str) -> str | int:
+    """A key-split name, or an integer modulus."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
+def _fmt_anchors(d: dict[int, int]) -> str:
+    """Anchors written as ``--anchors`` takes them."""
+    return ",".join(f"{k}:{v}" for k, v in d.items())
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
+    """Add ``--config`` and the settings flags (for ``sweep``, without the ones its grid sets:
+    ``--n-layers``, ``--gamma``, ``--seed``, ``--weight-decay``)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="JSON file of TrainConfig settings (as in a run's config.json); "
+        "flags given on the command line override it",
+    )
+    _add_model(parser, sweep)
+    _add_task(parser)
+    _add_optimization(parser, sweep)
+    _add_run(parser)
+
+
+def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
+    """The model flags (``--n-layers`` and ``--gamma`` only for train: sweep has a grid)."""
+    m = p.add_argument_group("model (GPT-2-style decoder)")
+    if not sweep:
+        m.add_argument(
+            "--n-layers", type=int, default=DEFAULT_MODEL.n_layers, help="number of blocks"
+        )
+    m.add_argument("--d-model", type=int, default=DEFAULT_MODEL.d_model, help="residual width")
+    m.add_argument("--n-heads", type=int, default=DEFAULT_MODEL.n_heads, help="attention heads")
+    m.add_argument("--d-mlp", type=int, default=None, help="MLP width (default 4 * d-model)")
+    m.add_argument(
+        "--activation", choices=ACTIVATIONS, default=DEFAULT_MODEL.activation, help="MLP activation"
+    )
+    if not sweep:
+        m.add_argument(
+            "--gamma",
+            type=float,
+            default=DEFAULT_MODEL.gamma,
+            help="initialization rate: every weight matrix has std d_in^-gamma "
+            "(larger = smaller init)",
+        )
+    for part, what in (
+        ("emb", "token/position/output embeddings"),
+        ("qk", "attention query and key weights"),
+        ("vo", "attention value and output weights"),
+        ("mlp", "MLP weights"),
+    ):
+        m.add_argument(
+            f"--gamma-{part}",
+            type=float,
+            default=None,
+            help=f"separate initialization rate of the {what} (default: --gamma)",
+        )
+    m.add_argument(
+        "--init-scheme",
+        choices=list(INIT_SCHEMES),
+        default=DEFAULT_MODEL.init_scheme,
+        help="'fan_in': std d_in^-gamma; 'official': the anchor papers' code (d_model fan-in, "
+        "output projections / sqrt(2 * layers))",
+    )
+    m.add_argument(
+        "--layernorm-scaling",
+        action="store_true",
+        help="LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm output times "
+        "1/sqrt(layer + 1) (default: off)",
+    )
+    m.add_argument(
+        "--tie-embeddings",
+        action="store_true",
+        help="share the input and output embedding (default: separate)",
+    )
+
+
+def _add_task(p: argparse.ArgumentParser) -> None:
+    """The anchor-task flags."""
+    t = p.add_argument_group("task (anchor functions)")
+    t.add_argument(
+        "--anchors",
+        type=_anchors,
+        default=DEFAULT_TASK.anchors,
+        help="anchor ids and their shifts, ID:SHIFT,... "
+        f"(default {_fmt_anchors(DEFAULT_TASK.anchors)})",
+    )
+    t.add_argument(
+        "--special-targets",
+        type=_special,
+        default=DEFAULT_TASK.special_targets,
+        help="pairs trained on a non-inferential target, A1,A2:OFFSET;... with OFFSET added "
+        "to the composite (see --special-form; default 3,4:4, the papers' +4; 'none' for none)",
+    )
+    t.add_argument(
+        "--special-form",
+        choices=list(SPECIAL_FORMS),
+        default=DEFAULT_TASK.special_form,
+        help="'offset': a special target is its composite + OFFSET (the official code); "
+        "'shift': key + OFFSET (probekit's old form)",
+    )
+    t.add_argument(
+        "--key-split",
+        type=_key_split,
+        default=DEFAULT_TASK.key_split,
+        help=f"which keys are test keys at each position: {', '.join(KEY_SPLITS)} or a modulus",
+    )
+    t.add_argument(
+        "--heldout",
+        type=_pairs,
+        default=DEFAULT_TASK.heldout_pairs,
+        help="pairs never trained, A1,A2;... (default 4,3)",
+    )
+    t.add_argument(
+        "--item-range",
+        type=parse_ints,
+        default=[DEFAULT_TASK.item_low, DEFAULT_TASK.item_high],
+        help="keys and noise are drawn from [LOW, HIGH), written LOW,HIGH",
+    )
+    t.add_argument("--seq-len", type=int, default=DEFAULT_TASK.seq_len, help="tokens per input")
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_TASK.vocab_size,
+        help="vocabulary size (token 0 is padding)",
+    )
+    t.add_argument("--n-train", type=int, default=DEFAULT_TASK.n_train, help="training sequences")
+    t.add_argument(
+        "--n-test", type=int, default=DEFAULT_TASK.n_test, help="sequences per test split"
+    )
+    t.add_argument("--task-seed", type=int, default=DEFAULT_TASK.seed, help="seed of the data")
+
+
+def _add_optimization(p: argparse.ArgumentParser, sweep: bool) -> None:
+    """The optimizer flags (``--seed`` and ``--weight-decay`` only for train)."""
+    o = p.add_argument_group("optimization")
+    if not sweep:
+        o.add_argument(
+            "--seed",
+            type=int,
+            default=DEFAULT_RUN.seed,
+            help="seed of the initialization and the batch order",
+        )
+        o.add_argument(
+            "--weight-decay",
+            type=float,
+            default=DEFAULT_RUN.weight_decay,
+            help="AdamW decoupled weight decay (weight matrices and embeddings)",
+        )
+    o.add_argument("--steps", type=int, default=DEFAULT_RUN.steps, help="optimizer steps")
+    o.add_argument(
+        "--batch-size", type=int, default=DEFAULT_RUN.batch_size, help="sequences per step"
+    )
+    o.add_argument("--lr", type=float, default=DEFAULT_RUN.lr, help="peak learning rate")
+    o.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=DEFAULT_RUN.warmup_steps,
+        help="linear warmup steps before the cosine decay",
+    )
+    o.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=DEFAULT_RUN.min_lr_ratio,
+        help="final learning rate as a fraction of --lr",
+    )
+    o.add_argument(
+        "--grad-clip",
+        type=float,
+        default=DEFAULT_RUN.grad_clip,
+        help="clip each run's gradient norm to this (0 = off)",
+    )
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    """Evaluation, checkpoints, device, resuming and the progress bar."""
+    r = p.add_argument_group("evaluation, checkpoints, device")
+    r.add_argument(
+        "--eval-every",
+        type=int,
+        default=DEFAULT_RUN.eval_every,
+        help="evaluate every split every N steps (metrics.jsonl)",
+    )
+    r.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=DEFAULT_RUN.checkpoint_every,
+        help="write a Hugging Face checkpoint every N steps (and at the end)",
+    )
+    r.add_argument(
+        "--eval-train-samples",
+        type=int,
+        default=DEFAULT_RUN.eval_train_samples,
+        help="training sequences used to evaluate the train split",
+    )
+    r.add_argument(
+        "--no-eval-at-start",
+        dest="eval_at_start",
+        action="store_false",
+        help="skip the evaluation before the first step",
+    )
+    add_device(
+        r, default=DEFAULT_RUN.device, help="auto (CUDA when present, else CPU), cpu or cuda"
+    )
+    r.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        default=DEFAULT_RUN.precision,
+        help="forward precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32, or bf16 "
+        "(autocast on CUDA and CPU); weights and AdamW moments stay float32",
+    )
+    r.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) while training (on CUDA also export "
+        "CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
+    )
+    r.add_argument(
+        "--no-resume", action="store_true", help="start over even if --out holds a checkpoint"
+    )
+    add_quiet(r, help="hide the progress bar", no_progress_alias=True)
+
+
+_MODEL_FLAGS = (
+    "d_model",
+    "n_heads",
+    "d_mlp",
+    "activation",
+    "gamma_emb",
+    "gamma_qk",
+    "gamma_vo",
+    "gamma_mlp",
+    "init_scheme",
+    "layernorm_scaling",
+    "tie_embeddings",
+)
+"""The model settings set by the flag of the same name."""
+_TASK_FLAGS = (
+    ("anchors", "anchors"),
+    ("special_targets", "special_targets"),
+    ("special_form", "special_form"),
+    ("key_split", "key_split"),
+    ("heldout_pairs", "heldout"),
+    ("seq_len", "seq_len"),
+    ("vocab_size", "vocab_size"),
+    ("n_train", "n_train"),
+    ("n_test", "n_test"),
+    ("seed", "task_seed"),
+)
+"""The (task setting, flag) pairs."""
+_RUN_FLAGS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup_steps",
+    "min_lr_ratio",
+    "grad_clip",
+    "eval_every",
+    "checkpoint_every",
+    "eval_train_samples",
+    "eval_at_start",
+    "device",
+    "precision",
+    "deterministic",
+)
+"""The run settings set by the flag of the same name (train adds seed and weight_decay)."""
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused."""
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ConfigError(f"the config file gives {repeated} twice", fix="give every setting once")
+    return dict(pairs)
+
+
+PRESETS = {"cpu-reference": "anchor_cpu_config"}
+"""``probekit train --preset`` name -> the function in probekit.training.trainer giving it."""
+
+
+def _preset_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``--preset`` (gamma and seed from their flags), or none."""
+    preset = getattr(args, "preset", None)
+    if preset is None:
+        return {}
+    from probekit.training import trainer
+
+    cfg = getattr(trainer, PRESETS[preset])(args.gamma, seed=args.seed).to_dict()
+    cfg.pop("name", None)
+    return cfg
+
+
+def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of ``--config`` (a run's config.json or run_config.json), else of
+    ``--preset``, or none."""
+    if getattr(args, "config", None) is None:
+        return _preset_settings(args)
+    try:
+        base = json.loads(Path(args.config).read_text(), object_pairs_hook=_no_repeats)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"cannot read the config file {args.config} ({err})",
+            fix="pass a JSON file such as a run's config.json",
+        ) from err
+    if isinstance(base, list) and base and all(isinstance(b, dict) for b in base):
+        base = base[0]  # a stack's config.json lists its runs
+    if not isinstance(base, dict):
+        raise ConfigError(
+            f"the config file {args.config} holds {type(base).__name__}, not an object of "
+            "TrainConfig settings",
+            fix='write {"steps": 100, "model": {...}, "task": {...}} (as in a run\'s config.json)',
+        )
+    base = {k: v for k, v in base.items() if k != "kind"}
+    check_known_keys(base, {f.name for f in fields(TrainConfig)}, "training")
+    for key in ("model", "task"):
+        if key in base:
+            base[key] = check_mapping(key, base[key])
+    return base
+
+
+def flag_defaults(sweep: bool) -> dict[str, Any]:
+    """Every settings flag's default, read off a parser that holds only those flags."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_settings_flags(parser, sweep)
+    return vars(parser.parse_args([]))
+
+
+def given_flags(args: argparse.Namespace, sweep: bool = False) -> frozenset[str]:
+    """The settings flags ``args`` holds at a value other than their default: those that
+    override ``--config`` and ``--preset`` (a flag given at its default value counts as not
+    given)."""
+    defaults = flag_defaults(sweep)
+    return frozenset(k for k, v in defaults.items() if getattr(args, k, v) != v)
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """Parsed flags and the names of those given (see :func:`given_flags`)."""
+
+    args: argparse.Namespace
+    given: frozenset[str]
+
+    def copy(self, section: dict[str, Any], key: str, flag: str) -> None:
+        """Copy the flag into ``section[key]`` unless the settings set it and it was not given."""
+        if flag in self.given or key not in section:
+            section[key] = getattr(self.args, flag)
+
+
+def _task_settings(base: dict, flags: _Flags) -> dict[str, Any]:
+    """The task section: the base's, with the flags copied in."""
+    item_range = flags.args.item_range
+    if len(item_range) != 2:
+        raise ConfigError(
+            f"--item-range {item_range} needs two numbers", fix="write LOW,HIGH, e.g. 20,100"
+        )
+    task = dict(base.get("task", {}))
+    for key, flag in _TASK_FLAGS:
+        flags.copy(task, key, flag)
+    if "item_range" in flags.given or "item_low" not in task:
+        task["item_low"], task["item_high"] = item_range
+    return task
+
+
+def _model_settings(base: dict, task: dict, flags: _Flags, sweep: bool) -> dict[str, Any]:
+    """The model section: the base's, with the flags copied in; its vocabulary follows the
+    task's, its context covers the task's sequences."""
+    model = dict(base.get("model", {}))
+    for flag in _MODEL_FLAGS + (() if sweep else ("n_layers", "gamma")):
+        flags.copy(model, flag, flag)
+    model.setdefault("vocab_size", task.get("vocab_size", DEFAULT_TASK.vocab_size))
+    if "vocab_size" in flags.given:
+        model["vocab_size"] = task["vocab_size"]
+    n_positions, seq_len = model.get("n_positions", 0), task["seq_len"]
+    if is_int(n_positions) and is_int(seq_len):  # anything else: ModelConfig names it
+        model["n_positions"] = max(n_positions, seq_len)
+    return model
+
+
+def build_train_config(args: argparse.Namespace, sweep: bool = False) -> TrainConfig:
+    """The :class:`TrainConfig` described by parsed ``train``/``sweep`` flags: the settings of
+    ``--config`` or ``--preset`` (if any), overridden by the flags given."""
+    base = _base_settings(args)
+    flags = _Flags(args, given_flags(args, sweep))
+    task = _task_settings(base, flags)
+    model = _model_settings(base, task, flags, sweep)
+    cfg = {k: v for k, v in base.items() if k not in ("model", "task")}
+    for key in _RUN_FLAGS + (() if sweep else ("seed", "weight_decay")):
+        flags.copy(cfg, key, key)
+    cfg["task"] = AnchorTask.from_dict(task)
+    cfg["model"] = ModelConfig.from_dict(model)
+    return TrainConfig(**cfg)
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_RUN",
+    "DEFAULT_TASK",
+    "PRESETS",
+    "add_settings_flags",
+    "build_train_config",
+    "flag_defaults",
+    "given_flags",
+    "parse_floats",
+    "parse_ints",
+]
