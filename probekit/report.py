@@ -142,6 +142,7 @@ def diagnose_checkpoint(
     positions: str = "auto",
     tuned_lens: bool = False,
     images: bool = True,
+    label: str | None = None,
     **options: Any,
 ) -> tuple[Diagnosis, Path]:
     """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or
@@ -150,8 +151,8 @@ def diagnose_checkpoint(
     ``seed``) at its positions (or ``positions`` unless "auto"), and save the report into
     ``out_dir`` (checked with :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens``
     without a ``lens`` fits one on data kept apart; ``options`` go to :func:`diagnose`. The
-    meta names the checkpoint, the data's source and the dtype. Returns the diagnosis and the
-    page."""
+    meta names the checkpoint (``label``, e.g. the Hub name the folder was resolved from, and
+    the folder), the data's source and the dtype. Returns the diagnosis and the page."""
     import torch
 
     text = text or None
@@ -167,13 +168,14 @@ def diagnose_checkpoint(
         options["lens_data"], _ = default_data(path, **source, purpose="fit")
     chosen = data_positions if positions == "auto" else positions
     diagnosis = diagnose(model, data, positions=chosen, **options)
+    folder = os.path.abspath(path)
     diagnosis.meta = {
-        "checkpoint": os.path.abspath(path),
+        "checkpoint": f"{label} (snapshot {folder})" if label else folder,
         "data_source": data_source(path, data_positions, text=text, seed=seed),
         "dtype": dtype,
         **diagnosis.meta,
     }
-    title = f"probekit depth diagnosis: {path}"
+    title = f"probekit depth diagnosis: {label or path}"
     page, _ = save_report(diagnosis, out_dir, title=title, images=images)
     return diagnosis, page
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.errors import CheckpointError, InputError
+from probekit.model.hub import hub_name, resolve
 
 N_SEQUENCES = 32
 """Sequences of data :func:`default_data` cuts when the run does not fix them."""
@@ -171,10 +172,10 @@ def check_diagnose_inputs(
     imported): the checkpoint path and ``text`` are paths, the checkpoint path exists, and
     ``lens`` (a saved tuned lens) is a folder."""
     check_path_names(model, text)
-    if not os.path.lexists(model):
+    if not os.path.lexists(model) and hub_name(model) is None:
         raise CheckpointError(
             f"checkpoint path {model} does not exist",
-            fix="pass a Hugging Face model directory",
+            fix="pass a Hugging Face model directory or a Hub name (org/name[@revision])",
         )
     if lens is not None and not os.path.isdir(lens):
         raise InputError(
@@ -185,10 +186,13 @@ def check_diagnose_inputs(
 def checkpoint_to_diagnose(
     model: str | os.PathLike, *, text: str | os.PathLike | None = None
 ) -> tuple[str, list[str]]:
-    """The checkpoint folder ``model`` stands for (:func:`checkpoint_of`), checked
+    """The checkpoint folder ``model`` stands for (:func:`checkpoint_of`; a Hugging Face Hub
+    name stands for its snapshot in the local cache, downloaded when allowed), checked
     (:func:`check_checkpoint_folder`, and ``text`` with :func:`check_text_file`), and the lines
     to show the user: ``"warning: ..."`` for a text that is not UTF-8, ``"notice: ignored ..."``
     per file of the checkpoint probekit ignores (:func:`ignored_files`)."""
+    if not os.path.lexists(model):  # a Hub name (check_diagnose_inputs): its cached snapshot
+        model = os.fspath(resolve(os.fspath(model)))
     path = checkpoint_of(model)
     check_checkpoint_folder(path)
     warning = check_text_file(text) if text is not None else None

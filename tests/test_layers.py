@@ -112,6 +112,7 @@ LIGHT_CLI = ("cli/__init__", "cli/common", "cli/demo", "cli/diagnose")
 def test_the_command_line_imports_only_light_modules_up_front(module):
     """torch, transformer_lens and the report load inside the command that needs them."""
     light = set(sys.stdlib_module_names) | {"probekit.errors", "probekit.sources"}
+    light |= {"probekit.model", "probekit.model.hub"}  # Hub names resolve before torch loads
     light |= {"probekit." + name.replace("/", ".") for name in LIGHT_CLI}
     heavy = {
         name

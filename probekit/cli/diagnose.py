@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         conventions=report.Conventions(args.convention, args.mode, keep_first),
         lens=args.lens,
         lens_steps=args.lens_steps,
+        label=None if os.path.lexists(args.model) else args.model,  # a Hub name
     )
     missing = None if args.no_images else report.missing_for_images()
     if missing:

@@ -17,6 +17,7 @@ One job per module, from the bottom up:
 - :mod:`~probekit.model.structure`: how blocks write to the stream, update hooks, replay check;
 - :mod:`~probekit.model.trace`: a clean forward kept for resuming from any layer;
 - :mod:`~probekit.model.handle`: :class:`Model`, the public surface over all of them;
+- :mod:`~probekit.model.hub`: Hugging Face Hub names resolved to a local snapshot folder;
 - :mod:`~probekit.model.loading`: :func:`load` and device placement.
 
 Example:
@@ -28,18 +29,48 @@ Example:
     (2, 32, True)
 """
 
-from probekit.model.checkpoint import estimate_parameters, from_pretrained_complete, stored_dtype
-from probekit.model.handle import Model
-from probekit.model.headless import POOLING_MODES, Headless, Pooling
-from probekit.model.hf_blocks import RAW_BLOCKS_ENV, RAW_BLOCKS_TOLERANCE
-from probekit.model.loading import load
-from probekit.model.sites import OUTPUT_KINDS, SITES, WEIGHT_NAMES, HookList
-from probekit.model.structure import BLOCK_KINDS, BlockStructure
-from probekit.model.trace import Trace
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "estimate_parameters": "checkpoint",
+    "from_pretrained_complete": "checkpoint",
+    "stored_dtype": "checkpoint",
+    "Model": "handle",
+    "POOLING_MODES": "headless",
+    "Headless": "headless",
+    "Pooling": "headless",
+    "RAW_BLOCKS_ENV": "hf_blocks",
+    "RAW_BLOCKS_TOLERANCE": "hf_blocks",
+    "hub_name": "hub",
+    "load": "loading",
+    "OUTPUT_KINDS": "sites",
+    "SITES": "sites",
+    "WEIGHT_NAMES": "sites",
+    "HookList": "sites",
+    "BLOCK_KINDS": "structure",
+    "BlockStructure": "structure",
+    "Trace": "trace",
+}
+"""Public name -> the module of this package it lives in, imported on first use: importing
+one light module (:mod:`~probekit.model.hub`, whose Hub names the command line resolves before
+torch loads) does not import torch and transformers."""
 
 # General numerics live in probekit.numerics; these two names are kept here for callers that
 # imported them from probekit.model before it became a package.
-from probekit.numerics import all_finite, available_memory
+_NUMERICS = ("all_finite", "available_memory")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NUMERICS:
+        value = getattr(importlib.import_module("probekit.numerics"), name)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(f"probekit.model.{_EXPORTS[name]}"), name)
+    else:
+        raise AttributeError(f"module 'probekit.model' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BLOCK_KINDS",
@@ -58,6 +89,7 @@ __all__ = [
     "all_finite",
     "available_memory",
     "estimate_parameters",
+    "hub_name",
     "from_pretrained_complete",
     "load",
     "stored_dtype",

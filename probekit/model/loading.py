@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probekit.errors import InputError, UnsupportedModelError
+from probekit.errors import CheckpointError, InputError, UnsupportedModelError
 from probekit.model.bridge import attach_bridge, supported_architectures, unsupported
 from probekit.model.checkpoint import (
     check_checkpoint_dir,
@@ -38,6 +38,7 @@ from probekit.model.headless import (
     read_sentence_transformers,
     wrap_headless,
 )
+from probekit.model.hub import hub_name, resolve
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,18 @@ def load(
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
     offload_folder: str | os.PathLike | None = None,
+    revision: str | None = None,
 ) -> Model:
     """Attach probekit to a model and return its :class:`Model` handle.
 
-    ``source`` is a Hugging Face model directory on disk (config.json + safetensors), an
-    in-memory Hugging Face ``PreTrainedModel``, a ``TransformerBridge``, or an existing
-    :class:`Model` (returned as is). An in-memory model is copied first, so the caller's object
-    keeps its modules, parameter names, device and dtype (``save_pretrained`` still works);
+    ``source`` is a Hugging Face model directory on disk (config.json + safetensors), a
+    Hugging Face Hub name (``"gpt2"``, ``"EleutherAI/pythia-70m"``, with ``@revision`` or
+    ``revision=``: a branch, tag or commit) resolved from the local Hugging Face cache or
+    downloaded when allowed (:mod:`probekit.model.hub`: safetensors, configs and tokenizer
+    files only), an in-memory Hugging Face ``PreTrainedModel``, a ``TransformerBridge``, or an
+    existing :class:`Model` (returned as is). An in-memory model is copied first, so the
+    caller's object keeps its modules, parameter names, device and dtype (``save_pretrained``
+    still works);
     ``copy_model=False`` skips the copy for a model too large to hold twice, and then the
     bridge replaces its submodules in place: use the returned handle, not the original.
     Directories load onto CUDA when present, else the CPU, in the dtype their weights are
@@ -93,12 +99,26 @@ def load(
         return source
     placement = _placement(source, device, device_map, max_memory, offload_folder)
     if isinstance(source, str | os.PathLike):  # checked before transformers is imported
-        model = _load_folder(Path(source).expanduser(), device, dtype, placement)
+        model = _load_folder(local_folder(source, revision), device, dtype, placement)
     else:
         model = _load_object(source, device, dtype, copy_model)
     model.check_finite()
     model.check_structure()
     return model
+
+
+def local_folder(source: str | os.PathLike, revision: str | None = None) -> Path:
+    """The folder on disk that ``source`` names: itself when it exists (``revision`` must then
+    be None), else the Hub model of that name (:func:`probekit.model.hub.resolve`)."""
+    path = Path(source).expanduser()
+    if os.path.lexists(path) or hub_name(source) is None:
+        if revision is not None:
+            raise CheckpointError(
+                f"revision={revision!r} was given for the folder {source}",
+                fix="pass revision only with a Hugging Face Hub name",
+            )
+        return path
+    return resolve(os.fspath(source), revision)
 
 
 def _placement(
