@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.analyses.mechanisms._rows import (
     Rows,
     Scores,
@@ -133,8 +134,8 @@ def _summary(scores: Scores, df: pd.DataFrame) -> dict[str, Any]:
 
 @torch.no_grad()
 def attention_knockout(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     by: str = "position",
     layers: Sequence[int] | None = None,
@@ -156,7 +157,8 @@ def attention_knockout(
         head: one head, or None for every head.
         mode: 'pattern' (zero the weight, default) or 'scores' (-inf, renormalised).
         targets, positions, batch_size: as in
-            :func:`~probekit.analyses.mechanisms.masking.token_masking`.
+            :func:`~probekit.analyses.mechanisms.masking.token_masking` (``positions``: the
+            one query position per sequence, default 'last').
         include_all: also block every source at once (source 'all'; pattern mode only).
     """
     model = load(model)
@@ -184,8 +186,9 @@ def attention_knockout(
                 changed = at_query(trace.resume(layer, fwd_hooks=hooks), r.query)
                 scores.add((layer, name), effects(clean, changed, targets_b), members, has)
     df = scores.frame([(layer, s) for layer in layers for s in sources], ["layer", "source"])
-    meta = {"by": by, "mode": mode, "head": head, "positions": positions, "sources": sources}
-    return KnockoutResult(df, _summary(scores, df), {**meta, "model": repr(model)})
+    meta = result_meta(model, positions=positions, batch_size=batch_size, by=by, mode=mode)
+    meta.update(head=head, sources=sources)
+    return KnockoutResult(df, _summary(scores, df), meta)
 
 
 __all__ = ["KnockoutResult", "attention_knockout"]

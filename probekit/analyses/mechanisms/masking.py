@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.analyses.mechanisms._rows import (
     MEASURES,
     SELF,
@@ -158,8 +159,8 @@ def _mask_units(r: Rows, by: str) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def token_masking(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     by: str = "position",
     mode: str = "pad",
@@ -185,8 +186,12 @@ def token_masking(
         targets: one target token per sequence (default: the task data's targets, else the
             clean prediction, so accuracy means "prediction unchanged").
         positions: the query position the effect is measured at: 'last' real token (default)
-            or a position index.
-        seed: seed of the resampling.
+            or a position index. One position per sequence, unlike the depth analyzers'
+            default of 'all': the effect is read where the prediction is scored (the task's
+            answer at the last token).
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
+        seed: seed of the resampling (mode 'resample' draws batch by batch, so its numbers
+            depend on ``batch_size`` as well as on the seed).
     """
     model = load(model)
     model.require_vocabulary("token_masking (it measures the answer's probability)")
@@ -215,7 +220,7 @@ def token_masking(
         worst = drops.loc[drops.value.idxmin()]
         summary["most_important"] = worst.unit
         summary["most_important_p_target_delta"] = float(worst.value)
-    meta = {"by": by, "mode": mode, "positions": positions, "model": repr(model)}
+    meta = result_meta(model, positions=positions, batch_size=batch_size, by=by, mode=mode)
     return MaskingResult(df, summary, meta)
 
 
