@@ -20,8 +20,9 @@ analyzers also read task data (:class:`probekit.data.TaskData`). ``positions`` d
 attention knockout, hidden-state maps, pair cosines). ``batch_size=None`` is the automatic,
 memory-bounded choice (:meth:`probekit.Model.default_batch_size`); it changes no number beyond
 float rounding (except where draws follow the batches: token masking's ``mode="resample"``,
-the layer swaps' ``bootstrap_unit="batch"``). Every result's ``meta`` holds ``model`` and the ``positions`` and
-``batch_size`` it was run with. Analyzers of the weights alone take ``(model, *, ...)``.
+the layer swaps' ``bootstrap_unit="batch"``). Every result's ``meta`` holds ``model`` and the
+``positions`` and ``batch_size`` it was run with. Analyzers of the weights alone take
+``(model, *, ...)``.
 
 Names are imported from their modules on first use.
 """
