@@ -7,8 +7,8 @@ dies is run again by Ray; a checkpoint that fails for its own reason (an unreada
 model probekit does not support) is recorded as failed with its error, and the others go on.
 Under Ray the checkpoints and ``out_dir`` must be paths every node sees (a shared filesystem).
 
-:func:`depth_timeline` returns what :func:`probekit.analyses.timeline.depth_timeline` returns
-for the same checkpoints (equal numbers; tested). :func:`diagnose_many` writes one report
+:func:`distributed_depth_timeline` returns what :func:`probekit.analyses.timeline.depth_timeline`
+returns for the same checkpoints (equal numbers; tested). :func:`diagnose_many` writes one report
 folder per checkpoint (:func:`probekit.report.save_report`, swapped in whole, so no folder is
 ever half-written) and a table of their headline numbers; run again, it skips the reports
 already written.
@@ -16,7 +16,7 @@ already written.
 Example:
     >>> from probekit.toy import toy_hf_model, toy_tokens
     >>> series = [("static", step, toy_hf_model(seed=step)) for step in (100, 200)]
-    >>> tl = depth_timeline(series, toy_tokens(), executor="local")
+    >>> tl = distributed_depth_timeline(series, toy_tokens(), executor="local")
     >>> tl.table()["second_half_share"].shape
     (2,)
 """
@@ -35,7 +35,7 @@ import plotly.graph_objects as go
 from probekit.analyses.timeline import (
     Checkpoint,
     DepthTimelineResult,
-    _checked,
+    checked_checkpoints,
     depth_headlines,
     timeline,
 )
@@ -53,25 +53,27 @@ def _one_timeline(job: tuple[Checkpoint, Any, dict[str, Any]]) -> pd.DataFrame:
     return timeline([entry], depth_headlines, data, **options).df
 
 
-def depth_timeline(
+def distributed_depth_timeline(
     checkpoints: Iterable[Checkpoint],
     data: Data | Callable[[Any], Data],
     *,
     positions: str = "all",
+    batch_size: int | None = None,
     n_bootstrap: int = 0,
     executor: str = "local",
     ray_address: str | None = None,
     progress: bool = False,
 ) -> DepthTimelineResult:
-    """:func:`probekit.analyses.timeline.depth_timeline`, each checkpoint one task.
+    """:func:`probekit.analyses.timeline.depth_timeline`, each checkpoint one task of
+    ``executor``.
 
     The result is that function's; checkpoints that failed are left out of the table and
     listed in ``summary["failed"]`` (``"run@step": error``). All failing is an
     :class:`~probekit.errors.InputError` naming the first error.
     """
-    entries = _checked(checkpoints)
+    entries = checked_checkpoints(checkpoints)
     check_executor(executor)
-    options = {"positions": positions, "n_bootstrap": n_bootstrap}
+    options = {"positions": positions, "batch_size": batch_size, "n_bootstrap": n_bootstrap}
     jobs = [(entry, data, options) for entry in entries]
 
     def done(i: int, value: Any) -> None:
@@ -233,4 +235,4 @@ def _diagnoses_table(
     return DiagnosesResult(df, summary, {"executor": executor})
 
 
-__all__ = ["DiagnosesResult", "depth_timeline", "diagnose_many"]
+__all__ = ["DiagnosesResult", "diagnose_many", "distributed_depth_timeline"]

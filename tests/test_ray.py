@@ -243,7 +243,7 @@ def test_a_killed_driver_started_again_skips_finished_runs_and_resumes(cluster, 
 @pytest.mark.slow
 def test_timeline_and_diagnoses_on_ray_equal_local(cluster, tmp_path: Path) -> None:
     from probekit.analyses.timeline import depth_timeline as local_timeline
-    from probekit.cluster import depth_timeline, diagnose_many
+    from probekit.cluster import diagnose_many, distributed_depth_timeline
     from probekit.toy import toy_hf_model, toy_tokens
 
     paths = {}
@@ -253,7 +253,7 @@ def test_timeline_and_diagnoses_on_ray_equal_local(cluster, tmp_path: Path) -> N
     data = toy_tokens()
     series = [("toy", i, str(p)) for i, p in enumerate(paths.values())]
     series.append(("toy", 9, str(tmp_path / "missing")))
-    tl = depth_timeline(series, data, executor="ray")
+    tl = distributed_depth_timeline(series, data, executor="ray")
     want = local_timeline(series[:2], data)
     assert tl.df.equals(want.df)
     assert list(tl.summary["failed"]) == ["toy@9"]

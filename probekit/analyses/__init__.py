@@ -8,6 +8,22 @@
 - :mod:`~probekit.analyses.weights`: the weights alone (condensation, spectra, embedding maps);
 - :mod:`~probekit.analyses.timeline`: any analyzer across checkpoints.
 
+One shape for every analyzer of data::
+
+    analyzer(model: Model, data: Data, *, positions=..., batch_size: int | None = None, ...)
+        -> SomeResult
+
+``model`` is a :class:`probekit.Model` or anything :func:`probekit.load` accepts; the mechanism
+analyzers also read task data (:class:`probekit.data.TaskData`). ``positions`` defaults to
+``"all"`` where an analyzer averages over tokens (the depth analyzers, the probes) and to
+``"last"`` where it reads the one position a task's answer is predicted at (token masking,
+attention knockout, hidden-state maps, pair cosines). ``batch_size=None`` is the automatic,
+memory-bounded choice (:meth:`probekit.Model.default_batch_size`); it changes no number beyond
+float rounding (except where draws follow the batches: token masking's ``mode="resample"``,
+the layer swaps' ``bootstrap_unit="batch"``). Every result's ``meta`` holds ``model`` and the
+``positions`` and ``batch_size`` it was run with. Analyzers of the weights alone take
+``(model, *, ...)``.
+
 Names are imported from their modules on first use.
 """
 
@@ -20,7 +36,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.contributions": ("ContributionResult", "contributions"),
     "depth.gradients": ("GradientResult", "gradient_norms"),
     "depth.lens": ("LogitLensResult", "logit_lens"),
-    "depth.loss": ("perplexity",),
+    "depth.loss": ("LossResult", "model_loss", "perplexity"),
     "depth.residual": ("ResidualResult", "residual_stats"),
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),

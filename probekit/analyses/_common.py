@@ -5,14 +5,34 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from probekit.data import Data, TaskData
 from probekit.errors import NumericalError
 from probekit.numerics import all_finite
+
+DataOrTask = Union[Data, TaskData]  # noqa: UP007  (Data is a typing.Union)
+"""What the mechanism analyzers read: token data (:data:`probekit.data.Data`) or task data
+(:class:`probekit.data.TaskData`, or a list of them), whose targets, roles and answers they
+use."""
+
+
+def result_meta(model: Any, **settings: Any) -> dict[str, Any]:
+    """The ``meta`` of an analyzer's result: ``model`` (its repr), then ``settings`` -- every
+    analyzer of data writes at least ``positions`` (where it takes them) and ``batch_size``
+    (as given; ``None`` = the automatic, memory-bounded choice of
+    :meth:`probekit.Model.default_batch_size`).
+
+    Example:
+        >>> result_meta("m", positions="all", batch_size=None)
+        {'model': "'m'", 'positions': 'all', 'batch_size': None}
+    """
+    return {"model": repr(model), **settings}
+
 
 OUTPUT_MEASURES = ("logit_l2", "kl", "prob_l2", "loss_delta")
 """How an intervention's output is compared with the clean output, per token:
@@ -24,8 +44,10 @@ OUTPUT_MEASURES = ("logit_l2", "kl", "prob_l2", "loss_delta")
 """
 
 
-def check_finite(logits: torch.Tensor, what: str = "the model's outputs") -> None:
-    """Raise :class:`NumericalError` if ``logits`` hold NaN or infinities."""
+def check_outputs_finite(logits: torch.Tensor, what: str = "the model's outputs") -> None:
+    """Raise :class:`NumericalError` if a forward's outputs (``logits``, or the hidden states of
+    a model without a head) hold NaN or infinities. (:meth:`probekit.Model.check_finite` checks
+    the weights.)"""
     if not all_finite(logits):
         raise NumericalError(
             f"{what} contain NaN or infinite values",
@@ -337,7 +359,7 @@ def add_output_change(
     mask: torch.Tensor,
 ) -> None:
     """Add every output measure of one variant to ``acc`` under ``key + (measure,)``."""
-    check_finite(changed, "the outputs of an intervened forward")
+    check_outputs_finite(changed, "the outputs of an intervened forward")
     for name, values in output_change(clean, changed, labels).items():
         acc.add(key + (name,), values, loss_mask(labels, mask) if name == "loss_delta" else mask)
 

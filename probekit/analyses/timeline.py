@@ -30,6 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit import figures
+from probekit.analyses._common import result_meta
 from probekit.analyses.depth.contributions import contributions
 from probekit.analyses.depth.residual import residual_stats
 from probekit.analyses.depth.skips import skip_effects
@@ -82,7 +83,8 @@ def scalar_rows(result: Result) -> pd.DataFrame:
     return pd.DataFrame({"measure": list(numbers), "value": list(numbers.values())})
 
 
-def _checked(entries: Iterable[Checkpoint]) -> list[Checkpoint]:
+def checked_checkpoints(entries: Iterable[Checkpoint]) -> list[Checkpoint]:
+    """``entries`` as a list, each checked to be ``(run, step, model)`` with a numeric step."""
     checkpoints = list(entries)
     if not checkpoints:
         raise InputError("no checkpoints given", fix="pass [(run, step, model_or_path), ...]")
@@ -124,7 +126,7 @@ def timeline(
         summarize: extra summary entries computed from the gathered table.
         **options: passed to the analyzer on every checkpoint.
     """
-    checkpoints = _checked(checkpoints)
+    checkpoints = checked_checkpoints(checkpoints)
     frames = []
     for run, step, source in checkpoints:
         model = load(source)
@@ -156,14 +158,21 @@ class DepthHeadlines(Result):
 
 
 def depth_headlines(
-    model: Any, data: Data, *, positions: str = "all", n_bootstrap: int = 0
+    model: Model,
+    data: Data,
+    *,
+    positions: str = "all",
+    batch_size: int | None = None,
+    n_bootstrap: int = 0,
 ) -> DepthHeadlines:
     """Contributions, residual similarity, skip effects and adjacent swaps, headlines only."""
-    contrib = contributions(model, data, positions=positions, components=("layer",))
-    resid = residual_stats(model, data, positions=positions)
-    skips = skip_effects(model, data, positions=positions)
+    model = load(model)
+    reading = {"positions": positions, "batch_size": batch_size}
+    contrib = contributions(model, data, components=("layer",), **reading)
+    resid = residual_stats(model, data, **reading)
+    skips = skip_effects(model, data, **reading)
     swaps = layer_swaps(
-        model, data, pairs="adjacent", blocks=None, n_bootstrap=n_bootstrap, positions=positions
+        model, data, pairs="adjacent", blocks=None, n_bootstrap=n_bootstrap, **reading
     )
     summary = {
         "n_layers": contrib.summary["n_layers"],
@@ -175,7 +184,8 @@ def depth_headlines(
         "n_blocks": swaps.summary["n_blocks"],
         "mean_adjacent_swap_delta": swaps.summary["mean_adjacent_swap_delta"],
     }
-    return DepthHeadlines(pd.DataFrame(), summary, {"positions": positions})
+    meta = result_meta(model, n_bootstrap=n_bootstrap, **reading)
+    return DepthHeadlines(pd.DataFrame(), summary, meta)
 
 
 class DepthTimelineResult(TimelineResult):
@@ -193,9 +203,12 @@ def depth_timeline(
     data: Data | Callable[[Any], Data],
     *,
     positions: str = "all",
+    batch_size: int | None = None,
     n_bootstrap: int = 0,
 ) -> DepthTimelineResult:
-    """:func:`timeline` of the depth-use headline numbers (:func:`depth_headlines`).
+    """:func:`timeline` of the depth-use headline numbers (:func:`depth_headlines`), one
+    checkpoint after another in this process (:func:`probekit.cluster.distributed_depth_timeline`
+    runs each checkpoint as a task of an executor instead, with the same numbers).
 
     ``data`` is the data for all checkpoints, or a function of the loaded model returning it.
     """
@@ -205,6 +218,7 @@ def depth_timeline(
         data,
         result_class=DepthTimelineResult,
         positions=positions,
+        batch_size=batch_size,
         n_bootstrap=n_bootstrap,
     )
 
@@ -212,6 +226,7 @@ def depth_timeline(
 __all__ = [
     "Checkpoint",
     "DepthTimelineResult",
+    "checked_checkpoints",
     "TimelineResult",
     "depth_headlines",
     "depth_timeline",

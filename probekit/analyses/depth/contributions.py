@@ -44,12 +44,13 @@ import torch
 from probekit import figures
 from probekit.analyses._common import (
     TokenMeans,
-    check_finite,
+    check_outputs_finite,
     headline_measure,
     loss_mask,
     measure_positions,
     output_measures,
     output_note,
+    result_meta,
     second_half,
 )
 from probekit.analyses.depth.conventions import (
@@ -140,7 +141,8 @@ def contributions(
         data: token data (see :mod:`probekit.data`); padding never enters the reductions.
         positions: 'all' real tokens, or only the 'last' real token of each sequence.
         components: any of 'layer' (whole block), 'attn', 'mlp'.
-        batch_size: split the data into batches of at most this many sequences.
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice of
+            :meth:`probekit.Model.default_batch_size`); the numbers do not depend on it.
         convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
             and prompts); see :mod:`probekit.analyses.depth.conventions`.
         mode: 'current' (ablate at every position) or 'future' (ablate at positions < t,
@@ -166,13 +168,13 @@ def contributions(
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
     batches = model.prepare(data, batch_size)
     windows = plan_windows(setup, batches)
-    red, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
+    reduction, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
     rows = [
         {
             "layer": layer,
             "component": component,
             "measure": measure,
-            "value": red.value((layer, component, measure)),
+            "value": reduction.value((layer, component, measure)),
         }
         for component in components
         for layer in range(model.n_layers)
@@ -184,7 +186,9 @@ def contributions(
     summary.update(windows.summary())
     if "layer" in components:
         summary.update(_add_shares(df, model.n_layers, model))
-    meta = {"positions": positions, "components": list(components), "model": repr(model)}
+    meta = result_meta(
+        model, positions=positions, batch_size=batch_size, components=list(components)
+    )
     meta.update(setup.meta())
     if setup.mode == "future":
         meta["future_t"] = windows.positions()
@@ -202,7 +206,7 @@ def _ablation_means(
 ) -> tuple[Reduction, float]:
     """Every output measure per (layer, component), reduced per the convention, and the
     clean loss (token mean over the selected positions)."""
-    red, clean = Reduction(setup.reduction), TokenMeans()
+    reduction, clean = Reduction(setup.reduction), TokenMeans()
     n_layers, first = shared.model.n_layers, 0
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
@@ -211,37 +215,37 @@ def _ablation_means(
         if shared.model.output_kind == "logits":  # no loss without a vocabulary: NaN
             side = shared.side(batch)
             clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
-        for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
+        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
             for layer in range(n_layers):
                 for component in components:
                     if component == "layer":
-                        values = shared.skip(batch, layer, inter).measures
+                        values = shared.skip(batch, layer, intervene_at).measures
                     else:
-                        values = _sublayer_ablated(shared, batch, layer, component, inter)
+                        values = _sublayer_ablated(shared, batch, layer, component, intervene_at)
                     key = (layer, component)
-                    _add_change(red, shared.model, key, values, batch.labels, measure, ids)
-    return red, clean.mean("clean_loss")
+                    _add_change(reduction, shared.model, key, values, batch.labels, measure, ids)
+    return reduction, clean.mean("clean_loss")
 
 
 def _sublayer_ablated(
-    shared: Shared, batch, layer: int, component: str, inter: torch.Tensor | None
+    shared: Shared, batch, layer: int, component: str, intervene_at: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
     """The output measures with ``component`` of ``layer`` zeroed at the positions in
-    ``inter`` (all: None); a hooked forward resumed at ``layer``."""
+    ``intervene_at`` (all: None); a hooked forward resumed at ``layer``."""
     trace = shared.trace(batch)
     model = trace.model
-    if inter is None:
+    if intervene_at is None:
         hooks = ablate_hooks(model, layer, component)
     else:
-        hooks = masked_ablate_hooks(model, layer, component, inter)
+        hooks = masked_ablate_hooks(model, layer, component, intervene_at)
     with shared.precision():
         logits = trace.resume(layer, fwd_hooks=hooks)
-    check_finite(logits, "the outputs of an intervened forward")
+    check_outputs_finite(logits, "the outputs of an intervened forward")
     return shared.measure(batch, logits)
 
 
 def _add_change(
-    red: Reduction,
+    reduction: Reduction,
     model: Model,
     key: tuple,
     values: dict[str, torch.Tensor],
@@ -251,7 +255,7 @@ def _add_change(
 ) -> None:
     """Add every output measure of one variant under ``key + (measure,)``."""
     for name, per_token in values.items():
-        red.add(key + (name,), per_token, measure_positions(model, name, labels, mask), ids)
+        reduction.add(key + (name,), per_token, measure_positions(model, name, labels, mask), ids)
 
 
 def _add_shares(df: pd.DataFrame, n_layers: int, model: Model) -> dict:

@@ -211,14 +211,14 @@ def slot_masks(
     n_pos = batch.tokens.shape[1]
     pos = torch.arange(n_pos, device=selected.device)
     for slot in range(max(len(row) for row in ts)):
-        inter = torch.zeros_like(selected)
+        intervene_at = torch.zeros_like(selected)
         measure = torch.zeros_like(selected)
         for b, row in enumerate(ts):
             if slot < len(row):
                 t = n_pos if row[slot] is None else row[slot]
-                inter[b] = (pos >= int(keep_first)) & (pos < t)
+                intervene_at[b] = (pos >= int(keep_first)) & (pos < t)
                 measure[b] = selected[b] & (pos >= (0 if row[slot] is None else t))
-        yield (None if bool(inter.all()) else inter), measure
+        yield (None if bool(intervene_at.all()) else intervene_at), measure
 
 
 def merge(mask: torch.Tensor | None, intervened: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
@@ -252,10 +252,10 @@ class Reduction:
     mean, then the mean over prompts).
 
     Example:
-        >>> red = Reduction("max")
+        >>> reduction = Reduction("max")
         >>> values, mask = torch.tensor([[1.0, 5.0], [2.0, 3.0]]), torch.ones(2, 2, dtype=bool)
-        >>> red.add("x", values, mask, prompt_ids=[0, 1])
-        >>> red.value("x"), red.value("x", over_prompts="mean")
+        >>> reduction.add("x", values, mask, prompt_ids=[0, 1])
+        >>> reduction.value("x"), reduction.value("x", over_prompts="mean")
         (5.0, 4.0)
     """
 

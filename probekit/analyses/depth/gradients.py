@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from probekit import figures
 from probekit.analyses._common import (
     TokenMeans,
-    check_finite,
+    check_outputs_finite,
     loss_mask,
+    result_meta,
     second_half,
 )
 from probekit.data import Data, position_mask
@@ -166,7 +167,7 @@ def gradient_norms(
             kept: dict[int, torch.Tensor] = {}
             with torch.enable_grad(), model.hooks(_keep_inputs(model, kept)):
                 logits = model.forward(batch)
-                check_finite(logits)
+                check_outputs_finite(logits)
                 # float32 cross-entropy (a float64 one would hold three [tokens, vocabulary]
                 # float64 tensors for the backward); the per-token losses add up in float64
                 tokens = F.cross_entropy(
@@ -191,4 +192,5 @@ def gradient_norms(
         "loss": loss_value,
         "second_half_over_first_half": float(second / first) if first > 0 else float("nan"),
     }
-    return GradientResult(df, summary, {"positions": positions, "model": repr(model)})
+    meta = result_meta(model, positions=positions, batch_size=batch_size)
+    return GradientResult(df, summary, meta)

@@ -24,7 +24,13 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import CHUNK_TOKENS, CleanSide, clean_side, softmax_parts
+from probekit.analyses._common import (
+    CHUNK_TOKENS,
+    CleanSide,
+    clean_side,
+    result_meta,
+    softmax_parts,
+)
 from probekit.analyses.depth.conventions import Reduction, check_convention
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
@@ -131,7 +137,7 @@ def logit_lens(
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
     check_convention(convention)
-    red = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
+    reduction = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
     first = 0
     for batch in model.prepare(data, batch_size):
         ids = list(range(first, first + batch.tokens.shape[0]))
@@ -146,9 +152,9 @@ def logit_lens(
                     layer_logits = model.head(residual)
             measures = lens_measures(layer_logits, side, k)
             for name, values in measures.items():
-                red.add((depth, name), values, mask, ids)
+                reduction.add((depth, name), values, mask, ids)
     rows = [
-        {"depth": d, "measure": m, "value": red.value((d, m))}
+        {"depth": d, "measure": m, "value": reduction.value((d, m))}
         for d in range(model.n_layers + 1)
         for m in ("kl", "topk_overlap")
     ]
@@ -165,5 +171,5 @@ def logit_lens(
         else float("nan"),
         "n_layers": model.n_layers,
     }
-    meta = {"positions": positions, "model": repr(model), "convention": convention}
+    meta = result_meta(model, positions=positions, batch_size=batch_size, convention=convention)
     return LogitLensResult(df, summary, meta)

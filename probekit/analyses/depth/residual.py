@@ -34,7 +34,12 @@ import torch
 import torch.nn.functional as F
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite, second_half
+from probekit.analyses._common import (
+    TokenMeans,
+    check_outputs_finite,
+    result_meta,
+    second_half,
+)
 from probekit.analyses.depth.conventions import check_convention
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
@@ -143,7 +148,7 @@ def residual_stats(
         fwd = [
             h for layer in range(model.n_layers) for h in model.update_hooks(layer, reduce(layer))
         ]
-        check_finite(model.forward(batch, fwd))
+        check_outputs_finite(model.forward(batch, fwd))
     rows = [
         {"layer": layer, "measure": m, "value": acc.mean((layer, m))}
         for layer in range(model.n_layers)
@@ -156,5 +161,5 @@ def residual_stats(
         part = df.measure == m
         summary[f"{m}_first_half"] = float(df[part & ~late].value.mean())
         summary[f"{m}_second_half"] = float(df[part & late].value.mean())
-    meta = {"positions": positions, "model": repr(model), "convention": convention}
+    meta = result_meta(model, positions=positions, batch_size=batch_size, convention=convention)
     return ResidualResult(df, summary, meta)

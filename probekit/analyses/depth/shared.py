@@ -43,7 +43,7 @@ import torch
 
 from probekit.analyses._common import (
     CleanSide,
-    check_finite,
+    check_outputs_finite,
     clean_side,
     cost_measure,
     variant_measures,
@@ -134,7 +134,7 @@ class Shared:
             self._key, self._trace, self._side = key, None, None
             with self.precision():
                 trace = self.model.trace(batch)
-            check_finite(trace.logits)
+            check_outputs_finite(trace.logits)
             self._trace = trace
             if self.model.output_kind == "logits":
                 self._side = clean_side(trace.logits, batch.labels)
@@ -202,25 +202,27 @@ class Shared:
         per_variant *= 2 if self.autocast is None else 1
         return max(1, min(self.model.n_layers, int(0.5 * free // max(per_variant, 1))))
 
-    def skip(self, batch: Batch, layer: int, inter: torch.Tensor | None) -> SkipRecord:
-        """The record of skipping ``layer`` at the positions in ``inter`` (all: None); on a
+    def skip(self, batch: Batch, layer: int, intervene_at: torch.Tensor | None) -> SkipRecord:
+        """The record of skipping ``layer`` at the positions in ``intervene_at`` (all: None); on a
         miss every layer's skip of this batch and mask is computed, stacked per pass."""
         key = _batch_key(batch)
-        mask_key = None if inter is None else _fingerprint(inter)
+        mask_key = None if intervene_at is None else _fingerprint(intervene_at)
         if (key, layer, mask_key) not in self.skips:
             self._load(batch)
-            for record_layer, record in self._run_skips(inter):
+            for record_layer, record in self._run_skips(intervene_at):
                 self.skips[(key, record_layer, mask_key)] = record
         return self.skips[(key, layer, mask_key)]
 
-    def _run_skips(self, inter: torch.Tensor | None) -> Iterator[tuple[int, SkipRecord]]:
+    def _run_skips(self, intervene_at: torch.Tensor | None) -> Iterator[tuple[int, SkipRecord]]:
         trace, n = self._trace, self.model.n_layers
         assert trace is not None
         layers = list(range(n))
         step = self.per_pass()
         for first in range(0, n, step):
             group = layers[first : first + step]
-            residuals = [merge(inter, trace.residuals[s], trace.residuals[s + 1]) for s in group]
+            residuals = [
+                merge(intervene_at, trace.residuals[s], trace.residuals[s + 1]) for s in group
+            ]
             diffs: list[dict[int, torch.Tensor]] = [{} for _ in group]
 
             def observe(v: int, block: int, h_in, h_out, diffs=diffs) -> None:
@@ -236,7 +238,7 @@ class Shared:
     def _measure(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
         with self.precision():
             logits = self.model.head(final)
-        check_finite(logits, "the outputs of a skipped-layer forward")
+        check_outputs_finite(logits, "the outputs of a skipped-layer forward")
         trace = self._trace
         assert trace is not None
         return self.measure(trace.batch, logits)
@@ -263,7 +265,7 @@ class Shared:
             for i, final in zip(group, finals, strict=True):
                 with self.precision():
                     logits = self.model.head(final)
-                check_finite(logits, "the outputs of a swapped forward")
+                check_outputs_finite(logits, "the outputs of a swapped forward")
                 cost = cost_measure(self.model)
                 change = self.measure(batch, logits, (cost,))[cost]
                 self.swaps[(key, tuple(orders[i]))] = change

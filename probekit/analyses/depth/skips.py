@@ -46,7 +46,12 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import headline_measure, measure_positions, output_note
+from probekit.analyses._common import (
+    headline_measure,
+    measure_positions,
+    output_note,
+    result_meta,
+)
 from probekit.analyses.depth.conventions import (
     Reduction,
     make_setup,
@@ -128,7 +133,8 @@ def skip_effects(
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
         data: token data; padding never enters the reductions.
         positions: 'all' real tokens or the 'last' real token of each sequence.
-        batch_size: split the data into batches of at most this many sequences.
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice of
+            :meth:`probekit.Model.default_batch_size`); the numbers do not depend on it.
         convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
             and prompts); see :mod:`probekit.analyses.depth.conventions`.
         mode: 'current' (skip at every position) or 'future' (skip at positions < t, measure
@@ -152,21 +158,21 @@ def skip_effects(
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
     batches = model.prepare(data, batch_size)
     windows = plan_windows(setup, batches)
-    red = Reduction(setup.reduction)
+    reduction = Reduction(setup.reduction)
     first = 0
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        for inter, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            _skip_all(shared, batch, red, setup.convention, inter, measure, ids)
-    df = _rows(red, model.n_layers)
+        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
+            _skip_all(shared, batch, reduction, setup.convention, intervene_at, measure, ids)
+    df = _rows(reduction, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
     summary.update(output_note(model))
     if setup.reduction == "max":
-        summary.update(_prompt_mean_scores(red, model.n_layers))
+        summary.update(_prompt_mean_scores(reduction, model.n_layers))
     within = df[df.target == "layer"]["value"]
     summary["max_downstream_effect"] = float(within.max()) if len(within) else np.nan
-    meta = {"positions": positions, "model": repr(model), **setup.meta()}
+    meta = result_meta(model, positions=positions, batch_size=batch_size, **setup.meta())
     if setup.mode == "future":
         meta["future_t"] = windows.positions()
     return SkipEffectResult(df, summary, meta)
@@ -175,33 +181,33 @@ def skip_effects(
 def _skip_all(
     shared: Shared,
     batch: Batch,
-    red: Reduction,
+    reduction: Reduction,
     convention: str,
-    inter: torch.Tensor | None,
+    intervene_at: torch.Tensor | None,
     measure: torch.Tensor,
     ids: list[int],
 ) -> None:
-    """Skip each layer at the positions in ``inter``; reduce the effects over ``measure``."""
+    """Skip each layer at the positions in ``intervene_at``; reduce the effects over ``measure``."""
     model = shared.model
     n = model.n_layers
     clean_norms = shared.clean_norms(batch)
     for skipped in range(n):
-        record = shared.skip(batch, skipped, inter)
+        record = shared.skip(batch, skipped, intervene_at)
         for layer in range(skipped + 1, n):
             change = relative_from_norms(record.diffs[layer], clean_norms[layer], convention)
-            red.add((skipped, layer), change, measure, ids)
+            reduction.add((skipped, layer), change, measure, ids)
         headline = headline_measure(model)
         where = measure_positions(model, headline, batch.labels, measure)
-        red.add((skipped, "output"), record.measures[headline], where, ids)
+        reduction.add((skipped, "output"), record.measures[headline], where, ids)
 
 
-def _rows(red: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:
+def _rows(reduction: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:
     rows = [
         {
             "skipped_layer": s,
             "target": "layer",
             "target_layer": t,
-            "value": red.value((s, t), over_prompts),
+            "value": reduction.value((s, t), over_prompts),
         }
         for s in range(n)
         for t in range(s + 1, n)
@@ -211,7 +217,7 @@ def _rows(red: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame
             "skipped_layer": s,
             "target": "output",
             "target_layer": -1,
-            "value": red.value((s, "output"), over_prompts),
+            "value": reduction.value((s, "output"), over_prompts),
         }
         for s in range(n)
     ]
@@ -244,6 +250,6 @@ def _scores(df: pd.DataFrame, n: int, suffix: str = "") -> dict:
     }
 
 
-def _prompt_mean_scores(red: Reduction, n: int) -> dict:
+def _prompt_mean_scores(reduction: Reduction, n: int) -> dict:
     """The depth scores from per-prompt maxima averaged over prompts (the "mean" variant)."""
-    return _scores(_rows(red, n, over_prompts="mean"), n, suffix="_prompt_mean")
+    return _scores(_rows(reduction, n, over_prompts="mean"), n, suffix="_prompt_mean")

@@ -42,7 +42,7 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
-from probekit.analyses._common import loss_mask, output_note, sequence_mask
+from probekit.analyses._common import loss_mask, output_note, result_meta, sequence_mask
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
@@ -344,7 +344,9 @@ def layer_swaps(
         bootstrap_unit: resample 'sequence's or whole 'batch'es.
         seed: seed of the bootstrap.
         positions: 'all' real tokens, or the 'last' real token of each sequence.
-        batch_size: split the data into batches of at most this many sequences.
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice of
+            :meth:`probekit.Model.default_batch_size`); the numbers do not depend on it, but
+            ``bootstrap_unit='batch'`` resamples these batches.
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (its
             clean traces; ``variants_per_pass`` stacks swaps into one forward).
         estimate: before running more than ``ESTIMATE_ABOVE`` swaps (``pairs='all'`` costs
@@ -388,13 +390,14 @@ def layer_swaps(
     summary.update(output_note(model))
     if model.output_kind != "logits":
         summary["clean_loss"] = float("nan")  # no loss without a vocabulary
-    meta = {
-        "positions": positions,
-        "n_bootstrap": n_bootstrap,
-        "bootstrap_unit": bootstrap_unit,
-        "seed": seed,
-        "model": repr(model),
-    }
+    meta = result_meta(
+        model,
+        positions=positions,
+        batch_size=batch_size,
+        n_bootstrap=n_bootstrap,
+        bootstrap_unit=bootstrap_unit,
+        seed=seed,
+    )
     return SwapResult(df, summary, meta)
 
 

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses._common import TokenMeans, check_outputs_finite, result_meta
 from probekit.analyses.depth.lens import LogitLensResult, lens_measures
 from probekit.data import Batch, Data, position_mask
 from probekit.errors import CheckpointError, InputError, UnsupportedModelError
@@ -327,7 +327,7 @@ class TunedLens(nn.Module):
             for group in opt.param_groups:
                 group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps)
             trace = model.trace(batches[index])
-            check_finite(trace.logits)
+            check_outputs_finite(trace.logits)
             losses.append(self.accumulate_grads(model, trace, trace.batch.valid))
             if s.grad_clip is not None:
                 nn.utils.clip_grad_norm_(self.parameters(), s.grad_clip)
@@ -594,7 +594,7 @@ def tuned_lens(
     batches = model.prepare(data, batch_size)
     for batch in batches:
         trace = model.trace(batch)
-        check_finite(trace.logits)
+        check_outputs_finite(trace.logits)
         _measure_batch(acc, lens, model, trace, position_mask(batch, positions), k)
     depths = range(model.n_layers + 1)
     rows = [
@@ -609,9 +609,8 @@ def tuned_lens(
         mean_kl=float(kl.mean()),
     )
     hashes = sequence_hashes(batches)
-    meta = {
-        "positions": positions,
-        "model": repr(model),
+    meta = result_meta(model, positions=positions, batch_size=batch_size)
+    meta |= {
         "fit_data": lens.fit_info.get("data"),
         "fit_settings": lens.fit_info.get("settings"),
         "eval_data": data_record(batches, hashes, data_label),

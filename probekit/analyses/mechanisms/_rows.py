@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from probekit.analyses._common import TokenMeans, check_finite
+from probekit.analyses._common import DataOrTask, TokenMeans, check_outputs_finite
 from probekit.data import Batch, position_mask, task_data
 from probekit.errors import InputError
 from probekit.model import Model
@@ -38,7 +38,7 @@ class Rows:
     roles: dict[str, torch.Tensor]  # named bool position masks [B, T] (TaskData.roles())
 
 
-def check_by(by: str, data: Any, what: str) -> None:
+def check_by(by: str, data: DataOrTask, what: str) -> None:
     """``by`` is 'position' or 'role'; 'role' needs task data."""
     if by not in ("position", "role"):
         raise InputError(f"unknown {what} unit by={by!r}", fix="use by='position' or 'role'")
@@ -65,7 +65,11 @@ def _query(batch: Batch, positions: str | int) -> torch.Tensor:
 
 
 def rows(
-    model: Model, data: Any, targets: Any, batch_size: int | None, positions: str | int
+    model: Model,
+    data: DataOrTask,
+    targets: Any,
+    batch_size: int | None,
+    positions: str | int,
 ) -> list[Rows]:
     """``data`` (token data or :class:`~probekit.data.TaskData`) as batches of :class:`Rows`."""
     task = task_data(data)
@@ -141,7 +145,7 @@ def at_query(logits: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 
 def effects(clean: torch.Tensor, changed: torch.Tensor, targets: torch.Tensor) -> dict:
     """Per-sample :data:`MEASURES` of ``changed`` against ``clean`` logits."""
-    check_finite(changed, "the outputs of an intervened forward")
+    check_outputs_finite(changed, "the outputs of an intervened forward")
     logp, logq = clean.log_softmax(-1), changed.log_softmax(-1)
     p, q = logp.exp(), logq.exp()
     idx = targets[:, None]
@@ -164,7 +168,7 @@ class Scores:
 
     def clean(self, rows: Rows, clean: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Record the clean accuracy and target probability; return (targets, groups)."""
-        check_finite(clean)
+        check_outputs_finite(clean)
         targets = clean.argmax(-1) if rows.targets is None else rows.targets
         members = groups(rows, clean.argmax(-1))
         self.groups += [g for g in members if g not in self.groups]

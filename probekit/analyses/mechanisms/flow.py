@@ -20,6 +20,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.data import task_data
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -152,7 +153,7 @@ def _inputs(model: Model, data: Any, single: Any, index: int) -> tuple[torch.Ten
 
 
 def _patterns(
-    model: Model, tokens: torch.Tensor, head: int | None, batch_size: int
+    model: Model, tokens: torch.Tensor, head: int | None, batch_size: int | None
 ) -> list[np.ndarray]:
     """Mean (over inputs, and heads unless ``head``) attention pattern ``[T, T]`` per layer."""
     sums: dict[int, torch.Tensor] = {}
@@ -175,15 +176,15 @@ def _patterns(
 
 @torch.no_grad()
 def information_flow(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
-    single: Any = None,
+    single: DataOrTask | None = None,
     index: int = 0,
     head: int | None = None,
     n_mean: int | None = 512,
     label: str | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
 ) -> FlowResult:
     """Attention per layer between positions, for one input and averaged over many.
 
@@ -196,6 +197,11 @@ def information_flow(
         head: one head, or None for the mean over heads.
         n_mean: at most this many inputs in the mean (None = all).
         label: names the single input in the figure.
+        batch_size: sequences per forward of the mean (None: the automatic, memory-bounded
+            choice; the mean is the same up to float rounding).
+
+    There is no ``positions``: the result holds every query position (the figure draws them
+    all, :meth:`FlowResult.strongest_sources` picks one).
     """
     model = load(model)
     head = model.check_head(head)
@@ -213,7 +219,7 @@ def information_flow(
                 for s in range(t)
                 if not (model.is_causal and s > q)
             ]
-    meta = {"head": head, "label": label, "model": repr(model)}
+    meta = result_meta(model, batch_size=batch_size, head=head, label=label)
     return FlowResult(pd.DataFrame(out), {"n_mean": len(many)}, meta)
 
 

@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.analyses.mechanisms._rows import (
     Rows,
     Scores,
@@ -91,24 +92,24 @@ class KnockoutResult(Result):
 
 
 def _sources(
-    model: Model, r: Rows, by: str, include_all: bool
+    model: Model, scored: Rows, by: str, include_all: bool
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Bool ``[B, T]`` source positions per unit, and all the query may attend to."""
-    b, t = r.batch.tokens.shape
-    pos = torch.arange(t, device=r.batch.tokens.device)
-    allowed = r.batch.valid.clone()
+    b, t = scored.batch.tokens.shape
+    pos = torch.arange(t, device=scored.batch.tokens.device)
+    allowed = scored.batch.valid.clone()
     if model.is_causal:
-        allowed &= pos[None] <= r.query[:, None]
+        allowed &= pos[None] <= scored.query[:, None]
     if by == "position":
         out = {str(s): (pos[None] == s).expand(b, t) & allowed for s in range(t)}
     else:
-        out = {name: src & allowed for name, src in role_units(r).items()}
+        out = {name: src & allowed for name, src in role_units(scored).items()}
     if include_all:
         out["all"] = allowed
     return out, allowed
 
 
-def _edges(r: Rows, src: torch.Tensor, allowed: torch.Tensor, mode: str) -> tuple:
+def _edges(scored: Rows, src: torch.Tensor, allowed: torch.Tensor, mode: str) -> tuple:
     """``([B, T, T]`` blocked edges query -> ``src``, ``[B]`` rows with an edge to block)."""
     has = src.any(-1)
     if mode == "scores":
@@ -116,7 +117,7 @@ def _edges(r: Rows, src: torch.Tensor, allowed: torch.Tensor, mode: str) -> tupl
         src = src & has[:, None]
     b, t = src.shape
     blocked = torch.zeros(b, t, t, dtype=torch.bool, device=src.device)
-    blocked[torch.arange(b), r.query] = src
+    blocked[torch.arange(b), scored.query] = src
     return blocked, has
 
 
@@ -125,16 +126,16 @@ def _summary(scores: Scores, df: pd.DataFrame) -> dict[str, Any]:
     drops = df[(df.group == "all") & (df.measure == "p_target_delta") & (df.source != "all")]
     if len(drops):
         summary["strongest_edges"] = [
-            f"L{int(r.layer)}<-{r.source} ({r.value:+.3f})"
-            for r in drops.nsmallest(3, "value").itertuples()
+            f"L{int(edge.layer)}<-{edge.source} ({edge.value:+.3f})"
+            for edge in drops.nsmallest(3, "value").itertuples()
         ]
     return summary
 
 
 @torch.no_grad()
 def attention_knockout(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     by: str = "position",
     layers: Sequence[int] | None = None,
@@ -156,7 +157,8 @@ def attention_knockout(
         head: one head, or None for every head.
         mode: 'pattern' (zero the weight, default) or 'scores' (-inf, renormalised).
         targets, positions, batch_size: as in
-            :func:`~probekit.analyses.mechanisms.masking.token_masking`.
+            :func:`~probekit.analyses.mechanisms.masking.token_masking` (``positions``: the
+            one query position per sequence, default 'last').
         include_all: also block every source at once (source 'all'; pattern mode only).
     """
     model = load(model)
@@ -168,24 +170,25 @@ def attention_knockout(
     head = model.check_head(head)
     check_knockout(model, mode)
     scores, sources = Scores(), []
-    for r in rows(model, data, targets, batch_size, positions):
-        trace = model.trace(r.batch)
-        clean = at_query(trace.logits, r.query)
-        targets_b, members = scores.clean(r, clean)
-        units, allowed = _sources(model, r, by, include_all and mode == "pattern")
+    for scored in rows(model, data, targets, batch_size, positions):
+        trace = model.trace(scored.batch)
+        clean = at_query(trace.logits, scored.query)
+        targets_b, members = scores.clean(scored, clean)
+        units, allowed = _sources(model, scored, by, include_all and mode == "pattern")
         for name, src in units.items():
-            blocked, has = _edges(r, src, allowed, mode)
+            blocked, has = _edges(scored, src, allowed, mode)
             if not has.any():
                 continue
             if name not in sources:
                 sources.append(name)
             for layer in layers:
                 hooks = knockout_hooks(model, layer, blocked, head, mode)
-                changed = at_query(trace.resume(layer, fwd_hooks=hooks), r.query)
+                changed = at_query(trace.resume(layer, fwd_hooks=hooks), scored.query)
                 scores.add((layer, name), effects(clean, changed, targets_b), members, has)
     df = scores.frame([(layer, s) for layer in layers for s in sources], ["layer", "source"])
-    meta = {"by": by, "mode": mode, "head": head, "positions": positions, "sources": sources}
-    return KnockoutResult(df, _summary(scores, df), {**meta, "model": repr(model)})
+    meta = result_meta(model, positions=positions, batch_size=batch_size, by=by, mode=mode)
+    meta.update(head=head, sources=sources)
+    return KnockoutResult(df, _summary(scores, df), meta)
 
 
 __all__ = ["KnockoutResult", "attention_knockout"]

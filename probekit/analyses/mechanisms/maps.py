@@ -14,7 +14,7 @@
   Symmetric with ones on the diagonal.
 
 Sites are the model's per-block outputs: ``resid_out`` (the residual stream after the block),
-``attn_out`` and ``mlp_out`` (see :data:`SITES`); ``layer`` l is block l. The token-embedding
+``attn_out`` and ``mlp_out`` (see :data:`MAP_SITES`); ``layer`` l is block l. The token-embedding
 map (weights only) is :func:`probekit.analyses.weights.embeddings.embedding_map`.
 
 Example:
@@ -42,25 +42,25 @@ from plotly.subplots import make_subplots
 
 from probekit import figures
 from probekit.analyses._activations import Position, batches_of, states_at
-from probekit.analyses._common import cosine_matrix
+from probekit.analyses._common import DataOrTask, cosine_matrix, result_meta
 from probekit.analyses._projection import check_method, reduce
 from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
 
-SITES = ("resid_out", "attn_out", "mlp_out")
-"""Map sites, each read at block ``layer``: the residual stream after the block
-(``resid_out``) and the block's attention and MLP outputs."""
+MAP_SITES = ("resid_out", "attn_out", "mlp_out")
+"""The sites a hidden-state map or a pair cosine reads, each at block ``layer``: the residual
+stream after the block (``resid_out``) and the block's attention and MLP outputs."""
 
 
 # ---------------------------------------------------------------- helpers
 def _check(model: Model, sites: Sequence[str], layers: Sequence[int] | None) -> list[int]:
-    bad_sites = set(sites) - set(SITES)
+    bad_sites = set(sites) - set(MAP_SITES)
     if bad_sites or not sites:
         raise InputError(
             f"unknown sites {sorted(bad_sites)}",
-            fix=f"use any of {SITES} (resid_out: the residual stream after the layer)",
+            fix=f"use any of {MAP_SITES} (resid_out: the residual stream after the layer)",
         )
     if layers is None:
         return list(range(model.n_layers))
@@ -97,6 +97,11 @@ class HiddenMapResult(Result):
         value = part.mirror_ratio.iloc[0]
         return None if pd.isna(value) else float(value)
 
+    def _positions(self) -> Any:
+        """Where the states were read (``meta["position"]`` in results saved before the key
+        was ``positions``)."""
+        return self.meta.get("positions", self.meta.get("position", "last"))
+
     def figure(self, site: str = "resid_out") -> go.Figure:
         part = self.df[self.df.site == site]
         layers = sorted(set(part.layer))
@@ -121,7 +126,7 @@ class HiddenMapResult(Result):
         fig.update_yaxes(title_text=f"{axis} 2 (arbitrary units)")
         figures.base_layout(
             fig,
-            f"States at {self.meta.get('position', 'last')!r} ({self.summary.get('method')}), "
+            f"States at {self._positions()!r} ({self.summary.get('method')}), "
             "coloured by group; diamonds: held-out groups and their mirrors",
             width=380 * cols + 80,
             height=340 * rows + 60,
@@ -154,8 +159,8 @@ def _group_trace(pts: pd.DataFrame, group: str, k: int, n_groups: int, legend: b
 
 @torch.no_grad()
 def hidden_state_map(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     positions: Position = "last",
     groups: Sequence[Any] | None = None,
@@ -165,7 +170,7 @@ def hidden_state_map(
     method: str = "pca",
     max_points: int | None = 2000,
     seed: int = 0,
-    batch_size: int | None = 512,
+    batch_size: int | None = None,
 ) -> HiddenMapResult:
     """Map the state at one position per input, after each layer (or sublayer output), to 2-D.
 
@@ -174,7 +179,9 @@ def hidden_state_map(
         data: task data (:class:`~probekit.data.TaskData`, or a list of them, concatenated),
             or token data with ``groups``.
         positions: where each input's state is read: 'last' (the last real token), an index,
-            or a role of the task data marking one position per sequence.
+            or a role of the task data marking one position per sequence. One position per
+            input (one point per input), hence 'last' by default where the depth analyzers
+            average over 'all' positions: there the task's answer is predicted.
         groups: one colour label per sequence (default: the task data's ``groups()``).
         mirrors: ``(held-out group, mirror)`` pairs to mark and measure (default: the task
             data's ``mirror_groups()``; none for token data).
@@ -182,6 +189,8 @@ def hidden_state_map(
         layers: layers to map (default all).
         method: 'pca', 'tsne' or 'umap'.
         max_points: map at most this many inputs (a seeded random subset).
+        seed: seeds that subset and t-SNE / UMAP.
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
     """
     model = load(model)
     layers = _check(model, sites, layers)
@@ -203,13 +212,9 @@ def hidden_state_map(
             frame["mirror_ratio"] = np.nan if ratio is None else ratio
             frames.append(pd.DataFrame(frame))
     summary: dict[str, Any] = {"method": method, "n_points": len(keep)}
-    meta = {
-        "sites": list(sites),
-        "layers": layers,
-        "method": method,
-        "position": positions,
-        "marked": sorted({g for pair in mirrors for g in pair} | set(labels[marked])),
-    }
+    meta = result_meta(model, positions=positions, batch_size=batch_size, sites=list(sites))
+    meta.update(layers=layers, method=method)
+    meta["marked"] = sorted({g for pair in mirrors for g in pair} | set(labels[marked]))
     return HiddenMapResult(pd.concat(frames, ignore_index=True), summary, meta)
 
 
@@ -337,13 +342,13 @@ class PairCosineResult(Result):
 
 @torch.no_grad()
 def pair_cosines(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     positions: Position = "last",
     sites: Sequence[str] = ("resid_out",),
     layers: Sequence[int] | None = None,
-    batch_size: int | None = 512,
+    batch_size: int | None = None,
 ) -> PairCosineResult:
     """Cosine of states between groups (anchor pairs) on inputs with equal inferential answers.
 
@@ -351,9 +356,11 @@ def pair_cosines(
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
         data: task data with groups and an ``inferential`` answer, or a list of them (e.g.
             seen and held-out pairs together).
-        positions: where each input's state is read ('last', an index or a one-position role).
+        positions: where each input's state is read ('last', an index or a one-position role;
+            one position per input, 'last' by default as in :func:`hidden_state_map`).
         sites: any of 'resid_out', 'attn_out', 'mlp_out'.
         layers: layers to compare at (default all).
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
     """
     model = load(model)
     layers = _check(model, sites, layers)
@@ -372,20 +379,21 @@ def pair_cosines(
         for layer in layers:
             states = _states(model, batches, task, site, layer, positions)
             means = {p: _means_by_answer(states[labels == p], answers[labels == p]) for p in pairs}
-            for pi in pairs:
-                for pj in pairs:
-                    cos, shared = _pair_cosine(means[pi], means[pj], pi == pj)
+            for pair_i in pairs:
+                for pair_j in pairs:
+                    cos, shared = _pair_cosine(means[pair_i], means[pair_j], pair_i == pair_j)
                     rows.append(
                         {
                             "site": site,
                             "layer": layer,
-                            "pair_i": pi,
-                            "pair_j": pj,
+                            "pair_i": pair_i,
+                            "pair_j": pair_j,
                             "cosine": cos,
                             "n_targets": shared,
                         }  # fmt: skip
                     )
-    meta = {"sites": list(sites), "layers": layers, "position": positions}
+    meta = result_meta(model, positions=positions, batch_size=batch_size, sites=list(sites))
+    meta["layers"] = layers
     return PairCosineResult(pd.DataFrame(rows), {"n_pairs": len(pairs)}, meta)
 
 
@@ -407,4 +415,4 @@ def _pair_cosine(
     return float(np.mean(cos)), len(shared)
 
 
-__all__ = ["SITES", "HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"]
+__all__ = ["MAP_SITES", "HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"]

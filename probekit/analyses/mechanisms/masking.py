@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.analyses.mechanisms._rows import (
     MEASURES,
     SELF,
@@ -142,24 +143,24 @@ def _check_tokens(
     return low, high
 
 
-def _mask_units(r: Rows, by: str) -> dict[str, torch.Tensor]:
+def _mask_units(scored: Rows, by: str) -> dict[str, torch.Tensor]:
     """Bool ``[B, T]`` positions to mask per unit: each real position before the query, or each
     role (never ``self``, the query position)."""
-    valid = r.batch.valid
+    valid = scored.batch.valid
     if by == "role":
-        return {name: where & valid for name, where in role_units(r).items() if name != SELF}
+        return {name: where & valid for name, where in role_units(scored).items() if name != SELF}
     out = {}
-    for pos in range(r.batch.tokens.shape[1]):
+    for pos in range(scored.batch.tokens.shape[1]):
         where = torch.zeros_like(valid)
         where[:, pos] = True
-        out[str(pos)] = where & valid & (pos < r.query[:, None])
+        out[str(pos)] = where & valid & (pos < scored.query[:, None])
     return out
 
 
 @torch.no_grad()
 def token_masking(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     by: str = "position",
     mode: str = "pad",
@@ -185,8 +186,12 @@ def token_masking(
         targets: one target token per sequence (default: the task data's targets, else the
             clean prediction, so accuracy means "prediction unchanged").
         positions: the query position the effect is measured at: 'last' real token (default)
-            or a position index.
-        seed: seed of the resampling.
+            or a position index. One position per sequence, unlike the depth analyzers'
+            default of 'all': the effect is read where the prediction is scored (the task's
+            answer at the last token).
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
+        seed: seed of the resampling (mode 'resample' draws batch by batch, so its numbers
+            depend on ``batch_size`` as well as on the seed).
     """
     model = load(model)
     model.require_vocabulary("token_masking (it measures the answer's probability)")
@@ -194,29 +199,35 @@ def token_masking(
     low, high = _check_tokens(model, data, mode, mask_token, pad_token, resample_range)
     generator = torch.Generator().manual_seed(seed)
     scores, units = Scores(), []
-    for r in rows(model, data, targets, batch_size, positions):
-        batch = r.batch
-        clean = at_query(model.forward(batch), r.query)
-        targets_b, members = scores.clean(r, clean)
-        for unit, where in _mask_units(r, by).items():
+    for scored in rows(model, data, targets, batch_size, positions):
+        batch, query = scored.batch, scored.query
+        clean = at_query(model.forward(batch), query)
+        targets_b, members = scores.clean(scored, clean)
+        for unit, where in _mask_units(scored, by).items():
             has = where.any(-1)
             if not has.any():
                 continue
             fill = dict(pad_token=pad_token, mask_token=mask_token, low=low, high=high)
             tokens = mask_tokens(batch.tokens, where, mode, **fill, generator=generator)
             changed = model.forward(Batch(tokens, batch.attention_mask, batch.labels))
-            scores.add((unit,), effects(clean, at_query(changed, r.query), targets_b), members, has)
+            scores.add((unit,), effects(clean, at_query(changed, query), targets_b), members, has)
             if unit not in units:
                 units.append(unit)
     df = scores.frame([(u,) for u in units], ["unit"])
+    meta = result_meta(model, positions=positions, batch_size=batch_size, by=by, mode=mode)
+    return MaskingResult(df, _summary(scores, df), meta)
+
+
+def _summary(scores: Scores, df: pd.DataFrame) -> dict[str, Any]:
+    """The clean statistics per group, and the unit whose masking lowers the target's
+    probability most (``most_important`` and its ``most_important_p_target_delta``)."""
     summary = scores.summary()
     drops = df[(df.group == "all") & (df.measure == "p_target_delta")]
     if len(drops):
         worst = drops.loc[drops.value.idxmin()]
         summary["most_important"] = worst.unit
         summary["most_important_p_target_delta"] = float(worst.value)
-    meta = {"by": by, "mode": mode, "positions": positions, "model": repr(model)}
-    return MaskingResult(df, summary, meta)
+    return summary
 
 
 __all__ = ["MASK_MODES", "MEASURES", "MaskingResult", "mask_tokens", "token_masking"]

@@ -53,15 +53,16 @@ from probekit.analyses._activations import (
     row_positions,
     single_roles,
 )
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
 
-SITES = ("resid", "attn_out", "mlp_out")
-"""Probe sites. ``resid`` is the residual stream at depth d = 0..L: the input of block d (d = 0:
-the embeddings), and for d = L the output of the last block (the stream the head reads);
-``attn_out`` / ``mlp_out`` are each block's sublayer outputs at layers 0..L-1."""
+PROBE_SITES = ("resid", "attn_out", "mlp_out")
+"""The sites a probe reads. ``resid`` is the residual stream at depth d = 0..L: the input of
+block d (d = 0: the embeddings), and for d = L the output of the last block (the stream the
+head reads); ``attn_out`` / ``mlp_out`` are each block's sublayer outputs at layers 0..L-1."""
 
 KINDS = ("class", "value")
 MIN_SAMPLES = 20
@@ -262,7 +263,8 @@ def _kind(name: str, values: np.ndarray, kinds: Mapping[str, str], n: int) -> st
 
 # ---------------------------------------------------------------- sites
 def _site_hooks(model: Model, sites: Sequence[str]) -> list[tuple[str, int, str]]:
-    """(site, layer, hook) of every probe site: ``resid`` at depths 0..L (see :data:`SITES`)."""
+    """(site, layer, hook) of every probe site: ``resid`` at depths 0..L (see
+    :data:`PROBE_SITES`)."""
     out = []
     for site in sites:
         if site == "resid":
@@ -330,19 +332,19 @@ def _chance(kind: str, y_train: np.ndarray, y_test: np.ndarray) -> float:
 
 @torch.no_grad()
 def linear_probes(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     labels: Any = None,
     kinds: Mapping[str, str] | None = None,
-    sites: Sequence[str] = SITES,
+    sites: Sequence[str] = PROBE_SITES,
     positions: str | Sequence[int | str] = "all",
     probe: str = "logistic",
     test_size: float = 0.25,
     threshold: float = 0.8,
     min_selectivity: float = 0.2,
     max_iter: int = 200,
-    batch_size: int | None = 512,
+    batch_size: int | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> ProbeResult:
@@ -354,7 +356,7 @@ def linear_probes(
         labels: ``{name: one label per sequence}`` (or one array, named 'label'); default for
             task data: its ``variables()`` (the anchor task: key, a1, a2, g1, target).
         kinds: ``{name: 'class' | 'value'}``; default 'value' for float labels, else 'class'.
-        sites: any of 'resid', 'attn_out', 'mlp_out' (see :data:`SITES`).
+        sites: any of 'resid', 'attn_out', 'mlp_out' (see :data:`PROBE_SITES`).
         positions: 'all' (every index), 'last' (the last real token), a role name of the task
             data that marks one position per sequence, 'roles' (every such role, then 'last'),
             or a list of position indices (negative from the end) and such names.
@@ -362,6 +364,7 @@ def linear_probes(
             for class variables; value variables always use ridge regression.
         test_size: held-out share of the sequences.
         threshold, min_selectivity: what counts as decodable (see module docstring).
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
         seed: seeds the train/test split and the control permutation; ``progress`` is called
             with a short text before each site and layer.
 
@@ -395,16 +398,16 @@ def linear_probes(
     df = pd.DataFrame(rows)
     df["decodable"] = (df.score >= threshold) & (df.selectivity >= min_selectivity)
     summary = {"threshold": threshold, "min_selectivity": min_selectivity}
-    meta = {"sites": list(sites), "positions": pos_list, "n_positions": n_pos, "probe": probe}
-    meta.update(kinds=var_kinds, test_size=test_size, seed=seed, model=repr(model))
+    meta = result_meta(model, positions=pos_list, batch_size=batch_size, sites=list(sites))
+    meta.update(n_positions=n_pos, probe=probe, kinds=var_kinds, test_size=test_size, seed=seed)
     return ProbeResult(df, summary, meta)
 
 
 def _check_settings(sites: Sequence[str], probe: str, test_size: float, n: int) -> int:
     """Check the settings; the number of test sequences."""
-    unknown = set(sites) - set(SITES)
+    unknown = set(sites) - set(PROBE_SITES)
     if unknown or not sites:
-        raise InputError(f"unknown probe sites {sorted(unknown)}", fix=f"use any of {SITES}")
+        raise InputError(f"unknown probe sites {sorted(unknown)}", fix=f"use any of {PROBE_SITES}")
     if probe not in ("logistic", "ridge"):
         raise InputError(f"unknown probe {probe!r}", fix="use probe='logistic' or 'ridge'")
     if not 0.0 < test_size < 1.0:
@@ -500,4 +503,4 @@ def _positions(positions: str | Sequence[int | str], n_pos: int, task: TaskData 
     return position_list(positions, n_pos)
 
 
-__all__ = ["KINDS", "SITES", "ProbeResult", "fit_probe", "linear_probes"]
+__all__ = ["KINDS", "PROBE_SITES", "ProbeResult", "fit_probe", "linear_probes"]

@@ -220,7 +220,7 @@ def _condensation_frame(layer: int, name: str, w: Any, threshold: float) -> pd.D
 
 @torch.no_grad()
 def condensation(
-    model: Any,
+    model: Model,
     *,
     matrices: Sequence[str] = NEURON_MATRICES,
     layers: Sequence[int] | None = None,
@@ -391,7 +391,7 @@ class CheckpointWeights(Result):
 
 
 def checkpoint_weights(
-    model: Any, *, matrices: Sequence[str] = NEURON_MATRICES, threshold: float = 0.7
+    model: Model, *, matrices: Sequence[str] = NEURON_MATRICES, threshold: float = 0.7
 ) -> CheckpointWeights:
     """Groups, largest share and score per matrix, the mean score, then every stable rank."""
     model = load(model)

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
+from probekit.analyses._common import result_meta
 from probekit.analyses._projection import check_method, reduce, spearman
 from probekit.errors import InputError
 from probekit.model import Model, load
@@ -84,7 +85,7 @@ def token_ids(model: Model, tokens: Sequence[int] | None, start: int = 0) -> np.
 
 @torch.no_grad()
 def embedding_map(
-    model: Any,
+    model: Model,
     *,
     tokens: Sequence[int] | None = None,
     method: str = "pca",
@@ -109,7 +110,8 @@ def embedding_map(
     summary["order_corr"] = max(abs(spearman(ids, xy[:, k])) for k in (0, 1))
     for k, v in enumerate(info.get("explained_variance", []), start=1):
         summary[f"explained_variance_{k}"] = float(v)
-    return EmbeddingMapResult(df, summary, {"method": method, "seed": seed, **info})
+    meta = result_meta(model, method=method, seed=seed, **info)
+    return EmbeddingMapResult(df, summary, meta)
 
 
 def neighbour_ratio(emb: np.ndarray, ids: np.ndarray) -> float:

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from probekit import figures
 from probekit.analyses.weights.embeddings import token_ids
 from probekit.errors import InputError
-from probekit.model import WEIGHT_NAMES, load
+from probekit.model import WEIGHT_NAMES, Model, load
 from probekit.result import Result
 
 
@@ -68,10 +68,10 @@ class SpectraResult(Result):
 
     def stable_ranks(self) -> pd.DataFrame:
         """One row per matrix: layer, matrix, stable rank (from the singular values in df)."""
-        sv = self.df[self.df.matrix != "emb_cov"]
+        singular = self.df[self.df.matrix != "emb_cov"]
         rows = [
             {"layer": ly, "matrix": m, "stable_rank": float((part.normalized**2).sum())}
-            for (ly, m), part in sv.groupby(["layer", "matrix"], sort=False)
+            for (ly, m), part in singular.groupby(["layer", "matrix"], sort=False)
         ]
         return pd.DataFrame(rows)
 
@@ -85,8 +85,8 @@ class SpectraResult(Result):
                 "token-embedding covariance eigenvalues",
             ),
         )
-        sv = self.df[self.df.matrix != "emb_cov"]
-        for i, ((ly, m), part) in enumerate(sv.groupby(["layer", "matrix"], sort=False)):
+        singular = self.df[self.df.matrix != "emb_cov"]
+        for i, ((ly, m), part) in enumerate(singular.groupby(["layer", "matrix"], sort=False)):
             fig.add_trace(_spectrum_trace(part, ly, m, i), row=1, col=1)
         ranks = self.stable_ranks()
         per_layer = ranks[ranks.layer >= 0]
@@ -156,7 +156,7 @@ def _spectrum_trace(part: pd.DataFrame, layer: int, name: str, i: int) -> go.Sca
 
 
 @torch.no_grad()
-def spectra(model: Any, *, tokens: Sequence[int] | None = None) -> SpectraResult:
+def spectra(model: Model, *, tokens: Sequence[int] | None = None) -> SpectraResult:
     """Singular values and stable rank of every weight, eigenvalues of the embedding covariance.
 
     Args:
