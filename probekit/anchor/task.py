@@ -6,7 +6,8 @@ composite ``g(g(x; a1); a2)`` where each anchor shifts the key (default 1:+5, 2:
 Some pairs are trained on a *non-inferential* target (default ``(3, 4)``: the composite ``x - 10``
 plus the offset ``+4``, i.e. ``x - 6``) and some pairs are never trained (default ``(4, 3)``). On
 a held-out pair a model can answer with the composite (the *inferential* solution), with the
-trained target of the mirrored pair (the *symmetric* solution), or with something else.
+trained target of the mirrored pair (the *symmetric* solution), or with something else
+(:mod:`probekit.anchor.solutions`). One split is :class:`~probekit.anchor.data.AnchorData`.
 
 Keys are also split by a modulus ``m`` (``key_split``): a training sequence has
 ``x mod m != p mod m``, a test sequence ``x mod m == p mod m`` (``p`` in ``[0, seq_len - 2)``).
@@ -62,9 +63,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from probekit.anchor.data import AnchorData, Pair
+from probekit.data import category_shares
 from probekit.errors import ConfigError, InputError, check_known_keys
-
-Pair = tuple[int, int]
 
 KEY_SPLITS: dict[str, str] = {
     "complexity_control": "modulus seq_len, position drawn first (the official code, default)",
@@ -87,134 +88,6 @@ LEGACY_FIELDS = frozenset(
 
 SPLITS: tuple[str, ...] = ("train", "test_data", "test_task")
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
-
-
-ROLE_OFFSETS = {"key": 0, "anchor1": 1, "anchor2": 2}
-"""Position of each role relative to the key."""
-
-
-@dataclass
-class AnchorData:
-    """One split of the task: token ids and the bookkeeping needed to score predictions.
-
-    ``tokens`` is ``[n, seq_len]`` (long), ``targets`` the label the split is scored against (the
-    trained target for seen pairs, the composite for held-out pairs), ``composite`` the composite
-    ``g(g(x; a1); a2)``, ``symmetric`` the trained target of the mirrored pair (``-1`` where the
-    mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``,
-    ``intermediate`` the first step ``g(x; a1)`` and ``is_heldout`` ``[n]`` bool. ``item_range``
-    is the task's ``(item_low, item_high)``, ``vocab_size`` the task's vocabulary (the model
-    that reads the data must have it), ``key_modulus`` the modulus of the key split.
-
-    It implements :class:`probekit.data.TaskData`, the protocol task-aware analyzers ask.
-    """
-
-    split: str
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    composite: torch.Tensor
-    symmetric: torch.Tensor
-    pairs: torch.Tensor
-    keys: torch.Tensor
-    positions: torch.Tensor
-    intermediate: torch.Tensor
-    is_heldout: torch.Tensor
-    item_range: tuple[int, int] = (20, 100)
-    vocab_size: int | None = None
-    key_modulus: int | None = None
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def on_training_keys(self) -> torch.Tensor:
-        """Bool ``[n]``: the sequence's key is a training key at its position
-        (``key mod m != position mod m``), the cells the official code evaluates held-out
-        pairs on.
-
-        Example:
-            >>> d = AnchorTask(n_train=64, n_test=200).dataset("test_task")
-            >>> 0 < int(d.on_training_keys().sum()) < len(d)
-            True
-        """
-        if self.key_modulus is None:
-            raise InputError(
-                "these task data do not record their key split",
-                fix="generate them with AnchorTask.generate / dataset",
-            )
-        m = self.key_modulus
-        return self.keys % m != self.positions % m
-
-    def pair(self, i: int) -> Pair:
-        """The anchor pair of sample ``i`` as a tuple."""
-        a1, a2 = self.pairs[i].tolist()
-        return (int(a1), int(a2))
-
-    # ---- the TaskData protocol ------------------------------------------------------------
-    @property
-    def resample_range(self) -> tuple[int, int]:
-        """Token ids a resampled position draws from: the item range."""
-        return self.item_range
-
-    def groups(self) -> list[str]:
-        """The anchor pair of every sequence, as ``"(a1,a2)"``."""
-        return [f"({a},{b})" for a, b in self.pairs.tolist()]
-
-    def heldout(self) -> torch.Tensor:
-        return self.is_heldout
-
-    def answers(self) -> dict[str, torch.Tensor]:
-        """``inferential`` (the composite) and ``symmetric`` (mirrored pair's trained target)."""
-        return {"inferential": self.composite, "symmetric": self.symmetric}
-
-    def roles(self) -> dict[str, torch.Tensor]:
-        """Bool ``[n, seq_len]`` masks of the key, the two anchors and the noise positions."""
-        n, t = self.tokens.shape
-        at = torch.arange(t)[None]
-        out = {role: at == (self.positions[:, None] + off) for role, off in ROLE_OFFSETS.items()}
-        out["noise"] = ~(out["key"] | out["anchor1"] | out["anchor2"])
-        return out
-
-    def variables(self) -> dict[str, np.ndarray]:
-        """key, a1, a2, g1 = g(key; a1) and the target of every sequence."""
-        as_np = lambda t: t.numpy().astype(np.int64)  # noqa: E731
-        return {
-            "key": as_np(self.keys),
-            "a1": as_np(self.pairs[:, 0]),
-            "a2": as_np(self.pairs[:, 1]),
-            "g1": as_np(self.intermediate),
-            "target": as_np(self.targets),
-        }
-
-    def mirror_groups(self) -> list[tuple[str, str]]:
-        """Each held-out pair with its mirror, where both are present."""
-        present = set(self.groups())
-        out = []
-        for a, b in sorted({tuple(p) for p in self.pairs[self.is_heldout].tolist()}):
-            held, mirror = f"({a},{b})", f"({b},{a})"
-            if mirror in present and mirror != held:
-                out.append((held, mirror))
-        return out
-
-    def concat(self, others: Sequence[AnchorData]) -> AnchorData:
-        """One data set of this split followed by ``others`` (e.g. seen and held-out pairs)."""
-        parts = [self, *others]
-        fields = (
-            "tokens",
-            "targets",
-            "composite",
-            "symmetric",
-            "pairs",
-            "keys",
-            "positions",
-            "intermediate",
-            "is_heldout",
-        )
-        return AnchorData(
-            "+".join(d.split for d in parts),
-            *(torch.cat([getattr(d, f) for d in parts]) for f in fields),
-            item_range=self.item_range,
-            vocab_size=self.vocab_size,
-            key_modulus=self.key_modulus,
-        )
 
 
 def _check_int(name: str, value: Any) -> None:
@@ -700,10 +573,10 @@ class AnchorTask:
             )
         m = self.modulus
         train_key = data.keys % m != data.positions % m
+        classified = data.classify(predictions)
         rows = []
         for pair in sorted({tuple(p) for p in data.pairs.tolist()}):
             sel = (data.pairs[:, 0] == pair[0]) & (data.pairs[:, 1] == pair[1])
-            has_sym = self.symmetric_shift(pair) is not None
             row = {
                 "pair": f"({pair[0]},{pair[1]})",
                 "a1": pair[0],
@@ -711,31 +584,20 @@ class AnchorTask:
                 "heldout": pair in self.heldout_pairs,
                 "n": int(sel.sum()),
                 "accuracy": float((predictions[sel] == data.targets[sel]).float().mean()),
-                **_kinds(predictions, data, sel, has_sym, ""),
+                **_shares(classified, sel, ""),
                 "n_train_keys": int((sel & train_key).sum()),
-                **_kinds(predictions, data, sel & train_key, has_sym, "_train_keys"),
+                **_shares(classified, sel & train_key, "_train_keys"),
             }
             rows.append(row)
         return rows
 
 
-def _kinds(
-    pred: torch.Tensor, data: AnchorData, sel: torch.Tensor, has_sym: bool, suffix: str
+def _shares(
+    classified: dict[str, torch.Tensor], sel: torch.Tensor, suffix: str
 ) -> dict[str, float]:
-    """inferential / symmetric / other fractions of ``pred`` on ``sel`` (NaN when empty;
-    symmetric NaN without a trained mirror)."""
-    nan = float("nan")
-    if not bool(sel.any()):
-        return {f"{k}{suffix}": nan for k in ("inferential", "symmetric", "other")}
-    p = pred[sel]
-    inferential = p == data.composite[sel]
-    symmetric = p == data.symmetric[sel]
-    other = ~(inferential | symmetric) if has_sym else ~inferential
-    return {
-        f"inferential{suffix}": float(inferential.float().mean()),
-        f"symmetric{suffix}": float(symmetric.float().mean()) if has_sym else nan,
-        f"other{suffix}": float(other.float().mean()),
-    }
+    """inferential / symmetric / other shares on ``sel`` (NaN when empty; symmetric NaN
+    without a trained mirror), the keys ending in ``suffix``."""
+    return {f"{name}{suffix}": share for name, share in category_shares(classified, sel).items()}
 
 
 def _pairs_mapping(value: Any) -> dict[Pair, int]:
@@ -766,3 +628,14 @@ def _pairs_mapping(value: Any) -> dict[Pair, int]:
             )
         out[pair] = _as_int(v, f"shift of special-target pair {pair}")
     return out
+
+
+__all__ = [
+    "KEY_SPLITS",
+    "LEGACY_FIELDS",
+    "SPECIAL_FORMS",
+    "SPLITS",
+    "AnchorData",
+    "AnchorTask",
+    "Pair",
+]
