@@ -197,12 +197,14 @@ def _prepare_diagnose(args: argparse.Namespace) -> tuple[str, Any]:
     return path, out
 
 
-def data_source(args: argparse.Namespace, positions: str) -> str:
+def data_source(args: argparse.Namespace, data: Any) -> str:
     """In words, where ``probekit diagnose``'s data came from (see runs.default_data)."""
     if args.text:
         return f"text file {os.path.abspath(args.text)}, tokenized with the model's tokenizer"
-    if positions == "last":
-        return "the anchor task's test split stored with the run (answer at the last token)"
+    from probekit.data import describe  # a task's data say what they are
+
+    if (described := describe(data)) is not None:
+        return described
     from probekit import runs
     from probekit.training.runs import load_run
 
@@ -249,7 +251,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     )
     diagnosis.meta = {
         "checkpoint": os.path.abspath(path),
-        "data_source": data_source(args, positions),
+        "data_source": data_source(args, data),
         "dtype": args.dtype,
         **diagnosis.meta,
     }

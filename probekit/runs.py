@@ -304,7 +304,8 @@ def _answer_labelled(data: Any) -> dict[str, Any]:
 
     labels = torch.full_like(data.tokens, -100)
     labels[:, -1] = data.targets
-    return {"input_ids": data.tokens, "labels": labels}
+    described = f"{data.description()} stored with the run (answer at the last token)"
+    return {"input_ids": data.tokens, "labels": labels, "description": described}
 
 
 def _tokenized(

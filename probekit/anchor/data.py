@@ -1,5 +1,5 @@
-"""One split of the anchor task as task data: :class:`AnchorData`, the :class:`~probekit.data.TaskData`
-that the analyzers, the solution types and the report ask.
+"""One split of the anchor task: :class:`AnchorData`, the :class:`~probekit.data.TaskData` that
+the analyzers, the solution types and the report ask.
 
 Example:
     >>> from probekit.anchor import AnchorTask
