@@ -1,9 +1,10 @@
 """Token data as analyzers take it: batches of token ids with an optional mask and labels.
 
 Analyzers accept a token tensor ``[batch, pos]``, a ``(tokens, attention_mask)`` tuple, a dict
-with ``input_ids`` (or ``tokens``), ``attention_mask`` and ``labels`` keys, a :class:`Batch`, or a
-list of any of these (one entry per batch; averages are then taken over all valid tokens of all
-batches, never by averaging batch means).
+with ``input_ids`` (or ``tokens``), ``attention_mask`` and ``labels`` keys (and optionally a
+``description`` in words, see :func:`describe`), a :class:`Batch`, or a list of any of these (one
+entry per batch; averages are then taken over all valid tokens of all batches, never by averaging
+batch means). Task data (:class:`TaskData`) also say what their answers mean.
 
 ``labels[b, t]`` is the token the model should predict *at* position ``t`` (``-100`` = no target).
 When labels are omitted, the model handle fills them in: the next token for decoders, the token
@@ -141,6 +142,39 @@ def position_mask(batch: Batch, positions: str) -> torch.Tensor:
     raise InputError(f"unknown positions={positions!r}", fix="use positions='all' or 'last'")
 
 
+@dataclass(frozen=True)
+class SolutionWording:
+    """How figures and reports speak of a task's solutions (:meth:`TaskData.solution_wording`).
+
+    ``groups``: the groups in a short plural (the anchor task: ``"pairs"``, as in "seen
+    pairs"); ``reference``: the first answer category's answer, which the figure's histogram
+    subtracts from the prediction (``"composite"``); ``seen_scope`` / ``heldout_scope``: which
+    sequences of the seen and of the held-out groups are scored (``"test keys"``, ``"all
+    keys"``); ``target``: a seen group's correct answer (``"trained target"``); ``memorizing``:
+    the solution of a model that gets the seen groups wrong; ``title`` and ``explain``: the
+    report section's heading and what its figure shows; ``conclusion``: the section's sentence,
+    a :meth:`str.format` template over the solution summary (``{solution}``,
+    ``{heldout_<category>}``, ...; a missing number reads "n/a").
+
+    Example:
+        >>> SolutionWording(groups="prompts").conclusion.format(solution="copying")
+        'Solution: copying.'
+    """
+
+    groups: str = "groups"
+    reference: str = "reference answer"
+    seen_scope: str = "all sequences"
+    heldout_scope: str = "all sequences"
+    target: str = "target"
+    memorizing: str = "memorizing"
+    title: str = "Solution type on the held-out groups"
+    explain: str = (
+        "The figure shows, for each group, the share of outputs in each answer category; the "
+        "held-out groups tell the solutions apart."
+    )
+    conclusion: str = "Solution: {solution}."
+
+
 @runtime_checkable
 class TaskData(Protocol):
     """Sequences of a task with what task-aware analyzers ask about them.
@@ -152,9 +186,21 @@ class TaskData(Protocol):
     - ``tokens`` ``[n, T]`` long token ids (no padding);
     - ``targets`` ``[n]``: the token the sequence is scored against;
     - ``groups()``: one label per sequence (anchor task: the pair, ``"(4,3)"``);
+    - ``group_label``: what one group is, for figure axes (anchor task: ``"anchor pair"``);
     - ``heldout()`` ``[n]`` bool: sequences of groups never seen in training;
     - ``answers()``: named alternative answers ``[n]`` (``-1`` = none), e.g. the anchor task's
       ``"inferential"`` (composite) and ``"symmetric"`` (mirrored pair's trained target);
+    - ``categories()``: the answer categories a prediction falls in, in order, each with its
+      description (anchor task: inferential, symmetric, other); the first one names the
+      answer in ``answers()`` that predictions are compared with;
+    - ``classify(predictions)``: per category a float ``[n]``: 1 where the prediction
+      ``[n]`` is in it, 0 where not, NaN where the category has no answer for the sequence
+      (shares: :func:`category_shares`);
+    - ``subsets()``: named bool ``[n]`` masks of sequences the held-out shares are also
+      reported on (anchor task: ``"train_keys"``, the official code's held-out cells);
+    - ``solution_wording()``: a :class:`SolutionWording`, the words of the figures and reports;
+    - ``description()``: what the data are, in words (anchor task: ``"the anchor task's test
+      split"``);
     - ``roles()``: named bool position masks ``[n, T]`` (anchor task: key, anchor1, anchor2,
       noise), usable wherever ``positions=`` takes a role name;
     - ``variables()``: task variables per sequence for probes, ``{name: [n] array}``;
@@ -165,15 +211,18 @@ class TaskData(Protocol):
     - ``concat(others)``: one data set from this and more of the same kind.
 
     Example:
-        >>> from probekit.tasks import AnchorTask
+        >>> from probekit.anchor import AnchorTask
         >>> data = AnchorTask(n_test=20).dataset("test_task")
         >>> isinstance(data, TaskData), sorted(data.roles())
         (True, ['anchor1', 'anchor2', 'key', 'noise'])
+        >>> list(data.categories()), data.group_label
+        (['inferential', 'symmetric', 'other'], 'anchor pair')
     """
 
     tokens: torch.Tensor
     targets: torch.Tensor
     vocab_size: int | None
+    group_label: str
 
     @property
     def resample_range(self) -> tuple[int, int]: ...
@@ -186,6 +235,16 @@ class TaskData(Protocol):
 
     def answers(self) -> dict[str, torch.Tensor]: ...
 
+    def categories(self) -> dict[str, str]: ...
+
+    def classify(self, predictions: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def subsets(self) -> dict[str, torch.Tensor]: ...
+
+    def solution_wording(self) -> SolutionWording: ...
+
+    def description(self) -> str: ...
+
     def roles(self) -> dict[str, torch.Tensor]: ...
 
     def variables(self) -> dict[str, Any]: ...
@@ -193,6 +252,42 @@ class TaskData(Protocol):
     def mirror_groups(self) -> list[tuple[str, str]]: ...
 
     def concat(self, others: Sequence[TaskData]) -> TaskData: ...
+
+
+def category_shares(
+    classified: Mapping[str, torch.Tensor], selected: torch.Tensor | None = None
+) -> dict[str, float]:
+    """The share of each category of ``classified`` (:meth:`TaskData.classify`) among the
+    ``selected`` sequences (bool ``[n]``, default all) where the category has an answer; NaN
+    where it has none (or nothing is selected).
+
+    Example:
+        >>> nan = float("nan")
+        >>> in_a, in_b = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([nan, nan, 0.0, 1.0])
+        >>> category_shares({"a": in_a, "b": in_b})
+        {'a': 0.5, 'b': 0.5}
+    """
+    shares = {}
+    for name, inside in classified.items():
+        part = inside if selected is None else inside[selected]
+        part = part[~part.isnan()]
+        shares[name] = float(part.mean()) if part.numel() else float("nan")
+    return shares
+
+
+def describe(data: Any) -> str | None:
+    """What ``data`` are, in words, where they say so: a :class:`TaskData`'s ``description()``
+    or a data dict's ``"description"`` entry; ``None`` otherwise.
+
+    Example:
+        >>> describe({"input_ids": torch.tensor([[5, 6]]), "description": "two tokens"})
+        'two tokens'
+    """
+    if isinstance(data, TaskData):
+        return data.description()
+    if isinstance(data, Mapping) and isinstance(data.get("description"), str):
+        return data["description"]
+    return None
 
 
 def task_data(data: Any) -> TaskData | None:
@@ -205,4 +300,15 @@ def task_data(data: Any) -> TaskData | None:
     return None
 
 
-__all__ = ["POSITIONS", "Batch", "Data", "TaskData", "as_batches", "position_mask", "task_data"]
+__all__ = [
+    "POSITIONS",
+    "Batch",
+    "Data",
+    "SolutionWording",
+    "TaskData",
+    "as_batches",
+    "category_shares",
+    "describe",
+    "position_mask",
+    "task_data",
+]

@@ -54,7 +54,7 @@ QUICK_STEPS = 300
 def reference_configs(quick: bool = False) -> list[Any]:
     """The trainer configs of the two reference models: ``anchor_cpu_config`` (README) at
     gamma 0.5 and 0.8, seed 0; ``quick`` shrinks everything to a smoke run."""
-    from probekit.tasks.anchor import AnchorTask
+    from probekit.anchor import AnchorTask
     from probekit.training.models import ModelConfig
     from probekit.training.trainer import anchor_cpu_config
 
@@ -114,6 +114,7 @@ def analyse(
     """
     import probekit
     from probekit.analyses.mechanisms.solutions import solution_types
+    from probekit.data import describe
     from probekit.report import diagnose, write_report
     from probekit.sources import default_data
     from probekit.training.runs import load_run
@@ -133,7 +134,7 @@ def analyse(
     diagnosis.results = {"solutions": solutions, **mechanisms, **diagnosis.results}
     diagnosis.meta = {
         "checkpoint": checkpoint_label or os.path.abspath(checkpoint),
-        "data_source": "the anchor task's test split (answer at the last token)",
+        "data_source": describe(data),
         **diagnosis.meta,
     }
     _add_solution(diagnosis, solutions.summary)

@@ -44,7 +44,8 @@ from probekit.data import Data
 from probekit.errors import InputError
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
-from probekit.result import SIDECAR_CELLS, Result, json_ready, readable_value, summary_table
+from probekit.report_text import conclusion, explanation, heading
+from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
 from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
@@ -171,7 +172,7 @@ def diagnose_checkpoint(
     folder = os.path.abspath(path)
     diagnosis.meta = {
         "checkpoint": f"{label} (snapshot {folder})" if label else folder,
-        "data_source": data_source(path, data_positions, text=text, seed=seed),
+        "data_source": data_source(path, data, text=text, seed=seed),
         "dtype": dtype,
         **diagnosis.meta,
     }
@@ -439,124 +440,6 @@ section {{ margin-top: 2.2rem; }}
 </body></html>
 """
 
-TITLES = {
-    "solutions": "Solution type on the held-out pair",
-    "attention_knockout": "Attention-edge knockout",
-    "probes": "Linear probes of the intermediate results",
-    "condensation": "Condensation of the weights",
-    "embedding_map": "Token-embedding map",
-    "contributions": "Zero-ablation contributions",
-    "skip_effects": "Skip effects",
-    "layer_swaps": "Layer swaps and permutable blocks",
-    "residual": "Residual stream",
-    "logit_lens": "Logit lens",
-    "gradients": "Gradient norms",
-    "tuned_lens": "Tuned lens",
-}
-"""The heading of each report section."""
-
-EXPLAIN = {
-    "solutions": "The figure shows, for each anchor pair, the share of outputs that follow each "
-    "candidate shift; the held-out pair tells the inferential solution (the composite) from "
-    "the symmetric one.",
-    "attention_knockout": "Each cell is the change of the target's probability when one "
-    "attention edge (a layer's attention from the last token to one role) is blocked; large "
-    "negative cells are the edges the answer flows through.",
-    "probes": "Accuracy of a linear probe for each intermediate quantity at each layer and "
-    "role position, against a control with shuffled labels (selectivity).",
-    "condensation": "Cosine similarity between the input weights of the neurons of each "
-    "matrix, neurons sorted into groups; bright blocks are groups of neurons that point the "
-    "same way (condensed).",
-    "embedding_map": "The item tokens' embeddings projected to two dimensions, coloured by "
-    "their value; an ordered curve means the model embeds numbers by their order.",
-    "contributions": "How much the output changes when one layer (or its attention or MLP) is "
-    "removed, per layer and measure.",
-    "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
-    "writes (relative), and the output change in the last column.",
-    "layer_swaps": "The loss change for swapping each pair of layers; low cells mean the two "
-    "layers can change places, and runs of them form permutable blocks.",
-    "residual": "Cosine between each block's output and input, and the relative size of the "
-    "attention and MLP updates, per layer.",
-    "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
-    "overlap; where it drops to near zero the prediction is formed.",
-    "gradients": "Gradient norm of each layer's weights and at its residual input.",
-    "tuned_lens": "The tuned lens (a learned affine read-out per layer) over the logit lens.",
-}
-"""What each section's figure shows, written above it."""
-
-
-def conclusion(name: str, result: Result) -> str:
-    """One sentence in words: what a section's numbers say.
-
-    Example:
-        >>> import pandas as pd
-        >>> conclusion("gradients", Result(pd.DataFrame(), {"second_half_over_first_half": 2.0}))
-        'The second half of the layers gets 2 times the gradient norm of the first half.'
-    """
-    s = result.summary
-    pick = _CONCLUSIONS.get(name)
-    try:
-        return pick(s) if pick is not None else ""
-    except (KeyError, TypeError, ValueError):
-        return ""
-
-
-def _share(value: Any) -> str:
-    return readable_value(value) if value is None else f"{value:.1%}"
-
-
-_CONCLUSIONS: dict[str, Callable[[dict], str]] = {
-    "solutions": lambda s: (
-        f"Solution: {s['solution']}; on the held-out pair "
-        f"{_share(s['heldout_inferential'])} of outputs are inferential and "
-        f"{_share(s['heldout_symmetric'])} symmetric."
-    ),
-    "attention_knockout": lambda s: (
-        "The strongest edges (change of the target's probability): "
-        f"{', '.join(s['strongest_edges'])}."
-    ),
-    "probes": lambda s: (
-        f"A quantity counts as decodable at accuracy ≥ {s['threshold']} and "
-        f"selectivity ≥ {s['min_selectivity']}; the table below gives where each one is."
-    ),
-    "condensation": lambda s: (
-        f"Mean condensation score {s['mean_score']:.3f} (the share of "
-        f"neuron pairs with cosine ≥ {s['threshold']}; 0 means no two neurons align)."
-    ),
-    "embedding_map": lambda s: (
-        f"Neighbour ratio {s['neighbour_ratio']:.2f} (below 1: "
-        "neighbouring numbers sit closer than random pairs) and rank correlation of the first "
-        f"axis with the value {s['order_corr']:.2f}."
-    ),
-    "contributions": lambda s: (
-        f"Layer {s['most_important_layer']} matters most and layer "
-        f"{s['least_important_layer']} least; the second half carries "
-        f"{_share(s['second_half_share'])} of the output change."
-    ),
-    "skip_effects": lambda s: (
-        f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
-        "possible: how much the later layers' work depends on the earlier ones."
-    ),
-    "layer_swaps": lambda s: (
-        f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
-        f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}."
-    ),
-    "residual": lambda s: (
-        "Each block's output keeps a cosine of "
-        f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
-        "(second half) with its input."
-    ),
-    "logit_lens": lambda s: (
-        f"The logit lens matches the final prediction (KL < "
-        f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
-        f"{s['n_layers']} layers."
-    ),
-    "gradients": lambda s: (
-        "The second half of the layers gets "
-        f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half."
-    ),
-}
-
 
 def _details_table(result: Result) -> str:
     """A readable table of per-matrix statistics where a result has them (condensation)."""
@@ -583,12 +466,11 @@ def _meta_table(meta: dict[str, Any]) -> str:
 
 def _section(name: str, result: Result, figure: str) -> str:
     """One report section: heading, conclusion, what the figure shows, figure, tables."""
-    title = TITLES.get(name, name.replace("_", " "))
     said = conclusion(name, result)
     return (
-        f"<section><h2>{html.escape(title)}</h2>"
+        f"<section><h2>{html.escape(heading(name, result))}</h2>"
         + (f"<p class='conclusion'>{html.escape(said)}</p>" if said else "")
-        + f"<p class='explain'>{html.escape(EXPLAIN.get(name, ''))}</p>{figure}"
+        + f"<p class='explain'>{html.escape(explanation(name, result))}</p>{figure}"
         f"{summary_table(result.summary)}{_details_table(result)}</section>"
     )
 

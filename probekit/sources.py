@@ -360,19 +360,23 @@ def default_data(
 
 
 def data_source(
-    model: str | os.PathLike, positions: str, *, text: str | None = None, seed: int = 0
+    model: str | os.PathLike, data: Any, *, text: str | None = None, seed: int = 0
 ) -> str:
-    """In words, where the data :func:`default_data` chose for the checkpoint path ``model``
-    came from (``positions`` as it returned them, ``text`` and ``seed`` as passed to it).
+    """In words, where the ``data`` :func:`default_data` chose for the checkpoint path
+    ``model`` came from (``text`` and ``seed`` as passed to it): data that say what they are
+    (a task's :meth:`~probekit.data.TaskData.description`, see :func:`probekit.data.describe`)
+    are taken at their word.
 
     Example:
-        >>> data_source("gpt2", "all", seed=3)
+        >>> data_source("gpt2", None, seed=3)
         'tokens drawn uniformly from the vocabulary (seed 3)'
     """
     if text:
         return f"text file {os.path.abspath(text)}, tokenized with the model's tokenizer"
-    if positions == "last":
-        return "the anchor task's test split stored with the run (answer at the last token)"
+    from probekit.data import describe
+
+    if (described := describe(data)) is not None:
+        return described
     from probekit.training.runs import load_run
 
     if load_run(checkpoint_of(model)) is not None:
@@ -386,7 +390,8 @@ def _answer_labelled(data: Any) -> dict[str, Any]:
 
     labels = torch.full_like(data.tokens, -100)
     labels[:, -1] = data.targets
-    return {"input_ids": data.tokens, "labels": labels}
+    described = f"{data.description()} stored with the run (answer at the last token)"
+    return {"input_ids": data.tokens, "labels": labels, "description": described}
 
 
 def _tokenized(

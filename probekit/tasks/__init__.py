@@ -1,4 +1,7 @@
-"""Synthetic tasks: the anchor-function compositional task.
+"""Task data sources: the byte corpus of the LM runs (:mod:`probekit.tasks.corpus`).
+
+The anchor-function task lives in :mod:`probekit.anchor`; ``probekit.tasks.AnchorTask`` and
+``probekit.tasks.AnchorData`` (and the module ``probekit.tasks.anchor``) name it still.
 
 Example:
     >>> from probekit.tasks import AnchorTask
@@ -6,6 +9,6 @@ Example:
     9
 """
 
-from probekit.tasks.anchor import SPLITS, AnchorData, AnchorTask
+from probekit.anchor import SPLITS, AnchorData, AnchorTask
 
 __all__ = ["SPLITS", "AnchorData", "AnchorTask"]

@@ -329,8 +329,9 @@ class PairCosineResult(Result):
                 col=i % cols + 1,
             )
             fig.update_yaxes(autorange="reversed", row=i // cols + 1, col=i % cols + 1)
-        fig.update_xaxes(title_text="anchor pair")
-        fig.update_yaxes(title_text="anchor pair", col=1)
+        group = str(self.meta.get("group_label", "group"))  # the task's, e.g. "anchor pair"
+        fig.update_xaxes(title_text=group)
+        fig.update_yaxes(title_text=group, col=1)
         figures.base_layout(
             fig,
             f"Cosine of states ({site}) between pairs at equal inferential answers",
@@ -394,6 +395,7 @@ def pair_cosines(
                     )
     meta = result_meta(model, positions=positions, batch_size=batch_size, sites=list(sites))
     meta["layers"] = layers
+    meta["group_label"] = task.group_label
     return PairCosineResult(pd.DataFrame(rows), {"n_pairs": len(pairs)}, meta)
 
 

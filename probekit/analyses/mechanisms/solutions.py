@@ -1,26 +1,26 @@
-"""Solution types on a compositional task: inferential, symmetric, memorizing or other.
+"""Solution types on a compositional task: which answer category a model's outputs fall in.
 
-For every group (the anchor task: every anchor pair) the classifier reads the model's next-token
-prediction (argmax of the last-position logits) and reports the fraction of outputs that are
+For every group (the task data's ``groups()``) the classifier reads the model's next-token
+prediction (argmax of the last-position logits) and reports the fraction of outputs in each of
+the task's answer categories (``categories()``, sorted by its ``classify()``; a category with
+no answer for a sequence is left out of that sequence's count, and its fraction is NaN where it
+has none), plus ``accuracy`` against the data's ``targets``. The task data
+(:class:`~probekit.data.TaskData`) hold both the seen groups and the held-out ones, told apart
+by ``heldout()``; the words of the figure and of the report come from its
+``solution_wording()`` and ``group_label``.
 
-* ``inferential``: the data's ``answers()["inferential"]`` (the anchor task: the composite
-  ``g(g(x; a1); a2)``, the generalizing solution),
-* ``symmetric``: ``answers()["symmetric"]`` (the anchor task: the trained target of the mirrored
-  pair ``(a2, a1)``, ``-1`` = none, then NaN), e.g. ``x - 6`` on the held-out pair ``(4, 3)``
-  because ``(3, 4)`` is trained on it,
-* ``other``: neither,
-
-plus ``accuracy`` against the data's ``targets``. The data (:class:`~probekit.data.TaskData`)
-holds both the seen groups (the anchor task: seen pairs on test keys) and the held-out ones,
-told apart by ``heldout()``: :meth:`probekit.tasks.AnchorTask.solution_data` gives it. The model
-is *memorizing* when seen groups score below 90%. The distribution of prediction minus the
-inferential answer on the held-out groups is kept too (``metric == "diff"`` rows).
+The model's solution is the category with the largest fraction of held-out outputs, or the
+wording's ``memorizing`` when the seen groups score below ``memorizing_threshold`` (90%): a
+model that has not learned the seen groups has no solution on the held-out ones. The
+distribution of prediction minus the first category's answer (the reference) on the held-out
+groups is kept too (``metric == "diff"`` rows). The anchor task's categories (inferential,
+symmetric, other) and its data are in :mod:`probekit.anchor`.
 
 Works on any checkpoint :func:`probekit.load` opens whose vocabulary is the task's; the task a
 probekit run was trained on is ``probekit.training.runs.load_run(path).task``.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, vocab_size=50, item_high=40)
     >>> res = solution_types(toy_model("gpt2", n_layers=1), task.solution_data())
@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -40,111 +41,138 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.data import TaskData, task_data
+from probekit.data import SolutionWording, TaskData, category_shares, task_data
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
 from probekit.model import Model, load
 from probekit.result import Result
 
-COLORS = {"inferential": "#2a9d8f", "symmetric": "#e76f51", "other": "#8d99ae"}
+CATEGORY_COLORS = ("#2a9d8f", "#e76f51", "#8d99ae", "#e9c46a", "#6d597a", "#b56576")
+"""The colours of the answer categories, in the task's order."""
 SEEN_COLORS = {"correct": "#457b9d", "wrong": "#d4d4d4"}
 DIFF_COLORS = ("#264653", "#6d597a", "#b56576")
-LABELS = {
-    "inferential": "inferential (composite)",
-    "symmetric": "symmetric (mirrored pair's target)",
-    "other": "other",
-}
-ANSWERS = ("inferential", "symmetric")
-"""The named answers of the task data that the solution types are read against."""
-METRICS = ("accuracy", "inferential", "symmetric", "other")
 
 
 class SolutionResult(Result):
-    """Per-pair solution fractions (``df``), headline numbers (``summary``), and a figure.
+    """Per-group solution fractions (``df``), headline numbers (``summary``), and a figure.
 
-    ``df`` columns: ``pair, heldout, n, metric, diff, value`` where ``pair`` is the group (the
-    anchor pair) and ``metric`` is one of accuracy / inferential / symmetric / other (``diff``
-    empty) or ``diff`` (``value`` is the fraction of held-out outputs at prediction - composite
-    == ``diff``). ``summary``: ``seen_test_accuracy``, ``heldout_inferential``,
-    ``heldout_symmetric``, ``heldout_other`` (held-out groups, all keys), the same three with
-    the suffix ``_train_keys`` (held-out groups, training-key cells only: the official code's
-    held-out evaluation; present when the data know their key split, NaN when there are no
-    such cells), ``heldout_diff_mode``, ``memorizing``, ``solution``. ``heldout_symmetric`` is
-    over the held-out sequences that have a symmetric answer (a trained mirror) and NaN when
-    none has: never a 0 for an answer that does not exist.
+    ``df`` columns: ``pair, heldout, n, metric, diff, value`` where ``pair`` is the group
+    (the anchor task: the anchor pair) and ``metric`` is ``accuracy`` or one of the task's
+    answer categories (``diff`` empty), or ``diff`` (``value`` is the fraction of held-out
+    outputs at prediction - reference answer == ``diff``). ``summary``: ``seen_test_accuracy``,
+    ``heldout_<category>`` for each category (held-out groups, all their sequences; over the
+    sequences where the category has an answer, NaN when none has: never a 0 for an answer
+    that does not exist), ``heldout_diff_mode``, the same category fractions with the suffix
+    ``_<subset>`` for each of the task data's ``subsets()`` (the anchor task: ``_train_keys``,
+    the official code's held-out evaluation; NaN when the subset holds no held-out sequence),
+    ``memorizing`` and ``solution``. ``meta`` keeps the task's ``categories`` and ``wording``
+    (the words of the figure and of the report) and, per category other than the reference,
+    its ``answer_offsets`` from the reference on each held-out group.
     """
 
     kind = "solutions"
 
     def fractions(self) -> pd.DataFrame:
-        """Wide table: one row per pair, columns accuracy / inferential / symmetric / other."""
+        """Wide table: one row per group, columns accuracy and the answer categories."""
         df = self.df[self.df["metric"] != "diff"]
         return df.pivot_table(
             index=["pair", "heldout", "n"], columns="metric", values="value"
         ).reset_index()
 
+    def categories(self) -> dict[str, str]:
+        """The task's answer categories, in order, with their descriptions."""
+        known = self.meta.get("categories")
+        if isinstance(known, dict) and known:
+            return {str(k): str(v) for k, v in known.items()}
+        metrics = self.df["metric"][~self.df["metric"].isin(["accuracy", "diff"])]
+        return {str(m): str(m) for m in dict.fromkeys(metrics)}
+
+    def wording(self) -> dict[str, str]:
+        """The words of the figure and the report: the task's ``group_label`` as ``group``
+        and its :class:`~probekit.data.SolutionWording` (defaults where a saved result lacks
+        them)."""
+        stored = self.meta.get("wording")
+        return {
+            "group": "group",
+            **asdict(SolutionWording()),
+            **(stored if isinstance(stored, dict) else {}),
+        }
+
     def figure(self) -> go.Figure:
-        """Stacked bars per pair (seen pairs: correct or wrong; held-out pairs: inferential,
-        symmetric or other), and the held-out pairs' histogram of prediction - composite with
-        the composite (0) and the symmetric answer marked."""
+        """Stacked bars per group (seen groups: correct or wrong; held-out groups: one bar per
+        answer category), and the held-out groups' histogram of prediction - reference answer
+        with the reference (0) and the other answers marked."""
+        words = self.wording()
         fig = make_subplots(
             rows=1,
             cols=2,
             column_widths=[0.6, 0.4],
             horizontal_spacing=0.1,
             subplot_titles=(
-                "Outputs per anchor pair (seen: test keys; held-out: all keys)",
-                "Held-out pairs: prediction − composite",
+                f"Outputs per {words['group']} (seen: {words['seen_scope']}; held-out: "
+                f"{words['heldout_scope']})",
+                f"Held-out {words['groups']}: prediction − {words['reference']}",
             ),
         )
-        self._pair_bars(fig)
-        self._diff_bars(fig)
-        figures.base_layout(fig, self._title(), width=1150, height=440)
+        self._group_bars(fig, words)
+        self._diff_bars(fig, words)
+        figures.base_layout(fig, self._title(words), width=1150, height=440)
         fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="normal")
         fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
         fig.update_yaxes(title_text="fraction of held-out outputs", row=1, col=2)
-        fig.update_xaxes(title_text="anchor pair (seen, then held-out)", row=1, col=1)
-        fig.update_xaxes(title_text="prediction − composite (tokens)", row=1, col=2)
+        fig.update_xaxes(title_text=f"{words['group']} (seen, then held-out)", row=1, col=1)
+        fig.update_xaxes(title_text=f"prediction − {words['reference']} (tokens)", row=1, col=2)
         return fig
 
-    def _pair_bars(self, fig: go.Figure) -> None:
+    def _group_bars(self, fig: go.Figure, words: dict[str, str]) -> None:
         frac = self.df[self.df["metric"] != "diff"]
         seen = list(dict.fromkeys(frac[~frac["heldout"].astype(bool)].sort_values("pair")["pair"]))
         held = list(dict.fromkeys(frac[frac["heldout"].astype(bool)].sort_values("pair")["pair"]))
         table = frac.pivot_table(index="pair", columns="metric", values="value")
         acc = table.reindex(seen).get("accuracy", pd.Series(0.0, index=seen)).fillna(0.0)
+        seen_group, held_group = f"seen {words['groups']}", f"held-out {words['groups']}"
         bars = [
-            (seen, acc, "correct (trained target)", SEEN_COLORS["correct"], "seen pairs"),
-            (seen, 1 - acc, "wrong", SEEN_COLORS["wrong"], "seen pairs"),
+            (seen, acc, f"correct ({words['target']})", SEEN_COLORS["correct"], seen_group),
+            (seen, 1 - acc, "wrong", SEEN_COLORS["wrong"], seen_group),
         ]
-        for metric, color in COLORS.items():
+        categories = self.categories()
+        for k, metric in enumerate(categories):
             part = table.reindex(held).get(metric, pd.Series(0.0, index=held)).fillna(0.0)
-            bars.append((held, part, metric, color, "held-out pairs"))
-        for pairs, values, name, color, group in bars:
-            if pairs:
+            color = CATEGORY_COLORS[k % len(CATEGORY_COLORS)]
+            bars.append((held, part, metric, color, held_group))
+        for groups, values, name, color, legend_group in bars:
+            if groups:
                 bar = go.Bar(
-                    x=pairs,
+                    x=groups,
                     y=list(values),
                     name=name,
                     marker_color=color,
-                    legendgroup=group,
-                    legendgrouptitle_text=group,
-                    hovertext=LABELS.get(name, name),
+                    legendgroup=legend_group,
+                    legendgrouptitle_text=legend_group,
+                    hovertext=categories.get(name, name),
                 )
                 fig.add_trace(bar, row=1, col=1)
         fig.update_xaxes(categoryorder="array", categoryarray=seen + held, row=1, col=1)
 
-    def _diff_bars(self, fig: go.Figure) -> None:
+    def _answer_offsets(self) -> dict[str, list[int]]:
+        """Per category other than the reference, its offsets from the reference answer."""
+        stored = self.meta.get("answer_offsets") or {}
+        return {
+            str(name): [int(v) for v in per_group.values()] for name, per_group in stored.items()
+        }
+
+    def _diff_bars(self, fig: go.Figure, words: dict[str, str]) -> None:
         diff = self.df[self.df["metric"] == "diff"]
-        offsets = [int(v) for v in (self.meta.get("symmetric_offsets") or {}).values()]
+        marks_of = self._answer_offsets()
+        offsets = [o for values in marks_of.values() for o in values]
         reach = max([10, *(abs(o) + 4 for o in offsets)])
         clipped = diff.assign(bin=diff["diff"].clip(-reach - 2, reach + 2))
-        for k, (pair, sub) in enumerate(clipped.groupby("pair")):
+        for k, (group, sub) in enumerate(clipped.groupby("pair")):
             counts = sub.groupby("bin")["value"].sum()
             fig.add_trace(
                 go.Bar(
                     x=list(counts.index),
                     y=list(counts.values),
-                    name=f"held-out pair {pair}",
+                    name=f"held-out {words['group']} {group}",
                     marker_color=DIFF_COLORS[k % len(DIFF_COLORS)],
                     width=0.8,
                 ),
@@ -162,7 +190,9 @@ class SolutionResult(Result):
             row=1,
             col=2,
         )
-        marks = [(0, "composite ", "right")] + [(o, " symmetric", "left") for o in set(offsets)]
+        marks = [(0, f"{words['reference']} ", "right")] + [
+            (o, f" {name}", "left") for name, values in marks_of.items() for o in set(values)
+        ]
         for x, text, side in marks:
             fig.add_vline(x=x, line={"dash": "dot", "color": "#555", "width": 1}, row=1, col=2)
             fig.add_annotation(
@@ -177,15 +207,16 @@ class SolutionResult(Result):
                 font={"size": 11},
             )
 
-    def _title(self) -> str:
+    def _title(self, words: dict[str, str]) -> str:
         s = self.summary
         if not s:
             return "Solution types"
+        categories = list(self.categories())
+        answered = [c for c in categories if c == categories[0] or c in self._answer_offsets()]
+        shares = ", ".join(f"{c} {s.get(f'heldout_{c}', float('nan')):.2f}" for c in answered)
         return (
-            f"Solution: {s.get('solution')} (held-out inferential "
-            f"{s.get('heldout_inferential', float('nan')):.2f}, symmetric "
-            f"{s.get('heldout_symmetric', float('nan')):.2f}; seen pairs on test keys "
-            f"{s.get('seen_test_accuracy', float('nan')):.2f})"
+            f"Solution: {s.get('solution')} (held-out {shares}; seen {words['groups']} on "
+            f"{words['seen_scope']} {s.get('seen_test_accuracy', float('nan')):.2f})"
         )
 
 
@@ -216,7 +247,7 @@ def solution_types(
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: task data holding the seen and the held-out groups (e.g.
+        data: task data holding the seen and the held-out groups (e.g. the anchor task's
             ``task.solution_data()``), or a list of task data sets (concatenated).
         memorizing_threshold: seen-group accuracy below which the model is memorizing.
         batch_size: sequences per forward.
@@ -227,15 +258,20 @@ def solution_types(
     _check_model(handle, task)
     pred = predict(handle, task, batch_size)
     held = task.heldout().cpu().bool()
-    rows = _group_rows(task, pred, held) + _diff_rows(task, pred, held)
-    summary = _summary(task, pred, held, memorizing_threshold)
+    found = task.classify(pred.to(task.targets.device))
+    classified = {name: found[name].cpu() for name in task.categories()}
+    reference = next(iter(task.categories()))
+    rows = _group_rows(task, pred, held, classified) + _diff_rows(task, pred, held, reference)
+    summary = _summary(task, pred, held, classified, memorizing_threshold)
     df = pd.DataFrame(rows, columns=["pair", "heldout", "n", "metric", "diff", "value"])
     meta = {
-        "symmetric_offsets": _symmetric_offsets(task, held),
+        "answer_offsets": _answer_offsets(task, held, reference),
         "memorizing_threshold": memorizing_threshold,
         "n_seen": int((~held).sum()),
         "n_heldout": int(held.sum()),
         "source": str(model) if isinstance(model, str | os.PathLike) else None,
+        "categories": dict(task.categories()),
+        "wording": {"group": task.group_label, **asdict(task.solution_wording())},
     }
     return SolutionResult(df, summary, meta)
 
@@ -249,17 +285,18 @@ def _check_data(data: Any, memorizing_threshold: float) -> TaskData:
             fix="pass task.solution_data() (the task the model was trained on; for a probekit "
             "run: probekit.training.runs.load_run(path).task.solution_data())",
         )
-    missing = [a for a in ANSWERS if a not in task.answers()]
-    if missing:
+    categories = list(task.categories())
+    if not categories or categories[0] not in task.answers():
         raise ConfigError(
-            f"the task data has no answers {missing}",
-            fix=f"pass task data whose answers() name {list(ANSWERS)}",
+            f"the task data's first answer category ({categories[0] if categories else 'none'})"
+            f" is not one of its answers {list(task.answers())}",
+            fix="list first in categories() the answer that predictions are compared with",
         )
     held = task.heldout()
     if bool(held.all()) or not bool(held.any()):
         raise InputError(
             "solution types need both seen and held-out sequences",
-            fix="pass task.solution_data() (seen pairs on test keys, then held-out pairs)",
+            fix="pass task data with seen and held-out groups (e.g. task.solution_data())",
         )
     if not (0.0 < memorizing_threshold <= 1.0):
         raise ConfigError(
@@ -279,7 +316,7 @@ def _check_model(handle: Model, task: TaskData) -> None:
     if vocab is not None and handle.d_vocab != vocab:
         raise InputError(
             f"the model's vocabulary has {handle.d_vocab} tokens, the task's {vocab}",
-            fix="pass the task the model was trained on (AnchorTask(vocab_size=...))",
+            fix="pass the task the model was trained on (its vocab_size)",
         )
     seq_len = task.tokens.shape[1]
     if handle.n_ctx < seq_len:
@@ -289,32 +326,31 @@ def _check_model(handle: Model, task: TaskData) -> None:
         )
 
 
-def _group_rows(task: TaskData, pred: torch.Tensor, held: torch.Tensor) -> list[dict[str, Any]]:
-    """accuracy / inferential / symmetric / other per group: seen groups, then held-out ones."""
+def _group_rows(
+    task: TaskData, pred: torch.Tensor, held: torch.Tensor, classified: dict[str, torch.Tensor]
+) -> list[dict[str, Any]]:
+    """accuracy and the category fractions per group: seen groups, then held-out ones."""
     labels = np.array(task.groups())
-    answers = {k: task.answers()[k].cpu() for k in ANSWERS}
+    targets = task.targets.cpu()
+    metrics = ("accuracy", *classified)
     rows = []
     for heldout in (False, True):
         for group in sorted(set(labels[(held == heldout).numpy()])):
             sel = torch.from_numpy(labels == group)
-            p = pred[sel]
-            inf = p == answers["inferential"][sel]
-            has_sym = bool((answers["symmetric"][sel] != -1).any())
-            sym = p == answers["symmetric"][sel]
             values = {
-                "accuracy": float((p == task.targets[sel].cpu()).float().mean()),
-                "inferential": float(inf.float().mean()),
-                "symmetric": float(sym.float().mean()) if has_sym else float("nan"),
-                "other": float((~(inf | sym) if has_sym else ~inf).float().mean()),
+                "accuracy": float((pred[sel] == targets[sel]).float().mean()),
+                **category_shares(classified, sel),
             }
             base = {"pair": group, "heldout": heldout, "n": int(sel.sum())}
-            rows += [{**base, "metric": m, "diff": np.nan, "value": values[m]} for m in METRICS]
+            rows += [{**base, "metric": m, "diff": np.nan, "value": values[m]} for m in metrics]
     return rows
 
 
-def _diff_rows(task: TaskData, pred: torch.Tensor, held: torch.Tensor) -> list[dict[str, Any]]:
-    """Share of held-out outputs at each prediction - inferential answer, per held-out group."""
-    diff = (pred - task.answers()["inferential"].cpu())[held].numpy()
+def _diff_rows(
+    task: TaskData, pred: torch.Tensor, held: torch.Tensor, reference: str
+) -> list[dict[str, Any]]:
+    """Share of held-out outputs at each prediction - reference answer, per held-out group."""
+    diff = (pred - task.answers()[reference].cpu())[held].numpy()
     labels = np.array(task.groups())[held.numpy()]
     rows = []
     for group, sub in pd.DataFrame({"pair": labels, "diff": diff}).groupby("pair"):
@@ -333,60 +369,57 @@ def _diff_rows(task: TaskData, pred: torch.Tensor, held: torch.Tensor) -> list[d
     return rows
 
 
-def _fractions(task: TaskData, pred: torch.Tensor, sel: torch.Tensor, suffix: str) -> dict:
-    """Held-out inferential / symmetric / other on the sequences ``sel`` (NaN when none;
-    symmetric over the sequences that have a symmetric answer, NaN when none has)."""
-    keys = [f"heldout_{k}{suffix}" for k in ("inferential", "symmetric", "other")]
-    if not bool(sel.any()):
-        return dict.fromkeys(keys, float("nan"))
-    answers = {k: task.answers()[k].cpu()[sel] for k in ANSWERS}
-    p = pred[sel]
-    inf, sym = p == answers["inferential"], p == answers["symmetric"]
-    has_sym = answers["symmetric"] != -1
-    symmetric = float(sym[has_sym].float().mean()) if bool(has_sym.any()) else float("nan")
-    return dict(
-        zip(
-            keys,
-            (float(inf.float().mean()), symmetric, float((~(inf | sym)).float().mean())),
-            strict=True,
-        )
-    )
+def _heldout_shares(
+    classified: dict[str, torch.Tensor], sel: torch.Tensor, suffix: str
+) -> dict[str, float]:
+    """The category fractions on the held-out sequences ``sel``, keyed ``heldout_<category>``
+    plus ``suffix`` (NaN when ``sel`` is empty or the category has no answer there)."""
+    return {f"heldout_{k}{suffix}": v for k, v in category_shares(classified, sel).items()}
 
 
-def _symmetric_offsets(task: TaskData, held: torch.Tensor) -> dict[str, int]:
-    """Per held-out group, the symmetric answer minus the inferential one when it is one
-    number for the whole group (the anchor task's (4,3): +4), for the figure's marker."""
-    answers = {k: task.answers()[k].cpu()[held] for k in ANSWERS}
+def _answer_offsets(task: TaskData, held: torch.Tensor, reference: str) -> dict[str, dict]:
+    """Per answer category other than the reference, per held-out group, its answer minus
+    the reference answer when that is one number for the whole group (the anchor task's
+    symmetric answer on (4,3): +4), for the figure's markers."""
+    answers = {k: v.cpu()[held] for k, v in task.answers().items()}
     labels = np.array(task.groups())[held.numpy()]
-    out = {}
-    for group in sorted(set(labels)):
-        sel = torch.from_numpy(labels == group)
-        has = answers["symmetric"][sel] != -1
-        values = set((answers["symmetric"][sel] - answers["inferential"][sel])[has].tolist())
-        if len(values) == 1:
-            out[str(group)] = int(values.pop())
+    out: dict[str, dict] = {}
+    for name in task.categories():
+        if name == reference or name not in answers:
+            continue
+        out[name] = {}
+        for group in sorted(set(labels)):
+            sel = torch.from_numpy(labels == group)
+            has = answers[name][sel] != -1
+            values = set((answers[name][sel] - answers[reference][sel])[has].tolist())
+            if len(values) == 1:
+                out[name][str(group)] = int(values.pop())
     return out
 
 
 def _summary(
-    task: TaskData, pred: torch.Tensor, held: torch.Tensor, memorizing_threshold: float
+    task: TaskData,
+    pred: torch.Tensor,
+    held: torch.Tensor,
+    classified: dict[str, torch.Tensor],
+    memorizing_threshold: float,
 ) -> dict[str, Any]:
+    reference = next(iter(task.categories()))
     p = pred[held]
-    inferential = task.answers()["inferential"].cpu()[held]
+    answer = task.answers()[reference].cpu()[held]
     summary: dict[str, Any] = {
         "seen_test_accuracy": float((pred[~held] == task.targets.cpu()[~held]).float().mean()),
-        **_fractions(task, pred, held, ""),
-        "heldout_diff_mode": float(pd.Series((p - inferential).numpy()).mode().iloc[0]),
+        **_heldout_shares(classified, held, ""),
+        "heldout_diff_mode": float(pd.Series((p - answer).numpy()).mode().iloc[0]),
     }
-    on_training_keys = getattr(task, "on_training_keys", None)
-    if callable(on_training_keys) and getattr(task, "key_modulus", 0) is not None:
-        summary.update(_fractions(task, pred, held & on_training_keys().cpu(), "_train_keys"))
+    for name, subset in task.subsets().items():
+        summary.update(_heldout_shares(classified, held & subset.cpu().bool(), f"_{name}"))
     memorizing = summary["seen_test_accuracy"] < memorizing_threshold
     summary["memorizing"] = bool(memorizing)
     if memorizing:
-        summary["solution"] = "memorizing"
+        summary["solution"] = task.solution_wording().memorizing
     else:
-        fr = {k: summary[f"heldout_{k}"] for k in ("inferential", "symmetric", "other")}
+        fr = {k: summary[f"heldout_{k}"] for k in classified}
         summary["solution"] = max((k for k in fr if np.isfinite(fr[k])), key=fr.get)
     return summary
 

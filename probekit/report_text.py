@@ -1,0 +1,173 @@
+"""What each section of a report says in words: its heading, what its figure shows, and one
+sentence on what its numbers say.
+
+:data:`TITLES`, :data:`EXPLAIN` and the built-in conclusions speak of the depth and mechanism
+analyses; a result that brings its task's words (:func:`own_words`: the solution types carry
+the task data's :class:`~probekit.data.SolutionWording`) is described by them instead, so a new
+task needs no change here.
+
+Example:
+    >>> import pandas as pd
+    >>> from probekit.result import Result
+    >>> heading("skip_effects", Result(pd.DataFrame(), {}))
+    'Skip effects'
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from typing import Any
+
+from probekit.result import Result, readable_value
+
+TITLES = {
+    "solutions": "Solution types",
+    "attention_knockout": "Attention-edge knockout",
+    "probes": "Linear probes of the intermediate results",
+    "condensation": "Condensation of the weights",
+    "embedding_map": "Token-embedding map",
+    "contributions": "Zero-ablation contributions",
+    "skip_effects": "Skip effects",
+    "layer_swaps": "Layer swaps and permutable blocks",
+    "residual": "Residual stream",
+    "logit_lens": "Logit lens",
+    "gradients": "Gradient norms",
+    "tuned_lens": "Tuned lens",
+}
+"""The heading of each report section (a result that brings its task's words, such as the
+solution types, is headed by them: :func:`own_words`)."""
+
+EXPLAIN = {
+    "attention_knockout": "Each cell is the change of the target's probability when one "
+    "attention edge (a layer's attention from the last token to one role) is blocked; large "
+    "negative cells are the edges the answer flows through.",
+    "probes": "Accuracy of a linear probe for each intermediate quantity at each layer and "
+    "role position, against a control with shuffled labels (selectivity).",
+    "condensation": "Cosine similarity between the input weights of the neurons of each "
+    "matrix, neurons sorted into groups; bright blocks are groups of neurons that point the "
+    "same way (condensed).",
+    "embedding_map": "The item tokens' embeddings projected to two dimensions, coloured by "
+    "their value; an ordered curve means the model embeds numbers by their order.",
+    "contributions": "How much the output changes when one layer (or its attention or MLP) is "
+    "removed, per layer and measure.",
+    "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
+    "writes (relative), and the output change in the last column.",
+    "layer_swaps": "The loss change for swapping each pair of layers; low cells mean the two "
+    "layers can change places, and runs of them form permutable blocks.",
+    "residual": "Cosine between each block's output and input, and the relative size of the "
+    "attention and MLP updates, per layer.",
+    "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
+    "overlap; where it drops to near zero the prediction is formed.",
+    "gradients": "Gradient norm of each layer's weights and at its residual input.",
+    "tuned_lens": "The tuned lens (a learned affine read-out per layer) over the logit lens.",
+}
+"""What each section's figure shows, written above it."""
+
+
+def own_words(result: Result) -> dict[str, Any]:
+    """The words a result brings from its task: its meta's ``wording`` (a
+    :class:`~probekit.data.SolutionWording` as a dict: ``title``, ``explain`` and the
+    ``conclusion`` template), or ``{}``. They take the place of :data:`TITLES`,
+    :data:`EXPLAIN` and the built-in conclusion of the result's section.
+
+    Example:
+        >>> import pandas as pd
+        >>> own_words(Result(pd.DataFrame(), {}, {"wording": {"title": "Copying"}}))
+        {'title': 'Copying'}
+    """
+    words = result.meta.get("wording") if isinstance(result.meta, dict) else None
+    return words if isinstance(words, dict) else {}
+
+
+class _SummaryFormatter(string.Formatter):
+    """Fills a conclusion template from a summary; a missing number reads "n/a (...)"."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        return readable_value(value) if value is None else super().format_field(value, format_spec)
+
+
+def conclusion(name: str, result: Result) -> str:
+    """One sentence in words: what a section's numbers say (the result's own ``conclusion``
+    template where it brings one, :func:`own_words`).
+
+    Example:
+        >>> import pandas as pd
+        >>> conclusion("gradients", Result(pd.DataFrame(), {"second_half_over_first_half": 2.0}))
+        'The second half of the layers gets 2 times the gradient norm of the first half.'
+    """
+    s = result.summary
+    template = own_words(result).get("conclusion")
+    try:
+        if isinstance(template, str):
+            return _SummaryFormatter().format(template, **s)
+        pick = _CONCLUSIONS.get(name)
+        return pick(s) if pick is not None else ""
+    except (KeyError, IndexError, TypeError, ValueError):
+        return ""
+
+
+def _share(value: Any) -> str:
+    return readable_value(value) if value is None else f"{value:.1%}"
+
+
+_CONCLUSIONS: dict[str, Callable[[dict], str]] = {
+    "attention_knockout": lambda s: (
+        "The strongest edges (change of the target's probability): "
+        f"{', '.join(s['strongest_edges'])}."
+    ),
+    "probes": lambda s: (
+        f"A quantity counts as decodable at accuracy ≥ {s['threshold']} and "
+        f"selectivity ≥ {s['min_selectivity']}; the table below gives where each one is."
+    ),
+    "condensation": lambda s: (
+        f"Mean condensation score {s['mean_score']:.3f} (the share of "
+        f"neuron pairs with cosine ≥ {s['threshold']}; 0 means no two neurons align)."
+    ),
+    "embedding_map": lambda s: (
+        f"Neighbour ratio {s['neighbour_ratio']:.2f} (below 1: "
+        "neighbouring numbers sit closer than random pairs) and rank correlation of the first "
+        f"axis with the value {s['order_corr']:.2f}."
+    ),
+    "contributions": lambda s: (
+        f"Layer {s['most_important_layer']} matters most and layer "
+        f"{s['least_important_layer']} least; the second half carries "
+        f"{_share(s['second_half_share'])} of the output change."
+    ),
+    "skip_effects": lambda s: (
+        f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
+        "possible: how much the later layers' work depends on the earlier ones."
+    ),
+    "layer_swaps": lambda s: (
+        f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
+        f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}."
+    ),
+    "residual": lambda s: (
+        "Each block's output keeps a cosine of "
+        f"{s['cos_out_in_first_half']:.2f} (first half) and {s['cos_out_in_second_half']:.2f} "
+        "(second half) with its input."
+    ),
+    "logit_lens": lambda s: (
+        f"The logit lens matches the final prediction (KL < "
+        f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
+        f"{s['n_layers']} layers."
+    ),
+    "gradients": lambda s: (
+        "The second half of the layers gets "
+        f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half."
+    ),
+}
+
+
+def heading(name: str, result: Result) -> str:
+    """The heading of the section of analysis ``name``: the result's own ``title``, else
+    :data:`TITLES` (else the name in words)."""
+    return str(own_words(result).get("title") or TITLES.get(name, name.replace("_", " ")))
+
+
+def explanation(name: str, result: Result) -> str:
+    """What the section's figure shows: the result's own ``explain``, else :data:`EXPLAIN`."""
+    return str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
+
+
+__all__ = ["EXPLAIN", "TITLES", "conclusion", "explanation", "heading", "own_words"]
