@@ -327,9 +327,7 @@ def _today_update(t: LMTrainer) -> None:
     """The LM step as it was before the sync-free one: today's numbers."""
     cfg, step = t.cfg, t.step
     for group in t.optimizer.param_groups:
-        group["lr"] = cfg.lr * warmup_cosine(
-            step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
-        )
+        group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
     batch = t.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step).to(t.device)
     logits = t.model(batch, use_cache=False).logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))

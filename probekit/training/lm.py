@@ -30,8 +30,10 @@ precision; weights and AdamW moments are float32 (:mod:`probekit.training.precis
 sync points (evaluations, saves, growth stages, the end) the loop never waits for the device:
 each interval's batches go to the device in one copy, the loss and the non-finite checks stay
 there, and a run whose loss or weights became NaN/inf stops at the next sync point, naming the
-first such step, before anything is saved. The forward is given an explicit causal mask, as
-transformers' GPT-2 without an attention mask reads a device value in every forward.
+first such step, before anything is saved (the loop both trainers run:
+:mod:`probekit.training.loop`; :class:`LMTrainer` supplies the LM run's steps). The forward
+is given an explicit causal mask, as transformers' GPT-2 without an attention mask reads a
+device value in every forward.
 
 Example:
     >>> import tempfile
@@ -376,7 +378,7 @@ def _read_unscaled(path: Path, model) -> dict[str, torch.Tensor]:
 def _checked_metrics(path: Path, step: int, cfg: LMConfig) -> list[dict[str, Any]]:
     """The metrics rows up to ``step``; the row of the last evaluation must be there."""
     rows = read_metrics(path, step)
-    last_eval = step if step == cfg.steps else step - step % cfg.eval_every
+    last_eval = cfg.last_evaluation(step)
     if last_eval > 0 and not any(r["step"] == last_eval for r in rows):
         what = "is missing" if not path.exists() else f"lacks the row of step {last_eval}"
         raise CheckpointError(f"{path} {what} although a checkpoint is at step {step}", fix=FIX)

@@ -106,6 +106,11 @@ class RunSettings:
         check_precision(self.precision)
         check_flag("deterministic", self.deterministic)
 
+    def last_evaluation(self, step: int) -> int:
+        """The step of the last evaluation at or before ``step`` (every ``eval_every`` and the
+        end): the metrics row a checkpoint at ``step`` must find."""
+        return step if step == self.steps else step - step % self.eval_every
+
     def lr_at(self, step: int) -> float:
         """Learning rate of update ``step`` (0-based): linear warmup then cosine decay."""
         return self.lr * self.schedule(step)

@@ -241,11 +241,11 @@ def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
 
 def _metrics(stack: _Stack) -> list[dict[str, Any]]:
     """The metrics rows up to the resumed step, checked to hold the last evaluation."""
-    c0, step = stack.cfgs[0], stack.step
+    settings, step = stack.cfgs[0], stack.step
     path = stack.out / "metrics.jsonl"
     rows = read_metrics(path, step)
-    last_eval = step if step == c0.steps else step - step % c0.eval_every
-    if last_eval == 0 and not c0.eval_at_start:
+    last_eval = settings.last_evaluation(step)
+    if last_eval == 0 and not settings.eval_at_start:
         return rows
     have = {r.get("run") for r in rows if r["step"] == last_eval}
     lost = [c.name for c in stack.cfgs if c.name not in have]

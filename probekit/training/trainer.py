@@ -13,7 +13,8 @@ interval's batch indices are built on the host and sent in one copy, the loss su
 divergence flags stay on the device, and the host reads them at the sync point. So a single
 run whose loss becomes NaN stops at the next sync point (naming the step it diverged at, before
 anything is saved), and the progress bar's loss is the mean training loss since the evaluation
-before, updated at each evaluation.
+before, updated at each evaluation. The loop is the one both trainers run
+(:mod:`probekit.training.loop`); :class:`AnchorStack` supplies the anchor run's steps.
 
 A run's output folder::
 
