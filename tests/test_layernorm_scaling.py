@@ -16,7 +16,7 @@ from probekit.tasks import AnchorTask
 from probekit.training import ModelConfig, TrainConfig, train
 from probekit.training import lm as lm_mod
 from probekit.training import trainer as trainer_mod
-from probekit.training.lm import UNSCALED, LMConfig, train_lm
+from probekit.training.lm import UNSCALED_LN_FILE, LMConfig, train_lm
 from probekit.training.models import (
     from_hf_model,
     init_stacked_params,
@@ -74,9 +74,9 @@ def test_the_scales_follow_the_paper() -> None:
 
 def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Path) -> None:
     cfg = LMConfig(**LM)
-    trainer = lm_mod._LMTrainer(cfg, tmp_path / "run", "cpu")
+    trainer = lm_mod.LMTrainer(cfg, tmp_path / "run", "cpu")
     for _ in range(3):
-        trainer.update()
+        trainer.train_step()
     trainer.model.eval()
     final = trainer.save(tmp_path / "ck")
     tokens = trainer.corpus.sequences("validation", 16, n=3)
@@ -85,7 +85,7 @@ def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Pa
         ours = trainer.model(tokens, use_cache=False).logits
         assert torch.equal(hf(tokens, use_cache=False).logits, ours)  # folded: bit for bit
         plain = transformers.GPT2LMHeadModel(hf.config).eval()
-        unscaled = load_file(str(final / UNSCALED))
+        unscaled = load_file(str(final / UNSCALED_LN_FILE))
         plain.load_state_dict({**hf.state_dict(), **unscaled})
         paper = _paper_forward(plain, tokens, scaled=True)
         torch.testing.assert_close(paper, ours, atol=1e-5, rtol=1e-5)
@@ -96,7 +96,7 @@ def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Pa
 
 
 def test_lm_gradients_are_those_of_the_scaled_layernorm_output(tmp_path: Path) -> None:
-    trainer = lm_mod._LMTrainer(LMConfig(**LM), tmp_path / "run", "cpu")
+    trainer = lm_mod.LMTrainer(LMConfig(**LM), tmp_path / "run", "cpu")
     tokens = trainer.corpus.sequences("validation", 16, n=2)
     model = trainer.model
     gain = model.transformer.h[2].ln_1.parametrizations.weight.original
@@ -123,7 +123,7 @@ def test_a_killed_lm_run_with_layernorm_scaling_resumes_bit_identical(tmp_path, 
         patch.setattr(lm_mod, "_after_step", after_step)
         train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
-    for name in ("model.safetensors", "optimizer.safetensors", UNSCALED):
+    for name in ("model.safetensors", "optimizer.safetensors", UNSCALED_LN_FILE):
         x, y = load_file(str(ref.final / name)), load_file(str(resumed.final / name))
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
     assert resumed.metrics.val_loss.equals(ref.metrics.val_loss)
@@ -134,12 +134,12 @@ def test_a_killed_lm_run_with_layernorm_scaling_resumes_bit_identical(tmp_path, 
 def test_a_damaged_unscaled_file_is_refused_on_resume(tmp_path: Path) -> None:
     cfg = LMConfig(**LM)
     run = train_lm(cfg, tmp_path / "run", progress=False, device="cpu")
-    unscaled = load_file(str(run.final / UNSCALED))
+    unscaled = load_file(str(run.final / UNSCALED_LN_FILE))
     unscaled["transformer.h.1.ln_2.bias"] += 1.0
-    save_file(unscaled, str(run.final / UNSCALED))
+    save_file(unscaled, str(run.final / UNSCALED_LN_FILE))
     with pytest.raises(CheckpointError, match="does not fold"):
         lm_mod._load(run.final, cfg, cfg.steps, torch.device("cpu"))
-    (run.final / UNSCALED).unlink()
+    (run.final / UNSCALED_LN_FILE).unlink()
     with pytest.raises(CheckpointError, match="missing"):
         lm_mod._load(run.final, cfg, cfg.steps, torch.device("cpu"))
 

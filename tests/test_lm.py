@@ -11,7 +11,7 @@ import transformers
 import probekit
 from probekit.errors import ConfigError
 from probekit.training.growth import grow_checkpoint
-from probekit.training.lm import LMConfig, _ResidualScale, train_lm
+from probekit.training.lm import LMConfig, ResidualScale, train_lm
 
 TINY = dict(
     d_model=32,
@@ -58,7 +58,7 @@ def test_residual_scale_zero_keeps_the_function(tmp_path):
     big = transformers.GPT2LMHeadModel.from_pretrained(grown_dir).eval()
     inserted = json.loads((grown_dir / "growth.json").read_text())["inserted"]
     tokens = torch.randint(0, 256, (2, 16))
-    scaler = _ResidualScale(big.transformer.h, inserted)
+    scaler = ResidualScale(big.transformer.h, inserted)
     scaler.scale = 0.0
     with torch.no_grad():
         assert torch.allclose(big(tokens).logits, small(tokens).logits, atol=1e-5)

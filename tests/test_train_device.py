@@ -25,9 +25,10 @@ from probekit.tasks.corpus import VOCAB_SIZE
 from probekit.training import TrainConfig, train
 from probekit.training import optim as optim_mod
 from probekit.training import trainer as trainer_mod
-from probekit.training.lm import LMConfig, _LMTrainer, train_lm
+from probekit.training.lm import LMConfig, LMTrainer, train_lm
 from probekit.training.models import stacked_forward
 from probekit.training.precision import autocast, check_deterministic
+from probekit.training.schedule import warmup_cosine
 from tests.conftest import TINY_LM, tiny_anchor
 
 torch.set_num_threads(1)
@@ -147,7 +148,7 @@ def _today_step(stack) -> None:
     """The anchor step as it was before the sync-free one (host copies of the loss and a
     per-run branch on divergence, the optimizer's per-run undo): today's numbers."""
     M, s = stack.M, stack.step
-    idx = torch.stack([stack._batch_indices(m, s) for m in range(M)]).to(stack.device)
+    idx = torch.stack([stack.run_batch(m, s) for m in range(M)]).to(stack.device)
     with autocast(stack.device):
         logits = stacked_forward(stack.params, stack.train_tokens[idx], stack.mcfg)
     V = logits.shape[-1]
@@ -172,7 +173,7 @@ def _today_step(stack) -> None:
             k: (p.clone(), opt.exp_avg[k].clone(), opt.exp_avg_sq[k].clone())
             for k, p in opt.params.items()
         }
-        opt._update(list(grads), s, stack.c0.schedule(s))
+        opt._update(list(grads), s, stack.settings.schedule(s))
         ok = torch.ones(M, dtype=torch.bool)
         for k, p in opt.params.items():
             for t in (p, opt.exp_avg[k], opt.exp_avg_sq[k]):
@@ -194,7 +195,7 @@ def _today_step(stack) -> None:
 
 def _stack(tmp_path: Path, name: str):
     cfgs = [tiny(name=f"r{s}", seed=s, lr=lr) for s, lr in ((0, 3e-3), (1, 0.5))]
-    return trainer_mod._Stack(cfgs, tmp_path / name, single=False)
+    return trainer_mod.AnchorStack(cfgs, tmp_path / name, single=False)
 
 
 def _poison_run_1(monkeypatch) -> None:
@@ -322,14 +323,12 @@ def test_deterministic_mode_is_on_while_training_and_restored(tmp_path, monkeypa
 
 
 # ----------------------------------------------------------------------------- LM trainer
-def _today_update(t: _LMTrainer) -> None:
+def _today_update(t: LMTrainer) -> None:
     """The LM step as it was before the sync-free one: today's numbers."""
     cfg, step = t.cfg, t.step
     for group in t.optimizer.param_groups:
-        group["lr"] = cfg.lr * trainer_mod.warmup_cosine(
-            step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
-        )
-    batch = t.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step).to(t.dev)
+        group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    batch = t.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, step).to(t.device)
     logits = t.model(batch, use_cache=False).logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1))
     assert torch.isfinite(loss)
@@ -343,7 +342,7 @@ def _today_update(t: _LMTrainer) -> None:
 
 def test_lm_steps_do_not_sync_and_give_todays_numbers(tmp_path) -> None:
     cfg = LMConfig(**{**TINY_LM, "steps": 6})
-    new, old = _LMTrainer(cfg, tmp_path / "n", "cpu"), _LMTrainer(cfg, tmp_path / "o", "cpu")
+    new, old = LMTrainer(cfg, tmp_path / "n", "cpu"), LMTrainer(cfg, tmp_path / "o", "cpu")
     new.prepare(1)
     new.run_steps(1)  # the first step creates the optimizer's state
     steps = tuple(s["step"] for s in new.optimizer.state.values())  # host counters on CUDA too
@@ -365,7 +364,7 @@ def test_lm_steps_do_not_sync_and_give_todays_numbers(tmp_path) -> None:
         new.bad_weight_step,
         *new.model.parameters(),
     ]
-    assert {t.device for t in tensors} == {new.dev} and new.batches.shape == (4, 2, 16)
+    assert {t.device for t in tensors} == {new.device} and new.batches.shape == (4, 2, 16)
 
 
 def test_lm_fp32_is_todays_run_and_bf16_keeps_fp32_weights(tmp_path) -> None:

@@ -120,8 +120,8 @@ def test_train_writes_a_hugging_face_checkpoint_and_metrics(tmp_path: Path) -> N
 def test_loss_is_on_the_last_token_only(tmp_path: Path) -> None:
     cfg = tiny(steps=1, eval_every=1, warmup_steps=1)
     out = train(cfg, tmp_path / "r", progress=False)
-    stack = trainer_mod._Stack([cfg], tmp_path / "unused", single=True)
-    idx = stack._batch_indices(0, 0)
+    stack = trainer_mod.AnchorStack([cfg], tmp_path / "unused", single=True)
+    idx = stack.run_batch(0, 0)
     params = init_stacked_params(cfg.model, [cfg.seed])
     hf = to_hf_model(cfg.model, params, 0)
     data = TINY_TASK.dataset("train")

@@ -30,8 +30,10 @@ precision; weights and AdamW moments are float32 (:mod:`probekit.training.precis
 sync points (evaluations, saves, growth stages, the end) the loop never waits for the device:
 each interval's batches go to the device in one copy, the loss and the non-finite checks stay
 there, and a run whose loss or weights became NaN/inf stops at the next sync point, naming the
-first such step, before anything is saved. The forward is given an explicit causal mask, as
-transformers' GPT-2 without an attention mask reads a device value in every forward.
+first such step, before anything is saved (the loop both trainers run:
+:mod:`probekit.training.loop`; :class:`LMTrainer` supplies the LM run's steps). The forward
+is given an explicit causal mask, as transformers' GPT-2 without an attention mask reads a
+device value in every forward.
 
 Example:
     >>> import tempfile
@@ -54,7 +56,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -81,35 +83,32 @@ from probekit.training.checks import (
     check_int,
     check_optional_int,
     check_real,
-    check_seed,
     check_str,
     is_int,
     is_real,
 )
 from probekit.training.evaluation import read_metrics, write_metrics
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
-from probekit.training.lock import run_folder_lock
-from probekit.training.memory import check_fits, lm_params, lm_run_bytes
-from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
-from probekit.training.precision import (
-    autocast,
-    check_deterministic,
-    check_precision,
-    deterministic_mode,
-    resolve_precision,
-    to_device,
+from probekit.training.loop import (
+    RunSettings,
+    Trainer,
+    checked_device,
+    first_failure,
+    kept_checkpoint,
+    read_on_host,
+    train_in_folder,
 )
-from probekit.training.schedule import resolve_device, warmup_cosine
+from probekit.training.memory import lm_params, lm_run_bytes
+from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
+from probekit.training.precision import autocast, resolve_precision
+from probekit.training.schedule import resolve_device
 
-#: LMConfig settings that must be positive integers
+#: LMConfig's own settings that must be positive integers
 _POSITIVE = (
     "n_layers",
     "d_model",
     "n_heads",
     "seq_len",
-    "batch_size",
-    "steps",
-    "eval_every",
     "eval_sequences",
     "initial_layers",
     "block_size",
@@ -118,41 +117,41 @@ _POSITIVE = (
 
 
 @dataclass
-class LMConfig:
-    """A language-model run. ``n_layers`` is the final depth; grown runs start at
-    ``initial_layers`` and add ``block_size`` layers per stage. ``corpus_root`` is a folder of
-    ``.py`` files (default: the Python standard library). ``layernorm_scaling``: LayerNorm
-    Scaling (Sun et al. 2025), static runs only. ``precision`` ("auto": bf16 autocast on
-    CUDA, fp32 on CPU; "fp32"; "bf16") and ``deterministic``: see
-    :mod:`probekit.training.precision`."""
+class LMConfig(RunSettings):
+    """A language-model run: the shared run settings
+    (:class:`~probekit.training.loop.RunSettings`: seed, steps, batch size, the AdamW schedule,
+    ``eval_every``, precision, determinism; an LM run's defaults are set here) and the model,
+    growth and corpus. ``n_layers`` is the final depth; grown runs start at ``initial_layers``
+    and add ``block_size`` layers per stage. ``corpus_root`` is a folder of ``.py`` files
+    (default: the Python standard library). ``layernorm_scaling``: LayerNorm Scaling (Sun et
+    al. 2025), static runs only."""
 
     n_layers: int = 8
     d_model: int = 128
     n_heads: int = 4
     d_mlp: int | None = None
     seq_len: int = 128
+    # an LM run's defaults of shared run settings
     batch_size: int = 32
-    steps: int = 2000
-    lr: float = 1e-3
-    warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
+    eval_every: int = 200
     growth: str = "static"
     initial_layers: int = 2
     block_size: int = 2
     alpha: float = 1.0
     residual_scale_start: float | None = None
     residual_scale_steps: int = 200
-    eval_every: int = 200
     eval_sequences: int = 64
     corpus_root: str | None = None
     corpus_max_files: int | None = None
     save_every: int | None = None
     layernorm_scaling: bool = False
-    precision: str = "auto"
-    deterministic: bool = False
+
+    EXAMPLES: ClassVar[dict[str, str]] = {
+        "weight_decay": "0 or e.g. 0.1",
+        "min_lr_ratio": "e.g. 0.1",
+    }
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` on settings that cannot be trained (types, ranges,
@@ -163,15 +162,10 @@ class LMConfig:
             )
         for name in _POSITIVE:
             check_int(name, getattr(self, name))
-        check_int("warmup_steps", self.warmup_steps, 0)
-        check_seed("seed", self.seed)
+        self.validate_run()
         for name in ("d_mlp", "save_every", "corpus_max_files"):
             check_optional_int(name, getattr(self, name))
         check_str("corpus_root", self.corpus_root, optional=True)
-        check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
-        check_real("weight_decay", self.weight_decay, 0, example="0 or e.g. 0.1")
-        check_real("grad_clip", self.grad_clip, example="e.g. 1.0 (<= 0 turns clipping off)")
-        check_real("min_lr_ratio", self.min_lr_ratio, 0, 1, example="e.g. 0.1")
         check_real("alpha", self.alpha, positive=True, example="e.g. 1.0 (Prop-1)")
         if self.residual_scale_start is not None:
             check_real("residual_scale_start", self.residual_scale_start, 0, 1, example="e.g. 0.1")
@@ -181,8 +175,6 @@ class LMConfig:
                 fix="choose n_heads dividing d_model",
             )
         check_flag("layernorm_scaling", self.layernorm_scaling)
-        check_precision(self.precision)
-        check_flag("deterministic", self.deterministic)
         if self.layernorm_scaling and self.growth != "static":
             raise ConfigError(
                 f"layernorm_scaling with growth {self.growth!r} is not supported: a copied layer "
@@ -242,8 +234,8 @@ def _optimizer(model: torch.nn.Module, cfg: LMConfig) -> torch.optim.AdamW:
     )
 
 
-#: the unscaled LN gains and biases of a LayerNorm-Scaling run, beside its checkpoint
-UNSCALED = "layernorm_scaling.safetensors"
+#: the file of the unscaled LN gains and biases of a LayerNorm-Scaling LM run, in its checkpoint
+UNSCALED_LN_FILE = "layernorm_scaling.safetensors"
 
 
 def _hf_name(name: str) -> str:
@@ -314,7 +306,7 @@ def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
     with swapped_directory(path) as tmp:
         save_quietly(_hf_copy(model), tmp)
         if cfg.layernorm_scaling:
-            save_file(_unscaled_of(model), str(tmp / UNSCALED))
+            save_file(_unscaled_of(model), str(tmp / UNSCALED_LN_FILE))
         if exp_avg:
             save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
         atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
@@ -362,7 +354,7 @@ def _read_unscaled(path: Path, model) -> dict[str, torch.Tensor]:
     the gains its ``model.safetensors`` holds."""
     from safetensors.torch import load_file
 
-    file = path / UNSCALED
+    file = path / UNSCALED_LN_FILE
     try:
         unscaled = load_file(str(file))
     except Exception as err:  # safetensors raises its own error type on a damaged file
@@ -386,7 +378,7 @@ def _read_unscaled(path: Path, model) -> dict[str, torch.Tensor]:
 def _checked_metrics(path: Path, step: int, cfg: LMConfig) -> list[dict[str, Any]]:
     """The metrics rows up to ``step``; the row of the last evaluation must be there."""
     rows = read_metrics(path, step)
-    last_eval = step if step == cfg.steps else step - step % cfg.eval_every
+    last_eval = cfg.last_evaluation(step)
     if last_eval > 0 and not any(r["step"] == last_eval for r in rows):
         what = "is missing" if not path.exists() else f"lacks the row of step {last_eval}"
         raise CheckpointError(f"{path} {what} although a checkpoint is at step {step}", fix=FIX)
@@ -424,12 +416,12 @@ def _last_step(out: Path, steps: int) -> str:
     """What a stopped run leaves: its newest checkpoint, or that there is none."""
     found, _ = _checkpoints(out, steps)
     if not found:
-        return "no checkpoint was written before it"
+        return kept_checkpoint(None, None)
     step, _, folder = found[-1]
-    return f"the checkpoint of step {step} in {folder} is kept"
+    return kept_checkpoint(step, folder)
 
 
-def _after_step(trainer: _LMTrainer) -> None:
+def _after_step(trainer: LMTrainer) -> None:
     """Called after every update: a seam where tests simulate a kill (by replacing it)."""
 
 
@@ -439,21 +431,19 @@ def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k != "deterministic"}
 
 
-#: most batch tokens held on the device at once (int64: 64 MiB)
-MAX_PREPARED = 2**23
-
-
-class _LMTrainer:
-    """The state of one LM run and its steps: growth, update, evaluation, checkpoints."""
+class LMTrainer(Trainer):
+    """The LM trainer: one run's state and its steps (growth, update, evaluation,
+    checkpoints) as :func:`~probekit.training.loop.run_loop` drives them."""
 
     def __init__(self, cfg: LMConfig, out: Path, device: str | None) -> None:
         import transformers
 
-        self.cfg, self.out = cfg, out
+        self.cfg = self.settings = cfg
+        self.out = out
         self.plan = cfg.plan()
         self.corpus = ByteCorpus(cfg.corpus_root, max_files=cfg.corpus_max_files)
-        self.dev = resolve_device(device)
-        self.precision = resolve_precision(cfg.precision, self.dev)
+        self.device = resolve_device(device)
+        self.precision = resolve_precision(cfg.precision, self.device)
         n_val = min(cfg.eval_sequences, len(self.corpus.stream("validation")) // cfg.seq_len)
         self.val = self.corpus.sequences("validation", cfg.seq_len, n=n_val)
         torch.manual_seed(cfg.seed)
@@ -461,33 +451,34 @@ class _LMTrainer:
         self.model = transformers.GPT2LMHeadModel(config)
         if cfg.layernorm_scaling:
             _scale_layernorms(self.model)
-        self.model = self.model.to(self.dev).train()
+        self.model = self.model.to(self.device).train()
         self.optimizer = _optimizer(self.model, cfg)
         self.stages = dict(zip(self.plan.boundaries, range(1, len(self.plan.depths)), strict=True))
-        self.scaler: _ResidualScale | None = None
+        self.scaler: ResidualScale | None = None
         self.scale_start_step = 0
         self.step, self.flops, self.seconds = 0, 0.0, 0.0
+        self.started = time.perf_counter()  # the loop's start (begin): ``seconds`` go on from it
         self.rows: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []
         self.batches: torch.Tensor | None = None  # [steps, batch, seq_len] from batch_start
         self.batch_start = 0
         # on the device, read at sync points: the last loss, the first step whose loss was
         # not finite (and that loss), the first update that made weights non-finite
-        none = torch.tensor(-1, device=self.dev)
-        self.last_loss = torch.tensor(float("nan"), device=self.dev)
+        none = torch.tensor(-1, device=self.device)
+        self.last_loss = torch.tensor(float("nan"), device=self.device)
         self.bad_loss_step, self.bad_loss, self.bad_weight_step = none, self.last_loss, none
         # the causal mask, given explicitly: without an attention mask transformers' GPT-2
         # reads a device value every forward (its packed-sequence check); with this 4-D mask
         # the CPU logits are bit-identical to the maskless forward's
         T = cfg.seq_len
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.dev).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
         self.causal = causal[None, None].expand(cfg.batch_size, 1, T, T)
 
     def save(self, path: Path) -> Path:
         state = {"step": self.step, "flops": self.flops}
         return _save(self.model, self.optimizer, path, self.cfg, state)
 
-    def clean(self) -> None:
+    def recover(self) -> None:
         """Undo what a kill left: half-swapped checkpoints and ``.*.tmp`` leftovers."""
         if not self.out.is_dir():
             return
@@ -502,6 +493,17 @@ class _LMTrainer:
             if _FOLDER.match(folder.name) and (folder / RUN_CONFIG).is_file():
                 shutil.rmtree(folder, ignore_errors=True)
         (self.out / "metrics.jsonl").unlink(missing_ok=True)
+
+    def write_config(self) -> None:
+        write_run_config(self.out, "lm", {"lm": asdict(self.cfg)})
+
+    def finished(self) -> bool:
+        return self.step >= self.cfg.steps and (self.out / "final").is_dir()
+
+    def finish(self, trained: bool) -> None:
+        """A run that trained writes its final checkpoint."""
+        if trained:
+            self.save(self.out / "final")
 
     def resume(self) -> None:
         """Go on from the last complete checkpoint under ``out`` (none: start from step 0).
@@ -539,7 +541,7 @@ class _LMTrainer:
         if not is_real(flops) or flops < 0:
             raise CheckpointError(f"{folder / 'trainer_state.json'} gives flops {flops!r}", fix=FIX)
         rows = _checked_metrics(self.out / "metrics.jsonl", step, self.cfg)
-        model, optimizer = _load(folder, self.cfg, step, self.dev)
+        model, optimizer = _load(folder, self.cfg, step, self.device)
         self.model, self.optimizer = model, optimizer
         self.step, self.flops = step, float(flops)
         self.rows = rows
@@ -567,7 +569,7 @@ class _LMTrainer:
             raise CheckpointError(
                 f"{after / 'growth.json'} is unreadable ({err})", fix=FIX
             ) from err
-        self.scaler = _ResidualScale(self.model.transformer.h, inserted)
+        self.scaler = ResidualScale(self.model.transformer.h, inserted)
         self.scale_start_step = step
 
     def close_scale(self) -> None:
@@ -582,7 +584,7 @@ class _LMTrainer:
         before = self.save(self.out / f"stage{k}-before")
         after = grow_checkpoint(before, self.out / f"stage{k}-after", cfg.growth, cfg.block_size)
         self.checkpoints += [before, after]
-        self.model, self.optimizer = _load(after, cfg, self.step, self.dev)
+        self.model, self.optimizer = _load(after, cfg, self.step, self.device)
         if cfg.residual_scale_start is not None:
             self._attach_scale(after, self.step)
 
@@ -594,17 +596,9 @@ class _LMTrainer:
             self.corpus.batch("train", cfg.seq_len, cfg.batch_size, cfg.seed, s)
             for s in range(self.step, stop)
         ]
-        self.batches, self.batch_start = to_device(torch.stack(batches), self.dev), self.step
+        self.hold_batches(torch.stack(batches))
 
-    def run_steps(self, stop: int, each=None) -> None:
-        """Train up to ``stop`` without waiting for the device (the batches of
-        :meth:`prepare`); ``each()`` after every step but the last."""
-        while self.step < stop:
-            self.update()
-            if each is not None and self.step < stop:
-                each()
-
-    def update(self) -> torch.Tensor:
+    def train_step(self) -> torch.Tensor:
         """One AdamW step at ``self.step``; returns the training loss (on the device).
 
         Nothing here waits for the device: a non-finite loss or update is recorded on it and
@@ -614,13 +608,9 @@ class _LMTrainer:
             ramp = min(1.0, (step - self.scale_start_step) / max(1, cfg.residual_scale_steps))
             self.scaler.scale = cfg.residual_scale_start + (1 - cfg.residual_scale_start) * ramp
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr * warmup_cosine(
-                step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio
-            )
-        if self.batches is None or not 0 <= step - self.batch_start < self.batches.shape[0]:
-            self.prepare(step + 1)
-        batch = self.batches[step - self.batch_start]
-        with autocast(self.dev, self.precision):
+            group["lr"] = cfg.lr_at(step)
+        batch = self.batch_at(step)
+        with autocast(self.device, self.precision):
             logits = self.model(batch, attention_mask=self.causal, use_cache=False).logits
         loss = F.cross_entropy(
             logits[:, :-1].float().reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)
@@ -632,12 +622,11 @@ class _LMTrainer:
         self.optimizer.step()
         with torch.no_grad():
             self.last_loss = loss.detach()
-            new = (self.bad_loss_step < 0) & ~torch.isfinite(self.last_loss)
-            self.bad_loss_step = torch.where(new, step, self.bad_loss_step)
+            finite = torch.isfinite(self.last_loss)
+            self.bad_loss_step, new = first_failure(self.bad_loss_step, finite, step)
             self.bad_loss = torch.where(new, self.last_loss, self.bad_loss)
             finite = torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()
-            new = (self.bad_weight_step < 0) & ~finite
-            self.bad_weight_step = torch.where(new, step, self.bad_weight_step)
+            self.bad_weight_step, _ = first_failure(self.bad_weight_step, finite, step)
         self.flops += 6.0 * self.model.num_parameters() * cfg.batch_size * cfg.seq_len
         self.step += 1
         return loss
@@ -645,9 +634,9 @@ class _LMTrainer:
     def check(self) -> None:
         """The sync point: raise :class:`NumericalError` if a loss or an update since the
         start was not finite (the first of them), before anything is saved."""
-        loss_step, loss, weight_step = torch.stack(
-            [self.bad_loss_step.double(), self.bad_loss.double(), self.bad_weight_step.double()]
-        ).tolist()
+        loss_step, loss, weight_step = read_on_host(
+            self.bad_loss_step, self.bad_loss, self.bad_weight_step
+        )
         if loss_step >= 0 and (weight_step < 0 or loss_step <= weight_step):
             raise self._diverged(f"the training loss became {loss} at step {int(loss_step)}")
         if weight_step >= 0:
@@ -660,9 +649,9 @@ class _LMTrainer:
             fix="lower the learning rate, raise the warmup or keep grad_clip on",
         )
 
-    def evaluate(self, start: float) -> float:
+    def evaluate(self) -> float:
         """Append a metrics row, rewrite ``metrics.jsonl``; returns the validation loss."""
-        val_loss = _validation_loss(self.model, self.val, self.dev, self.precision)
+        val_loss = _validation_loss(self.model, self.val, self.device, self.precision)
         self.rows.append(
             {
                 "step": self.step,
@@ -672,65 +661,54 @@ class _LMTrainer:
                 "val_loss": val_loss,
                 "val_perplexity": math.exp(val_loss),
                 "flops": self.flops,
-                "seconds": self.seconds + time.perf_counter() - start,
+                "seconds": self.seconds + time.perf_counter() - self.started,
             }
         )
         write_metrics(self.out / "metrics.jsonl", self.rows)
         return val_loss
 
-    def _next_stop(self) -> tuple[int, bool]:
-        """The step the loop next stops at, and whether it is a sync point (an evaluation, a
-        save, a growth stage, the end) rather than the end of the prepared batches."""
-        cfg, s = self.cfg, self.step
-        every = [cfg.eval_every] + ([cfg.save_every] if cfg.save_every else [])
-        stops = [cfg.steps] + [s - s % k + k for k in every] + [b for b in self.stages if b > s]
-        sync = min(stops)
-        room = max(1, MAX_PREPARED // (cfg.batch_size * cfg.seq_len))
-        return min(sync, s + room), s + room >= sync
-
-    def run(self, progress: bool) -> None:
-        """Train from ``self.step`` to ``cfg.steps``, growing, saving and evaluating on the way.
-
-        The steps between sync points (evaluations, saves, growth stages, the end) queue on
-        the device without waiting for it; a diverged run stops at the next sync point."""
-        from tqdm.auto import tqdm
-
-        cfg, start = self.cfg, time.perf_counter()
-        bar = tqdm(
-            total=cfg.steps, initial=self.step, desc=f"train {cfg.growth}", disable=not progress
+    def progress_numbers(self) -> dict[str, Any]:
+        row = self.rows[-1]
+        return dict(
+            loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}", depth=row["depth"]
         )
 
-        def each() -> None:
-            _after_step(self)
-            bar.update()
+    def save_if_due(self) -> None:
+        """Save ``step{n}`` every ``save_every`` steps (if set) before the end (the end's
+        checkpoint is ``final``, written by :meth:`finish`)."""
+        cfg, step = self.cfg, self.step
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+            self.checkpoints.append(self.save(self.out / f"step{step}"))
 
-        try:
-            while self.step < cfg.steps:
-                k = self.stages.get(self.step)
-                if k is not None and self.model.config.n_layer < self.plan.depths[k]:
-                    self.grow(k)
-                stop, sync = self._next_stop()
-                self.prepare(stop)
-                self.run_steps(stop, each)
-                if sync:
-                    self._at_sync_point(start, bar)
-                each()
-        finally:
-            bar.close()
-            self.close_scale()
+    def after_step(self) -> None:
+        _after_step(self)
 
-    def _at_sync_point(self, start: float, bar: Any) -> None:
+    def description(self) -> str:
+        return f"train {self.cfg.growth}"
+
+    def begin(self) -> None:
+        """Start the clock of the ``seconds`` column (going on from a resumed run's)."""
+        self.started = time.perf_counter()
+
+    def begin_interval(self) -> None:
+        """At a stage boundary: grow the model (unless the resumed checkpoint is grown)."""
+        k = self.stages.get(self.step)
+        if k is not None and self.model.config.n_layer < self.plan.depths[k]:
+            self.grow(k)
+
+    def end(self) -> None:
+        self.close_scale()
+
+    def sync_intervals(self) -> list[int]:
         cfg = self.cfg
-        self.check()
-        if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
-            self.checkpoints.append(self.save(self.out / f"step{self.step}"))
-        if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-            val_loss = self.evaluate(start)
-            bar.set_postfix(
-                loss=f"{float(self.last_loss):.3f}",
-                val_loss=f"{val_loss:.3f}",
-                depth=self.model.config.n_layer,
-            )
+        return [cfg.eval_every] + ([cfg.save_every] if cfg.save_every else [])
+
+    def other_sync_points(self) -> list[int]:
+        """The growth stages' boundaries."""
+        return list(self.stages)
+
+    def elements_per_step(self) -> int:
+        return self.cfg.batch_size * self.cfg.seq_len
 
 
 def train_lm(
@@ -748,29 +726,18 @@ def train_lm(
     growth stages. ``device``: None or "auto" for CUDA when present, else e.g. "cpu".
     """
     cfg.validate()
-    dev = resolve_device(device)
-    check_deterministic(cfg.deterministic, dev)
     n_params = lm_params(
         cfg.n_layers, cfg.d_model, cfg.d_mlp or 4 * cfg.d_model, VOCAB_SIZE, cfg.seq_len
     )
-    check_fits(lm_run_bytes(cfg, VOCAB_SIZE), dev, f"training an LM of {n_params} parameters")
+    what = f"training an LM of {n_params} parameters"
+    dev = checked_device(cfg, device, lm_run_bytes(cfg, VOCAB_SIZE), what)
     out = Path(out_dir)
-    trainer = _LMTrainer(cfg, out, dev)  # reads the corpus: raises before anything is written
-    with run_folder_lock(out):
-        trainer.clean()
-        if resume:
-            trainer.resume()
-        else:
-            trainer.start_over()
-        write_run_config(out, "lm", {"lm": asdict(cfg)})
-        if trainer.step < cfg.steps or not (out / "final").is_dir():
-            with deterministic_mode(cfg.deterministic, dev):
-                trainer.run(progress)
-            trainer.save(out / "final")
+    trainer = LMTrainer(cfg, out, dev)  # reads the corpus: raises before anything is written
+    train_in_folder(trainer, resume=resume, progress=progress)
     return LMRun(pd.DataFrame(trainer.rows), out / "final", trainer.flops, trainer.checkpoints)
 
 
-class _ResidualScale:
+class ResidualScale:
     """MIDAS-plus: scale some blocks' update, h + s * (block(h) - h); hooks go on close()."""
 
     def __init__(self, blocks, layers: list[int]) -> None:
@@ -819,4 +786,4 @@ def _validation_loss(
     return total / count
 
 
-__all__ = ["LMConfig", "LMRun", "train_lm"]
+__all__ = ["UNSCALED_LN_FILE", "LMConfig", "LMRun", "LMTrainer", "ResidualScale", "train_lm"]

@@ -58,7 +58,7 @@ from probekit.training.optim import StackedAdamW
 
 
 class _Stack(Protocol):
-    """What this module reads and restores of a stack (``trainer._Stack``)."""
+    """What this module reads and restores of a stack (``trainer.AnchorStack``)."""
 
     cfgs: list[Any]  # the runs' TrainConfigs
     out: Path
@@ -122,8 +122,9 @@ def _write_runs(stack: _Stack, tmp: Path) -> None:
         write_run_config(d, "anchor", cfg.to_dict())
 
 
-#: the unscaled LN gains of a LayerNorm-Scaling run sit in its optimizer file under this prefix
-UNSCALED = "unscaled."
+#: the key prefix of the unscaled LN gains and biases of a LayerNorm-Scaling anchor run in its
+#: optimizer file (``optimizer.safetensors``)
+UNSCALED_LN_PREFIX = "unscaled."
 
 
 def _unscaled(stack: _Stack, m: int) -> dict[str, torch.Tensor]:
@@ -132,7 +133,7 @@ def _unscaled(stack: _Stack, m: int) -> dict[str, torch.Tensor]:
     if not stack.mcfg.layernorm_scaling:
         return {}
     names = layernorm_scales(stack.mcfg.n_layers)
-    return {UNSCALED + k: stack.params[k][m].detach().cpu().contiguous() for k in names}
+    return {UNSCALED_LN_PREFIX + k: stack.params[k][m].detach().cpu().contiguous() for k in names}
 
 
 def _check_unscaled(stack: _Stack, d: Path, weights: dict, other: dict) -> None:
@@ -141,7 +142,7 @@ def _check_unscaled(stack: _Stack, d: Path, weights: dict, other: dict) -> None:
         return
     path = d / "optimizer.safetensors"
     for k, factor in layernorm_scales(stack.mcfg.n_layers).items():
-        raw = other.get(UNSCALED + k)
+        raw = other.get(UNSCALED_LN_PREFIX + k)
         if raw is None or tuple(raw.shape) != tuple(weights[k].shape):
             raise CheckpointError(f"{path} lacks the unscaled LayerNorm gain {k!r}", fix=FIX)
         if not torch.equal(scale_layernorm(raw, factor), weights[k]):
@@ -224,7 +225,7 @@ def _read_all(stack: _Stack, root: Path) -> list[tuple[dict, dict, tuple]]:
 def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
     for m, (state, weights, (exp_avg, exp_avg_sq, other)) in enumerate(states):
         for k in stack.params:
-            src = other.get(UNSCALED + k, weights.get(k))
+            src = other.get(UNSCALED_LN_PREFIX + k, weights.get(k))
             if src is None and k == "lm_head.weight":  # pragma: no cover
                 src = weights["transformer.wte.weight"]
             stack.params[k][m] = src.to(stack.device)
@@ -240,11 +241,11 @@ def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
 
 def _metrics(stack: _Stack) -> list[dict[str, Any]]:
     """The metrics rows up to the resumed step, checked to hold the last evaluation."""
-    c0, step = stack.cfgs[0], stack.step
+    settings, step = stack.cfgs[0], stack.step
     path = stack.out / "metrics.jsonl"
     rows = read_metrics(path, step)
-    last_eval = step if step == c0.steps else step - step % c0.eval_every
-    if last_eval == 0 and not c0.eval_at_start:
+    last_eval = settings.last_evaluation(step)
+    if last_eval == 0 and not settings.eval_at_start:
         return rows
     have = {r.get("run") for r in rows if r["step"] == last_eval}
     lost = [c.name for c in stack.cfgs if c.name not in have]

@@ -13,7 +13,8 @@ interval's batch indices are built on the host and sent in one copy, the loss su
 divergence flags stay on the device, and the host reads them at the sync point. So a single
 run whose loss becomes NaN stops at the next sync point (naming the step it diverged at, before
 anything is saved), and the progress bar's loss is the mean training loss since the evaluation
-before, updated at each evaluation.
+before, updated at each evaluation. The loop is the one both trainers run
+(:mod:`probekit.training.loop`); :class:`AnchorStack` supplies the anchor run's steps.
 
 A run's output folder::
 
@@ -50,7 +51,6 @@ import json
 import math
 import os
 import shutil
-import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -69,13 +69,20 @@ from probekit.training.checks import (
     check_flag,
     check_int,
     check_mapping,
-    check_real,
     check_seed,
     is_real,
 )
 from probekit.training.evaluation import Evaluator, write_metrics
-from probekit.training.lock import run_folder_lock
-from probekit.training.memory import anchor_run_bytes, check_fits
+from probekit.training.loop import (
+    RunSettings,
+    Trainer,
+    checked_device,
+    first_failure,
+    kept_checkpoint,
+    read_on_host,
+    train_in_folder,
+)
+from probekit.training.memory import anchor_run_bytes
 from probekit.training.models import (
     ModelConfig,
     decays,
@@ -83,15 +90,8 @@ from probekit.training.models import (
     stacked_forward,
 )
 from probekit.training.optim import StackedAdamW
-from probekit.training.precision import (
-    autocast,
-    check_deterministic,
-    check_precision,
-    deterministic_mode,
-    resolve_precision,
-    to_device,
-)
-from probekit.training.schedule import resolve_device, warmup_cosine
+from probekit.training.precision import autocast, resolve_precision
+from probekit.training.schedule import resolve_device
 from probekit.training.stack_io import resume_stack, save_stack
 
 #: settings that may differ between runs trained together in one stack
@@ -99,11 +99,14 @@ PER_RUN = ("name", "seed", "lr", "weight_decay", "grad_clip")
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run.
+class TrainConfig(RunSettings):
+    """Everything that defines a training run: the shared run settings
+    (:class:`~probekit.training.loop.RunSettings`: seed, steps, batch size, the AdamW schedule,
+    ``eval_every``, precision, determinism) and the anchor run's own.
 
-    ``grad_clip`` <= 0 disables clipping. ``min_lr_ratio`` is the final fraction of ``lr``
-    reached by the cosine decay. ``eval_train_samples`` caps the training-split evaluation.
+    ``beta1``, ``beta2`` and ``eps`` are AdamW's. The runs checkpoint every
+    ``checkpoint_every`` steps and at the end. ``eval_train_samples`` caps the training-split
+    evaluation; ``eval_at_start`` evaluates the initialization as well.
 
     Seeds: ``seed`` draws the initialization and the batch order. The data are drawn with
     ``task_seed``, which by default (None) *follows* ``seed``: every seed of a sweep is a new
@@ -131,25 +134,14 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: AnchorTask = field(default_factory=AnchorTask)
     name: str = "run"
-    seed: int = 0
-    steps: int = 2000
-    batch_size: int = 256
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    grad_clip: float = 1.0
-    eval_every: int = 100
     checkpoint_every: int = 500
     eval_train_samples: int = 2000
     eval_at_start: bool = True
     device: str = "auto"
     task_seed: int | None = None
-    precision: str = "auto"
-    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -182,20 +174,12 @@ class TrainConfig:
                 "a ModelConfig and an AnchorTask",
                 fix="pass ModelConfig / AnchorTask objects or their dicts",
             )
-        positive = ("steps", "batch_size", "eval_every", "checkpoint_every", "eval_train_samples")
-        for name in positive:
+        self.validate_run()
+        for name in ("checkpoint_every", "eval_train_samples"):
             check_int(name, getattr(self, name))
-        check_seed("seed", self.seed)
-        check_int("warmup_steps", self.warmup_steps, 0)
-        check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
-        check_real("weight_decay", self.weight_decay, 0, example="0 or e.g. 0.01")
-        check_real("grad_clip", self.grad_clip, example="e.g. 1.0 (<= 0 turns clipping off)")
-        check_real("min_lr_ratio", self.min_lr_ratio, 0, 1, example="e.g. 0.0 or 0.1")
         self._validate_adam()
         check_flag("eval_at_start", self.eval_at_start)
         check_device_name(self.device)
-        check_precision(self.precision)
-        check_flag("deterministic", self.deterministic)
         self._validate_fit()
 
     def _validate_adam(self) -> None:
@@ -237,14 +221,6 @@ class TrainConfig:
                 f"run name {name!r} is not a plain folder name",
                 fix="use letters, digits, '-', '_' and '.'",
             )
-
-    def lr_at(self, step: int) -> float:
-        """Learning rate of update ``step`` (0-based): linear warmup then cosine decay."""
-        return self.lr * self.schedule(step)
-
-    def schedule(self, step: int) -> float:
-        """The schedule's multiplier of ``lr`` at update ``step`` (:func:`warmup_cosine`)."""
-        return warmup_cosine(step, self.steps, self.warmup_steps, self.min_lr_ratio)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (nested model and task)."""
@@ -325,30 +301,31 @@ def batch_indices(seed: int, step: int, n: int, batch_size: int) -> torch.Tensor
     return _permutation(int(seed), epoch, int(n))[within * batch_size : (within + 1) * batch_size]
 
 
-class _Stack:
-    """``M`` runs of one shape trained as one stacked model (internal).
+class AnchorStack(Trainer):
+    """``M`` anchor runs of one shape trained as one stacked model: the anchor trainer.
 
     Holds the stacked parameters, the :class:`StackedAdamW`, the :class:`Evaluator` and the
     run state (step, loss sums, divergence, metrics); :mod:`probekit.training.stack_io` saves and
-    resumes it, :func:`_loop` drives it.
+    resumes it, :func:`~probekit.training.loop.run_loop` drives it. ``settings`` is the first
+    run's config (the stack shares all but the per-run settings :data:`PER_RUN`).
     """
 
     def __init__(self, configs: list[TrainConfig], out_dir: Path, single: bool) -> None:
         check_stack(configs)
         self.cfgs = configs
-        self.c0 = c0 = configs[0]
+        self.settings = first = configs[0]
         self.M = len(configs)
         self.out = Path(out_dir)
         self.single = single
-        self.device = dev = resolve_device(c0.device)
-        self.precision = resolve_precision(c0.precision, dev)
-        self.mcfg = c0.model
-        self.task = c0.task
+        self.device = dev = resolve_device(first.device)
+        self.precision = resolve_precision(first.precision, dev)
+        self.mcfg = first.model
+        self.task = first.task
         train = self.task.dataset("train")
         self.train_tokens = train.tokens.to(dev)
         self.train_targets = train.targets.to(dev)
         self.evaluator = Evaluator(
-            self.task, c0.eval_train_samples, dev, train=train, precision=self.precision
+            self.task, first.eval_train_samples, dev, train=train, precision=self.precision
         )
         init = init_stacked_params([c.model for c in configs], [c.seed for c in configs])
         self.params = {k: v.to(dev).requires_grad_(True) for k, v in init.items()}
@@ -357,8 +334,8 @@ class _Stack:
             lr=[c.lr for c in configs],
             weight_decay=[c.weight_decay for c in configs],
             grad_clip=[c.grad_clip for c in configs],
-            betas=(c0.beta1, c0.beta2),
-            eps=c0.eps,
+            betas=(first.beta1, first.beta2),
+            eps=first.eps,
             decays=decays,
         )
         self.step = 0
@@ -375,10 +352,10 @@ class _Stack:
         self.batch_start = 0
         self.upload()
 
-    def _batch_indices(self, m: int, step: int) -> torch.Tensor:
+    def run_batch(self, m: int, step: int) -> torch.Tensor:
         """Batch of run ``m`` at ``step`` (see :func:`batch_indices`)."""
         n = self.train_tokens.shape[0]
-        return batch_indices(self.cfgs[m].seed, step, n, self.c0.batch_size)
+        return batch_indices(self.cfgs[m].seed, step, n, self.settings.batch_size)
 
     def run_dir(self, root: Path, m: int) -> Path:
         """Where run ``m`` sits under the checkpoint folder ``root``."""
@@ -395,37 +372,31 @@ class _Stack:
     def sync(self) -> None:
         """Copy the device run state to the host lists: the one host sync between
         evaluations (it waits for the queued steps)."""
-        rows = torch.stack(
-            [self.loss_sum_t, self.diverged_t.double(), self.diverged_loss_t.double()]
-        ).tolist()
+        rows = read_on_host(self.loss_sum_t, self.diverged_t, self.diverged_loss_t)
         self.loss_sum = rows[0]
         self.diverged = [None if d < 0 else int(d) for d in rows[1]]
         self.diverged_loss = rows[2]
+
+    def check(self) -> None:
+        """The sync point: :meth:`sync`; a single run that diverged raises."""
+        self.sync()
+        if self.single and self.diverged[0] is not None:
+            raise _diverged_error(self)
 
     def prepare(self, stop: int) -> None:
         """The batch indices of steps ``self.step .. stop - 1`` of every run, built on the
         host (the same as :func:`batch_indices`) and sent to the device in one copy."""
         steps = range(self.step, stop)
         idx = torch.stack(
-            [torch.stack([self._batch_indices(m, s) for m in range(self.M)]) for s in steps]
+            [torch.stack([self.run_batch(m, s) for m in range(self.M)]) for s in steps]
         )
-        self.batches, self.batch_start = to_device(idx, self.device), self.step
-
-    def run_steps(self, stop: int, each=None) -> None:
-        """Train up to ``stop`` (from the indices of :meth:`prepare`) without waiting for the
-        device; ``each()`` after every step but the last."""
-        while self.step < stop:
-            self.train_step()
-            if each is not None and self.step < stop:
-                each()
+        self.hold_batches(idx)
 
     def train_step(self) -> torch.Tensor:
         """One AdamW update of every live run; returns the per-run training loss (on the
         device: nothing here waits for it)."""
         M, s = self.M, self.step
-        if self.batches is None or not 0 <= s - self.batch_start < self.batches.shape[0]:
-            self.prepare(s + 1)
-        idx = self.batches[s - self.batch_start]
+        idx = self.batch_at(s)
         with autocast(self.device, self.precision):
             logits = stacked_forward(self.params, self.train_tokens[idx], self.mcfg)
         V = logits.shape[-1]
@@ -444,7 +415,7 @@ class _Stack:
             for g in grads:
                 finite &= torch.isfinite(g.reshape(M, -1)).all(1)
             active = finite & (self.diverged_t < 0)
-            applied = self.optimizer.step(list(grads), s, self.c0.schedule(s), active)
+            applied = self.optimizer.step(list(grads), s, self.settings.schedule(s), active)
             finite &= applied | ~active  # an update that made weights non-finite was undone
             self.step += 1
             self._account(loss.detach().float(), finite)
@@ -453,15 +424,15 @@ class _Stack:
     def _account(self, loss: torch.Tensor, finite: torch.Tensor) -> None:
         """Record the step's losses, and the step at which a run first diverged (on the
         device: a run that diverged adds no more losses)."""
-        new = (self.diverged_t < 0) & ~finite
-        self.diverged_t = torch.where(new, self.step, self.diverged_t)
+        self.diverged_t, new = first_failure(self.diverged_t, finite, self.step)
         self.diverged_loss_t = torch.where(new, loss, self.diverged_loss_t)
         live = self.diverged_t < 0
         self.loss_sum_t += torch.where(live, loss.double(), 0.0)
         self.loss_count += 1
 
     def evaluate(self) -> list[dict[str, Any]]:
-        """One metrics row per run (appended to ``metrics``); resets the loss sums."""
+        """One metrics row per run (appended to ``metrics`` and written to
+        ``metrics.jsonl``); resets the loss sums."""
         scores = self.evaluator(self.params, self.mcfg)
         rows = []
         for m, c in enumerate(self.cfgs):
@@ -479,10 +450,62 @@ class _Stack:
         self.loss_sum_t.zero_()
         self.loss_count = 0
         self.metrics.extend(rows)
+        write_metrics(self.out / "metrics.jsonl", self.metrics)
         return rows
 
-    def write_metrics(self) -> None:
-        write_metrics(self.out / "metrics.jsonl", self.metrics)
+    def progress_numbers(self) -> dict[str, str]:
+        """The progress bar's numbers: the run's, or the mean over a stack; ``loss`` is the
+        mean training loss since the evaluation before."""
+        return _postfix(self.metrics[-self.M :])
+
+    def save_if_due(self) -> None:
+        """Checkpoint every ``checkpoint_every`` steps and at the end."""
+        s = self.step
+        if s % self.settings.checkpoint_every == 0 or s == self.settings.steps:
+            save_stack(self)
+
+    def after_step(self) -> None:
+        _after_step(self)
+
+    def recover(self) -> None:
+        recover_checkpoint(self.out / "checkpoint")
+        remove_leftovers(self.out, LEFTOVERS)
+
+    def resume(self) -> None:
+        if resume_stack(self):
+            self.upload()
+
+    def start_over(self) -> None:
+        start_over(self.out)
+
+    def write_config(self) -> None:
+        """``out/config.json``: the run's settings, or a list of the stack's."""
+        settings = self.settings.to_dict() if self.single else [c.to_dict() for c in self.cfgs]
+        atomic_write_text(self.out / "config.json", json.dumps(settings, indent=1))
+
+    def finished(self) -> bool:
+        return self.step >= self.settings.steps and bool(self.metrics)
+
+    def finish(self, trained: bool) -> None:
+        """The finished run keeps one checkpoint: the previous one is removed."""
+        shutil.rmtree(previous_of(self.out / "checkpoint"), ignore_errors=True)
+
+    def description(self) -> str:
+        return self.settings.name if self.M == 1 else f"{self.M} stacked runs"
+
+    def begin(self) -> None:
+        """The evaluation of the initialization (``eval_at_start``), once."""
+        if self.step == 0 and not self.metrics and self.settings.eval_at_start:
+            self.evaluate()
+
+    def trained_for(self, seconds: float) -> None:
+        self.elapsed += seconds
+
+    def sync_intervals(self) -> list[int]:
+        return [self.settings.eval_every, self.settings.checkpoint_every]
+
+    def elements_per_step(self) -> int:
+        return self.M * self.settings.batch_size
 
 
 def check_stack(configs: list[TrainConfig]) -> None:
@@ -499,7 +522,7 @@ def check_stack(configs: list[TrainConfig]) -> None:
         raise ConfigError(f"run names repeat: {names}", fix="give every run its own name")
 
 
-def _after_step(stack: _Stack) -> None:
+def _after_step(stack: AnchorStack) -> None:
     """Called after every update, before the checkpoint decision: a seam where tests
     simulate a kill (by replacing it). Does nothing."""
 
@@ -526,11 +549,11 @@ def _kept_checkpoint(root: Path) -> str:
     try:
         step = json.loads((root / "trainer_state.json").read_text())["step"]
     except (OSError, ValueError, KeyError, TypeError):
-        return "no checkpoint was written before it"
-    return f"the checkpoint of step {step} in {root} is kept"
+        return kept_checkpoint(None, None)
+    return kept_checkpoint(step, root)
 
 
-def _diverged_error(stack: _Stack) -> NumericalError:
+def _diverged_error(stack: AnchorStack) -> NumericalError:
     loss = stack.diverged_loss[0]
     what = "loss" if not math.isfinite(loss) else "updated weights"
     return NumericalError(
@@ -540,77 +563,7 @@ def _diverged_error(stack: _Stack) -> NumericalError:
     )
 
 
-#: most batch indices held on the device at once (int64: 64 MiB)
-MAX_PREPARED = 2**23
-
-
-def _next_stop(stack: _Stack) -> tuple[int, bool]:
-    """The step the loop next stops at, and whether it is a sync point (an evaluation, a
-    checkpoint or the end) rather than the end of the prepared batch indices."""
-    c0, s = stack.c0, stack.step
-    sync = min(c0.steps, *(s - s % k + k for k in (c0.eval_every, c0.checkpoint_every)))
-    room = max(1, MAX_PREPARED // (stack.M * c0.batch_size))
-    return min(sync, s + room), s + room >= sync
-
-
-def _loop(stack: _Stack, progress: bool = True) -> None:
-    """Train from ``stack.step`` to the end: evaluate and checkpoint at their intervals.
-
-    The steps between two sync points (evaluations, checkpoints, the end) queue on the device
-    without waiting for it; the loss sums and divergence live there and come back at a sync
-    point (:meth:`_Stack.sync`). A single run that diverged stops there, naming its step."""
-    from tqdm.auto import tqdm
-
-    c0 = stack.c0
-    if stack.step == 0 and not stack.metrics and c0.eval_at_start:
-        stack.evaluate()
-        stack.write_metrics()
-    desc = c0.name if stack.M == 1 else f"{stack.M} stacked runs"
-    bar = tqdm(
-        total=c0.steps,
-        initial=stack.step,
-        disable=not progress,
-        desc=desc,
-        dynamic_ncols=True,
-        leave=False,
-    )
-
-    def each() -> None:
-        _after_step(stack)
-        bar.update(1)
-
-    try:
-        while stack.step < c0.steps:
-            stop, sync = _next_stop(stack)
-            t0 = time.perf_counter()
-            stack.prepare(stop)
-            stack.run_steps(stop, each)
-            if not sync:
-                each()
-                stack.elapsed += time.perf_counter() - t0
-                continue
-            stack.sync()
-            stack.elapsed += time.perf_counter() - t0
-            _at_sync_point(stack, bar)
-            each()
-            if stack.step % c0.checkpoint_every == 0 or stack.step == c0.steps:
-                save_stack(stack)
-    finally:
-        bar.close()
-
-
-def _at_sync_point(stack: _Stack, bar: Any) -> None:
-    """A stopped single run raises; at an evaluation step every run is evaluated."""
-    c0 = stack.c0
-    if stack.single and stack.diverged[0] is not None:
-        raise _diverged_error(stack)
-    if stack.step % c0.eval_every == 0 or stack.step == c0.steps:
-        rows = stack.evaluate()
-        stack.write_metrics()
-        bar.set_postfix(**_postfix(rows), refresh=False)
-
-
-def _outputs(stack: _Stack, out: Path) -> list[RunOutput]:
+def _outputs(stack: AnchorStack, out: Path) -> list[RunOutput]:
     df = pd.DataFrame(stack.metrics)
     outs = []
     for m, cfg in enumerate(stack.cfgs):
@@ -640,7 +593,8 @@ def train_stack(
     Checkpoints go to ``out_dir/checkpoint/<run name>/`` (or ``out_dir/checkpoint/`` when
     ``single``), metrics of all runs to ``out_dir/metrics.jsonl`` (column ``run``). The
     settings, the device and the memory the run needs are checked before anything is built; the
-    folder is locked against a second writer while the run trains.
+    folder is locked against a second writer while the run trains
+    (:func:`~probekit.training.loop.train_in_folder`).
 
     Example:
         >>> import tempfile
@@ -654,21 +608,9 @@ def train_stack(
     configs = list(configs)
     check_stack_fits(configs)
     out = Path(out_dir)
-    with run_folder_lock(out):
-        recover_checkpoint(out / "checkpoint")
-        remove_leftovers(out, LEFTOVERS)
-        if not resume:
-            start_over(out)
-        stack = _Stack(configs, out, single=single)
-        if resume and resume_stack(stack):
-            stack.upload()
-        settings = configs[0].to_dict() if single else [c.to_dict() for c in configs]
-        atomic_write_text(out / "config.json", json.dumps(settings, indent=1))
-        if stack.step < stack.c0.steps or not stack.metrics:
-            with deterministic_mode(configs[0].deterministic, stack.device):
-                _loop(stack, progress=progress)
-        shutil.rmtree(previous_of(out / "checkpoint"), ignore_errors=True)
-        return _outputs(stack, out)
+    stack = AnchorStack(configs, out, single=single)
+    train_in_folder(stack, resume=resume, progress=progress)
+    return _outputs(stack, out)
 
 
 #: files written atomically into a run folder, whose ``.<name>.*.tmp`` a kill may leave
@@ -678,11 +620,9 @@ LEFTOVERS = ("metrics.jsonl", "config.json", "run_config.json")
 def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
     """The stack's device, once its settings and memory are checked (nothing is built)."""
     check_stack(configs)
-    device = resolve_device(configs[0].device)
-    check_deterministic(configs[0].deterministic, device)
-    what = f"training {len(configs)} stacked run(s) of {configs[0].model.n_params()} parameters"
-    check_fits(anchor_run_bytes(configs), device, what)
-    return device
+    first = configs[0]
+    what = f"training {len(configs)} stacked run(s) of {first.model.n_params()} parameters"
+    return checked_device(first, first.device, anchor_run_bytes(configs), what)
 
 
 def start_over(out: Path) -> None:
@@ -741,6 +681,7 @@ def anchor_cpu_config(gamma: float, seed: int = 0, **overrides: Any) -> TrainCon
 
 
 __all__ = [
+    "AnchorStack",
     "RunOutput",
     "TrainConfig",
     "anchor_cpu_config",
