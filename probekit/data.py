@@ -52,6 +52,36 @@ class Batch:
 Data = Union[torch.Tensor, Batch, Mapping[str, Any], tuple, list]  # noqa: UP007
 
 
+def right_padded(batch: Batch) -> Batch:
+    """``batch`` with left-padded rows (mask ``0 ... 0 1 ... 1``, the default padding side of
+    many decoder tokenizers) moved to right padding (``1 ... 1 0 ... 0``): each row's tokens,
+    mask and labels shift left by its number of leading padding positions, so the real tokens
+    start at position 0 and every number equals that of the right-padded input. Rows already
+    right-padded are unchanged; a mask of another shape or kind is returned as is for the
+    model's checks to name. Positions in results then count from each row's first real token.
+
+    Example:
+        >>> b = right_padded(Batch(torch.tensor([[0, 0, 7, 8]]), torch.tensor([[0, 0, 1, 1]])))
+        >>> b.tokens.tolist(), b.attention_mask.tolist()
+        ([[7, 8, 0, 0]], [[1, 1, 0, 0]])
+    """
+    mask = batch.attention_mask
+    if mask is None or mask.shape != batch.tokens.shape or mask.is_complex() or mask.ndim != 2:
+        return batch
+    real = mask != 0
+    leading = torch.where(real.any(-1), real.int().argmax(-1), 0)
+    if not bool(leading.any()):
+        return batch
+    steps = torch.arange(mask.shape[-1], device=mask.device)
+    index = (steps + leading[:, None]) % mask.shape[-1]
+    labels = batch.labels
+    if labels is not None and labels.shape == mask.shape:
+        labels = labels.gather(-1, index.to(labels.device))
+    return Batch(
+        batch.tokens.gather(-1, index.to(batch.tokens.device)), mask.gather(-1, index), labels
+    )
+
+
 def _one_batch(item: Any) -> Batch:
     if isinstance(item, Batch):
         return item

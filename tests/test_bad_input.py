@@ -40,17 +40,30 @@ def test_right_padding_of_any_lengths_is_accepted(gpt2, lengths):
     assert torch.equal(batches[0].attention_mask, mask)
 
 
+def _one_run(row: list[int]) -> bool:
+    """The real tokens of ``row`` form one contiguous run (any padding on either side)."""
+    ones = [i for i, v in enumerate(row) if v]
+    return ones == list(range(ones[0], ones[-1] + 1))
+
+
 @given(
     row=st.lists(st.integers(0, 1), min_size=6, max_size=6).filter(
         lambda r: 1 in r and r != sorted(r, reverse=True)
     )
 )
 @FAST
-def test_left_padding_and_holes_are_refused(gpt2, row):
+def test_left_padding_is_moved_right_and_holes_are_refused(gpt2, row):
     mask = torch.tensor([[1] * 6, row])
-    kind = "left padding" if row[0] == 0 else "a hole"
-    with pytest.raises(InputError, match=f"row 1 of the attention mask has {kind}"):
-        gpt2.prepare((_tokens(2), mask))
+    tokens = _tokens(2)
+    if not _one_run(row):
+        with pytest.raises(InputError, match="row 1 of the attention mask has a hole"):
+            gpt2.prepare((tokens, mask))
+        return
+    [batch] = gpt2.prepare((tokens, mask))
+    n, start = sum(row), row.index(1)
+    assert batch.attention_mask[1].tolist() == [1] * n + [0] * (6 - n)
+    assert torch.equal(batch.tokens[1, :n], tokens[1, start : start + n])
+    assert torch.equal(batch.tokens[0], tokens[0]) and batch.attention_mask[0].all()
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probekit.data import Batch, Data, as_batches
+from probekit.data import Batch, Data, as_batches, right_padded
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model import inputs
 from probekit.model import structure as block_structure
@@ -384,18 +384,21 @@ class Model:
     ) -> list[Batch]:
         """Validate ``data`` against this model and return batches on its device with labels.
 
+        Left-padded rows are moved to right padding first (:func:`~probekit.data.right_padded`:
+        the numbers of the right-padded input, positions counted from the first real token).
         Without a ``batch_size``, a batch whose output would exceed
         :data:`~probekit.model.inputs.OUTPUT_BATCH_BYTES` is split (:meth:`default_batch_size`;
         smaller for a ``backward``); pass ``batch_size`` to choose.
 
         Raises :class:`InputError` for empty data, token ids that are not integers or lie
-        outside the vocabulary, sequences longer than the context, masks that are not right
-        padding of 0/1 values (left padding, holes, other values, an all-padding row), labels
+        outside the vocabulary, sequences longer than the context, masks that are not padding
+        of 0/1 values (holes, other values, an all-padding row), labels
         that are not integer token ids or -100, masks and labels of the wrong shape, and data
         with no position to predict at all.
         """
         out = []
         for batch in self.split_batches(as_batches(data, batch_size), batch_size, backward):
+            batch = right_padded(batch)  # left padding: the same numbers as right padding
             inputs.check_batch(batch, self.d_vocab, self.n_ctx)
             batch = batch.to(self.device)
             tokens = batch.tokens.long()

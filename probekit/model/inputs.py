@@ -78,7 +78,8 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
 
 
 def check_mask(mask: torch.Tensor) -> None:
-    """A mask must be right padding: per row 1 ... 1 0 ... 0, with at least one 1.
+    """A mask must be right padding: per row 1 ... 1 0 ... 0, with at least one 1 (left
+    padding is moved to the right before, by :func:`probekit.data.right_padded`).
 
     Any real or bool dtype is accepted as long as every value is exactly 0 or 1."""
     if mask.is_complex():
@@ -102,11 +103,10 @@ def check_mask(mask: torch.Tensor) -> None:
     after_padding = (~real).long().cummax(-1).values.bool() & real
     if after_padding.any():
         row = int(after_padding.any(-1).nonzero()[0])
-        kind = "left padding" if not bool(real[row, 0]) else "a hole (0 between 1s)"
         raise InputError(
-            f"row {row} of the attention mask has {kind}; probekit handles right padding only",
-            fix="pad on the right (tokenizer.padding_side = 'right') and keep real tokens "
-            "contiguous from position 0",
+            f"row {row} of the attention mask has a hole (0 between 1s); probekit handles "
+            "left or right padding of one contiguous run of real tokens",
+            fix="keep each sequence's real tokens contiguous (pad on the left or the right)",
         )
 
 
