@@ -46,7 +46,7 @@ from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
 from probekit.report_text import conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
-from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data
+from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
@@ -134,6 +134,8 @@ def diagnose_checkpoint(
     out_dir: str | os.PathLike,
     *,
     text: str | None = None,
+    dataset: DatasetChoice | None = None,
+    random_tokens: bool = False,
     n_sequences: int = N_SEQUENCES,
     seq_len: int = SEQ_LEN,
     seed: int = 0,
@@ -146,14 +148,15 @@ def diagnose_checkpoint(
     label: str | None = None,
     **options: Any,
 ) -> tuple[Diagnosis, Path]:
-    """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or
-    a torch dtype name; on ``device`` or spread by ``device_map``), :func:`diagnose` it on the
-    data :func:`~probekit.sources.default_data` picks (``text``, ``n_sequences``, ``seq_len``,
-    ``seed``) at its positions (or ``positions`` unless "auto"), and save the report into
-    ``out_dir`` (checked with :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens``
-    without a ``lens`` fits one on data kept apart; ``options`` go to :func:`diagnose`. The
-    meta names the checkpoint (``label``, e.g. the Hub name the folder was resolved from, and
-    the folder), the data's source and the dtype. Returns the diagnosis and the page."""
+    """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or a
+    torch dtype name; on ``device`` or spread by ``device_map``), :func:`diagnose` it on the
+    data :func:`~probekit.sources.default_data` picks (``text``, ``dataset``,
+    ``random_tokens``, ``n_sequences``, ``seq_len``, ``seed``) at its positions (or
+    ``positions`` unless "auto"), and save the report into ``out_dir`` (checked with
+    :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens`` without a ``lens`` fits one
+    on data kept apart; ``options`` go to :func:`diagnose`. The meta names the checkpoint
+    (``label``, e.g. the Hub name the folder was resolved from, and the folder), the data's
+    source and the dtype. Returns the diagnosis and the page."""
     import torch
 
     text = text or None
@@ -163,7 +166,8 @@ def diagnose_checkpoint(
         dtype=None if dtype == "stored" else getattr(torch, dtype),
         device_map=device_map,
     )
-    source = dict(text=text, n_sequences=n_sequences, seq_len=seq_len, seed=seed, model=model)
+    source = dict(text=text, dataset=dataset, random=random_tokens, model=model)
+    source.update(n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     data, data_positions = default_data(path, **source)
     if tuned_lens and options.get("lens") is None:  # a lens is fitted on other data than it reads
         options["lens_data"], _ = default_data(path, **source, purpose="fit")
@@ -172,7 +176,7 @@ def diagnose_checkpoint(
     folder = os.path.abspath(path)
     diagnosis.meta = {
         "checkpoint": f"{label} (snapshot {folder})" if label else folder,
-        "data_source": data_source(path, data, text=text, seed=seed),
+        "data_source": data_source(path, data, seed=seed),
         "dtype": dtype,
         **diagnosis.meta,
     }

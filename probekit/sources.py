@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -313,6 +314,8 @@ def default_data(
     path: str | os.PathLike,
     *,
     text: str | os.PathLike | None = None,
+    dataset: DatasetChoice | None = None,
+    random: bool = False,
     n_sequences: int = N_SEQUENCES,
     seq_len: int = SEQ_LEN,
     seed: int = 0,
@@ -321,17 +324,21 @@ def default_data(
 ) -> tuple[Any, str]:
     """The data to diagnose the checkpoint at ``path`` on, and the positions to read it at.
 
-    Without ``text``: a probekit anchor run gives its task's test data with the answer as the
-    label of the last position (positions ``"last"``); a probekit LM run gives ``n_sequences``
-    windows of ``seq_len`` bytes of its corpus's validation split (``"all"``); any other model
-    gives tokens drawn uniformly from its vocabulary with ``seed`` (``"all"``). With ``text``:
-    that file, tokenized with the model's tokenizer and cut into at most ``n_sequences``
-    sequences of ``seq_len`` tokens (``"all"``). ``model`` is the loaded checkpoint (anything
-    :func:`probekit.load` accepts; default: loaded from ``path`` when needed).
+    Chosen by the caller: ``text`` (a text file), ``dataset`` (a :class:`DatasetChoice`: a
+    data set's text column) -- both tokenized with the model's tokenizer and cut into at most
+    ``n_sequences`` sequences of ``seq_len`` tokens -- or ``random`` (tokens drawn uniformly
+    from the vocabulary with ``seed``); positions ``"all"``. Otherwise from what trained it:
+    a probekit anchor run gives its task's test data with the answer as the label of the last
+    position (``"last"``); a probekit LM run gives windows of its corpus's validation split;
+    any other model with a tokenizer the standard library's sources (real text that ships
+    with Python, :func:`probekit.tasks.text.stdlib_texts`), one without tokens drawn from its
+    vocabulary. Text data come as a dict whose ``"description"`` says what they are.
+    ``model`` is the loaded checkpoint (default: loaded from ``path`` when needed).
 
     ``purpose="fit"`` gives data to fit a tuned lens on, kept apart from the diagnosed data:
-    the anchor task's training split, the corpus's training split, the ``text`` sequences
-    after the diagnosed ones, or tokens drawn with ``seed + 1``.
+    the anchor task's training split, the corpus's or the standard library's training split,
+    the ``text`` or data-set sequences after the diagnosed ones, or tokens drawn with
+    ``seed + 1``.
     """
     from probekit.training.runs import load_run
 
@@ -340,7 +347,8 @@ def default_data(
     fit = purpose == "fit"
     if text is not None:
         check_text_file(text)
-    run = None if text is not None else load_run(checkpoint_of(path))
+    chosen = text is not None or dataset is not None or random
+    run = None if chosen else load_run(checkpoint_of(path))
     if run is not None and run.kind == "anchor":
         task = run.task
         data = task.generate("train", min(task.n_train, 2000)) if fit else task.dataset("test_data")
@@ -354,25 +362,78 @@ def default_data(
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
         split = "train" if fit else "validation"
         return corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences), "all"
+    if random or model.tokenizer is None and text is None and dataset is None:
+        return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
+    texts, what, skip = _texts(text, dataset, fit)
+    length = min(seq_len, model.n_ctx)
+    return _tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetChoice:
+    """A data set's text as ``--dataset`` names it: ``name`` (a Hugging Face ``datasets``
+    name, a ``save_to_disk`` folder or a local .jsonl/.json/.parquet/.csv/.txt file),
+    ``config``, ``split`` (default: "validation" for a named data set, "train" for a file)
+    and the text ``column``."""
+
+    name: str
+    config: str | None = None
+    split: str | None = None
+    column: str = "text"
+
+    def describe(self) -> str:
+        """The data set in words, e.g. ``data set wikitext (config wikitext-2-raw-v1, split
+        validation, column text)``."""
+        parts = [f"config {self.config}"] if self.config else []
+        parts += [f"split {self.split}"] if self.split else []
+        return f"data set {self.name} ({', '.join([*parts, f'column {self.column}'])})"
+
+
+def check_dataset(dataset: DatasetChoice | None) -> None:
+    """Open the data set ``dataset`` names and read its first text, so a wrong name, split or
+    column is reported before a model loads (``None``: nothing to check)."""
+    if dataset is None:
+        return
+    from probekit.tasks.text import dataset_texts
+
+    texts = dataset_texts(
+        dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
+    )
+    if next(texts, None) is None:
+        raise InputError(
+            f"{dataset.describe()} holds no text", fix="pass another split or --column"
+        )
+
+
+def _texts(
+    text: str | os.PathLike | None, dataset: DatasetChoice | None, fit: bool
+) -> tuple[Any, str, int]:
+    """The texts to tokenize, their description, and how many blocks of sequences to skip
+    (a lens is fitted on the sequences after the diagnosed ones of the same text)."""
+    from probekit.tasks import text as sources
+
     if text is not None:
-        return _tokenized(path, model, text, n_sequences, seq_len, after=fit), "all"
-    return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
+        return sources.file_texts(text), f"text file {os.path.abspath(text)}", int(fit)
+    if dataset is not None:
+        texts = sources.dataset_texts(
+            dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
+        )
+        return texts, dataset.describe(), int(fit)
+    split = "train" if fit else "validation"
+    what = f"the Python standard library's sources ({split} files; real text shipped with Python)"
+    return sources.stdlib_texts(split), what, 0
 
 
-def data_source(
-    model: str | os.PathLike, data: Any, *, text: str | None = None, seed: int = 0
-) -> str:
+def data_source(model: str | os.PathLike, data: Any, *, seed: int = 0) -> str:
     """In words, where the ``data`` :func:`default_data` chose for the checkpoint path
-    ``model`` came from (``text`` and ``seed`` as passed to it): data that say what they are
-    (a task's :meth:`~probekit.data.TaskData.description`, see :func:`probekit.data.describe`)
+    ``model`` came from (``seed`` as passed to it): data that say what they are (text, a
+    task's :meth:`~probekit.data.TaskData.description`, see :func:`probekit.data.describe`)
     are taken at their word.
 
     Example:
         >>> data_source("gpt2", None, seed=3)
         'tokens drawn uniformly from the vocabulary (seed 3)'
     """
-    if text:
-        return f"text file {os.path.abspath(text)}, tokenized with the model's tokenizer"
     from probekit.data import describe
 
     if (described := describe(data)) is not None:
@@ -397,79 +458,42 @@ def _answer_labelled(data: Any) -> dict[str, Any]:
 def _tokenized(
     path: str | os.PathLike,
     model: Any,
-    text: str | os.PathLike,
+    texts: Any,
+    what: str,
     n_sequences: int,
-    seq_len: int,
-    after: bool = False,
-) -> Any:
-    """``text`` tokenized with the model's tokenizer, as ``[n, length]`` token ids; with
-    ``after``, the sequences that follow the first ``n_sequences`` (for fitting a lens).
-
-    The text is cut into windows of ``length`` tokens, and each window carries the special
-    tokens the tokenizer adds to one sequence (BERT's ``[CLS]`` ... ``[SEP]``, Llama's BOS), so
-    every sequence looks like one the checkpoint saw in training and CLS pooling reads a CLS."""
+    length: int,
+    skip: int = 0,
+) -> dict[str, Any]:
+    """``texts`` tokenized with the model's tokenizer into ``[n, length]`` token ids (after
+    the first ``skip`` windows), with a ``"description"`` of ``what`` they are."""
     import torch
+
+    from probekit.tasks.text import token_windows
 
     if model.tokenizer is None:
         raise InputError(
-            f"{path} has no tokenizer, so --text cannot be tokenized",
-            fix="save a tokenizer beside the weights, or leave out --text to use tokens "
+            f"{path} has no tokenizer, so {what} cannot be tokenized",
+            fix="save a tokenizer beside the weights, or pass --random-tokens to use tokens "
             "drawn from the vocabulary",
         )
-    # undecodable bytes become U+FFFD (check_text_file has refused binary files)
-    with open(text, encoding="utf-8", errors="replace") as handle:
-        windows = _text_windows(model.tokenizer, handle.read(), min(seq_len, model.n_ctx))
-    if after:
-        windows = windows[n_sequences:]
+    windows = token_windows(model.tokenizer, texts, length, n_sequences, skip=skip)
     if not windows:
-        what = "after the diagnosed sequences, to fit a lens on" if after else ""
+        after = " after the diagnosed sequences, to fit a lens on," if skip else ""
         raise InputError(
-            f"{text} has fewer tokens {what} than one sequence of {min(seq_len, model.n_ctx)}",
+            f"{what} has fewer tokens{after} than one sequence of {length}",
             fix="pass a longer text or a smaller --seq-len (or --lens DIR)",
         )
-    return torch.tensor(windows[:n_sequences])
-
-
-def _text_windows(tokenizer: Any, text: str, length: int) -> list[list[int]]:
-    """``text`` as full windows of ``length`` token ids, each with the tokenizer's special
-    tokens for one sequence (none for GPT-2-style tokenizers)."""
-    n_special = getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)()
-    if not n_special:
-        ids = tokenizer(text)["input_ids"]
-        return [ids[i : i + length] for i in range(0, len(ids) - length + 1, length)]
-    body = length - n_special
-    if body < 1:
-        raise InputError(
-            f"--seq-len {length} leaves no room for the text between the tokenizer's "
-            f"{n_special} special tokens",
-            fix=f"pass --seq-len {n_special + 1} or more",
-        )
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    prefix, suffix = _special_wrapping(tokenizer, n_special)
-    return [prefix + ids[i : i + body] + suffix for i in range(0, len(ids) - body + 1, body)]
-
-
-def _special_wrapping(tokenizer: Any, n_special: int) -> tuple[list[int], list[int]]:
-    """The special token ids the tokenizer puts before and after one sequence, read off
-    how it tokenizes a one-word sample with and without them."""
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a")["input_ids"]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            prefix, suffix = full[:start], full[start + len(plain) :]
-            if len(prefix) + len(suffix) == n_special:
-                return prefix, suffix
-    raise InputError(
-        "could not tell where the tokenizer puts its special tokens around a text",
-        fix="pass token ids instead of --text",
-    )
+    description = f"{what}, tokenized with the model's tokenizer"
+    return {"input_ids": torch.tensor(windows), "description": description}
 
 
 __all__ = [
+    "DatasetChoice",
     "N_SEQUENCES",
     "SEQ_LEN",
     "PICKLE_SUFFIXES",
     "check_checkpoint_folder",
+    "check_dataset",
     "check_diagnose_inputs",
     "check_path_names",
     "check_text_file",

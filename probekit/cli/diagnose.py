@@ -31,6 +31,8 @@ from probekit.errors import ConfigError
 from probekit.sources import (
     N_SEQUENCES,
     SEQ_LEN,
+    DatasetChoice,
+    check_dataset,
     check_diagnose_inputs,
     checkpoint_to_diagnose,
 )
@@ -73,6 +75,7 @@ def check_flags(args: argparse.Namespace) -> None:
     and not both ``--device`` and ``--device-map``."""
     check_int_flags(args)
     check_device(args.device)
+    dataset_choice(args)
     if getattr(args, "device_map", None) is not None and args.device is not None:
         raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
 
@@ -85,6 +88,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path]:
     check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
     check_flags(args)
     path, lines = checkpoint_to_diagnose(args.model, text=args.text)
+    check_dataset(dataset_choice(args))  # its name, split and column, before the model loads
     from probekit import report  # the analyses, plotly and torch
 
     out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
@@ -104,6 +108,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
         path,
         out,
         text=args.text,
+        dataset=dataset_choice(args),
+        random_tokens=args.random_tokens,
         n_sequences=args.n_sequences,
         seq_len=args.seq_len,
         seed=args.seed,
@@ -155,13 +161,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         "replacing an older probekit report there",
     )
     add_force(diag, what="report")
-    diag.add_argument(
-        "--text",
-        help="a UTF-8 text file to tokenize with the model's tokenizer (binary files are "
-        "refused; bytes that are not UTF-8 are read as U+FFFD, with a warning) "
-        "(default: the task's test data for probekit runs, else tokens drawn uniformly from "
-        "the vocabulary)",
-    )
+    _add_data_flags(diag)
     diag.add_argument(
         "--n-sequences",
         type=int,
@@ -204,6 +204,53 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_depth_flags(diag)
     diag.set_defaults(func=diagnose_command)
     return diag
+
+
+def _add_data_flags(diag: argparse.ArgumentParser) -> None:
+    """What ``probekit diagnose`` reads: a text file, a data set or drawn tokens (one of them;
+    without any, what the checkpoint implies)."""
+    choice = diag.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--text",
+        help="a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
+        "needed (binary files are refused; bytes that are not UTF-8 are read as U+FFFD, with "
+        "a warning) (default: the task's test data for probekit runs, else the Python "
+        "standard library's sources for a model with a tokenizer, else tokens drawn "
+        "uniformly from the vocabulary)",
+    )
+    choice.add_argument(
+        "--dataset",
+        help="a data set's text: a Hugging Face datasets name (offline: from the local "
+        "datasets cache), a save_to_disk folder, or a local .jsonl/.json/.parquet/.csv/.txt "
+        "file; with --dataset-config, --split, --column",
+    )
+    choice.add_argument(
+        "--random-tokens",
+        action="store_true",
+        help="tokens drawn uniformly from the vocabulary (describe random tokens, not language)",
+    )
+    diag.add_argument("--dataset-config", help="the data set's configuration (with --dataset)")
+    diag.add_argument(
+        "--split",
+        help="the data set's split (with --dataset; default validation for a named data set, "
+        "train for a local file)",
+    )
+    diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
+
+
+def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
+    """The data set ``--dataset`` and its flags name, or ``None``; a data-set flag without
+    ``--dataset`` is refused."""
+    extras = {"--dataset-config": args.dataset_config, "--split": args.split}
+    extras["--column"] = args.column
+    given = [flag for flag, value in extras.items() if value is not None]
+    if args.dataset is None:
+        if given:
+            raise ConfigError(f"{given[0]} was given without --dataset", fix="add --dataset NAME")
+        return None
+    if not args.dataset.strip():
+        raise ConfigError("--dataset is empty", fix="name a data set or a data file")
+    return DatasetChoice(args.dataset, args.dataset_config, args.split, args.column or "text")
 
 
 def _add_placement_flags(diag: argparse.ArgumentParser) -> None:

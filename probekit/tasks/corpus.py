@@ -33,6 +33,24 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
+def corpus_files(root: Path, pattern: str = "*.py") -> list[Path]:
+    """The files under ``root`` matching ``pattern`` in sorted order, installed packages and
+    caches left out."""
+    return sorted(
+        p
+        for p in root.rglob(pattern)
+        if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts)
+    )
+
+
+def split_of(path: Path, root: Path, validation_fraction: float) -> str:
+    """ "train" or "validation" for the file ``path``, by a hash of its path below ``root``
+    (stable across machines and Python patch releases)."""
+    digest = hashlib.sha256(str(path.relative_to(root)).encode()).digest()
+    bucket = int.from_bytes(digest[:4], "little") / 2**32
+    return "validation" if bucket < validation_fraction else "train"
+
+
 class ByteCorpus:
     """Byte-level token streams of the ``*.py`` files under ``root`` (default: the stdlib).
 
@@ -56,18 +74,12 @@ class ByteCorpus:
             raise ConfigError(
                 f"corpus folder {self.root} does not exist", fix="pass a folder of text files"
             )
-        files = sorted(
-            p
-            for p in self.root.rglob(pattern)
-            if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(self.root).parts)
-        )
+        files = corpus_files(self.root, pattern)
         if max_files is not None:
             files = files[:max_files]
         self.splits: dict[str, list[Path]] = {"train": [], "validation": []}
         for path in files:
-            digest = hashlib.sha256(str(path.relative_to(self.root)).encode()).digest()
-            bucket = int.from_bytes(digest[:4], "little") / 2**32
-            self.splits["validation" if bucket < validation_fraction else "train"].append(path)
+            self.splits[split_of(path, self.root, validation_fraction)].append(path)
         self._streams: dict[str, torch.Tensor] = {}
         for split in ("train", "validation"):
             if len(self.stream(split)) < 2:

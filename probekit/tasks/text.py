@@ -1,0 +1,206 @@
+"""Text for a model's tokenizer, read lazily: the standard library (the default), a text file,
+or a data set as researchers name it.
+
+Each source yields texts one after another and :func:`token_windows` stops reading as soon as
+it has the windows it needs, so a 300 MB ``--text`` file costs a few chunks, not the file.
+
+- :func:`stdlib_texts`: the Python standard library's ``*.py`` sources (code, comments and
+  docstrings) -- real text that ships with every interpreter, split into train/validation by
+  the same path hash as :class:`~probekit.tasks.corpus.ByteCorpus`;
+- :func:`file_texts`: a text file, in chunks of about a megabyte cut at line ends;
+- :func:`dataset_texts`: one column of a data set -- a Hugging Face ``datasets`` name (with
+  config and split; offline it must be in the local datasets cache), a ``save_to_disk``
+  folder, or a local ``.jsonl``/``.json``/``.parquet``/``.csv``/``.txt`` file.
+
+Example:
+    >>> first = next(stdlib_texts("validation"))
+    >>> isinstance(first, str) and len(first) > 0
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from probekit.errors import InputError
+
+CHUNK_CHARS = 1 << 20
+"""Characters of a text file read at a time (cut at the last line end)."""
+
+VALIDATION_FRACTION = 0.05
+"""Share of the standard library's files in the validation split (as in ByteCorpus)."""
+
+DATASET_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+"""Local data set files by suffix -> the ``datasets`` builder that reads them."""
+
+
+def _stdlib_split(split: str) -> list[Path]:
+    from probekit.tasks.corpus import corpus_files, split_of, stdlib_root
+
+    root = stdlib_root()
+    return [p for p in corpus_files(root) if split_of(p, root, VALIDATION_FRACTION) == split]
+
+
+def stdlib_texts(split: str = "validation") -> Iterator[str]:
+    """The text of each standard-library source file of ``split`` ("train" or
+    "validation"), in sorted path order."""
+    if split not in ("train", "validation"):
+        raise InputError(f"unknown split {split!r}", fix="use 'train' or 'validation'")
+    for path in _stdlib_split(split):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            yield text
+
+
+def file_texts(path: str | os.PathLike, chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
+    """The text file at ``path`` in chunks of about ``chunk_chars`` characters, each cut after
+    a line end (undecodable bytes become U+FFFD); a file under one chunk is one text."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        rest = ""
+        while chunk := handle.read(chunk_chars):
+            chunk = rest + chunk
+            cut = chunk.rfind("\n") + 1 or len(chunk)
+            rest = chunk[cut:]
+            if chunk[:cut]:
+                yield chunk[:cut]
+        if rest:
+            yield rest
+
+
+def dataset_texts(
+    name: str | os.PathLike,
+    *,
+    config: str | None = None,
+    split: str | None = None,
+    column: str = "text",
+) -> Iterator[str]:
+    """The non-empty strings of ``column`` of the data set ``name`` (see the module docstring;
+    ``split`` defaults to "validation" for a named data set and "train" for a local file)."""
+    path = Path(name)
+    if path.is_file() and path.suffix == ".txt":
+        yield from file_texts(path)
+        return
+    rows = _dataset(name, config, split)
+    if column not in rows.column_names:
+        raise InputError(
+            f"the data set {name} has no column {column!r} (columns: "
+            f"{', '.join(rows.column_names)})",
+            fix="pass --column with one of its text columns",
+        )
+    for block in rows.iter(batch_size=1000):  # lazily: a diagnosis needs few rows
+        yield from (v for v in block[column] if isinstance(v, str) and v.strip())
+
+
+def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> Any:
+    import datasets
+
+    path = Path(name)
+    try:
+        if path.is_dir() and any((path / f).exists() for f in ("dataset_dict.json", "state.json")):
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                return loaded[_split_of(loaded, split or "validation", name)]
+            return loaded
+        if path.is_file():
+            builder = DATASET_FILES.get(path.suffix)
+            if builder is None:
+                raise InputError(
+                    f"cannot read a data set from a {path.suffix or 'suffix-less'} file",
+                    fix=f"use one of {', '.join([*DATASET_FILES, '.txt'])}, or --text",
+                )
+            return datasets.load_dataset(builder, data_files=str(path), split=split or "train")
+        return _named_dataset(os.fspath(name), config, split or "validation")
+    except InputError:
+        raise
+    except (ValueError, KeyError) as err:
+        raise InputError(f"cannot read the data set {name} ({err})", fix=_fix(name)) from err
+    except Exception as err:  # datasets' errors (not found, offline, corrupt) have no common base
+        raise InputError(
+            f"cannot load the data set {name} ({type(err).__name__}: {str(err)[:200]})",
+            fix=_fix(name),
+        ) from err
+
+
+def _named_dataset(name: str, config: str | None, split: str) -> Any:
+    """A data set by its Hub name: through ``datasets`` (its own cache when offline), else
+    from the repository's files in the local Hugging Face cache (``datasets--org--name``, where
+    ``datasets`` and ``hf download --repo-type dataset`` keep them), read as a local folder."""
+    import datasets
+    from huggingface_hub import snapshot_download
+
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as first:
+        try:
+            folder = snapshot_download(name, repo_type="dataset", local_files_only=True)
+        except Exception:
+            raise first from None  # it says more than "not in the cache either"
+    return datasets.load_dataset(folder, config, split=split)
+
+
+def _split_of(splits: Any, split: str, name: Any) -> str:
+    if split not in splits:
+        raise InputError(
+            f"the data set {name} has no split {split!r} (splits: {', '.join(splits)})",
+            fix="pass --split with one of them",
+        )
+    return split
+
+
+def _fix(name: Any) -> str:
+    return (
+        "check the name, config and split; offline, a named data set must be in the local "
+        f"datasets cache: load it once online (datasets.load_dataset({os.fspath(name)!r}, ...)) "
+        "or pass a save_to_disk folder or a local .jsonl/.parquet file"
+    )
+
+
+def token_windows(
+    tokenizer: Any, texts: Iterable[str], length: int, n: int, skip: int = 0
+) -> list[list[int]]:
+    """The first ``n`` full windows of ``length`` token ids (after the first ``skip``) of the
+    ``texts`` joined, reading texts only until they are there. Each window carries the special
+    tokens the tokenizer adds to one sequence (BERT's ``[CLS]`` ... ``[SEP]``, Llama's BOS), so
+    every sequence looks like one the checkpoint saw in training."""
+    n_special = getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)()
+    body = length - n_special
+    if body < 1:
+        raise InputError(
+            f"--seq-len {length} leaves no room for the text between the tokenizer's "
+            f"{n_special} special tokens",
+            fix=f"pass --seq-len {n_special + 1} or more",
+        )
+    prefix, suffix = _special_wrapping(tokenizer, n_special) if n_special else ([], [])
+    wanted = (skip + n) * body
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=not n_special)["input_ids"]
+        if len(ids) >= wanted:
+            break
+    windows = [prefix + ids[i : i + body] + suffix for i in range(0, len(ids) - body + 1, body)]
+    return windows[skip : skip + n]
+
+
+def _special_wrapping(tokenizer: Any, n_special: int) -> tuple[list[int], list[int]]:
+    """The special token ids the tokenizer puts before and after one sequence, read off
+    how it tokenizes a one-word sample with and without them."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            prefix, suffix = full[:start], full[start + len(plain) :]
+            if len(prefix) + len(suffix) == n_special:
+                return prefix, suffix
+    raise InputError(
+        "could not tell where the tokenizer puts its special tokens around a text",
+        fix="pass token ids instead of --text",
+    )
+
+
+__all__ = ["dataset_texts", "file_texts", "stdlib_texts", "token_windows"]
