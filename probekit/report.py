@@ -437,7 +437,7 @@ table {{ border-collapse: collapse; font-size: .9rem; }}
 td, th {{ border-bottom: 1px solid #ddd; padding: .25rem .8rem; text-align: left; }}
 section {{ margin-top: 2.2rem; }}
 </style></head><body>
-{banner}<h1>{title}</h1><p class="sub">{model}</p>
+{banner}<h1>{title}</h1><p class="sub">{model}</p>{data}
 <div class="verdict"><strong>Verdict</strong><ul>{verdict}</ul></div>
 <details><summary>What was measured</summary>{meta}</details>
 {sections}
@@ -457,6 +457,17 @@ def _details_table(result: Result) -> str:
         + table.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="n/a", border=0)
         + "</details>"
     )
+
+
+def _data_line(meta: dict[str, Any]) -> str:
+    """The line under a report's title that names the data, whatever they are."""
+    source = meta.get("data_source")
+    if not source:
+        return ""
+    size = ""
+    if meta.get("n_sequences") is not None and meta.get("seq_len") is not None:
+        size = f" ({meta['n_sequences']} sequences of up to {meta['seq_len']} tokens)"
+    return f'<p class="sub">Data: {html.escape(str(source) + size)}</p>'
 
 
 def _meta_table(meta: dict[str, Any]) -> str:
@@ -524,6 +535,7 @@ def write_report(
     page = _PAGE.format(
         title=html.escape(title),
         model=html.escape(diagnosis.model),
+        data=_data_line(diagnosis.meta),
         plotly=script,
         banner=f"<p class='banner'>{html.escape(banner)}</p>" if banner else "",
         verdict="".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict),

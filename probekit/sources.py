@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,88 @@ def checkpoints_below(
                         found.append(child)
         level = below
     return found
+
+
+def steps_of(paths: Sequence[str | os.PathLike]) -> list[int | None]:
+    """The training step each checkpoint path names (``step100``, ``checkpoint-100``, a Hub
+    revision ``@step100``), or ``None``.
+
+    Example:
+        >>> steps_of(["run/step100", "run/step20", "org/m@step3", "run/final"])
+        [100, 20, 3, None]
+    """
+    found = []
+    for path in paths:
+        match = re.search(r"(?:step|checkpoint)[-_]?(\d+)\D*$", os.fspath(path))
+        found.append(int(match[1]) if match else None)
+    return found
+
+
+def checkpoints_to_compare(
+    items: Sequence[str],
+    *,
+    names: Sequence[str] | None = None,
+    revisions: Sequence[str] | None = None,
+    run: bool = False,
+) -> dict[str, str]:
+    """``{name: checkpoint folder}`` of ``probekit compare``/``timeline``'s arguments: folders
+    or Hub names (resolved, :mod:`probekit.model.hub`); one Hub name with ``revisions``; with
+    ``run``, one folder that holds checkpoints below it stands for them, ordered by step. Names
+    are ``names`` or the folders' (the run's for a folder named ``checkpoint``, ``name@rev``
+    for a Hub revision), made unique."""
+    items = _expanded(list(items), revisions, run)
+    if len(items) < 2:
+        raise InputError(f"{len(items)} checkpoint(s) to compare", fix="pass two or more")
+    folders = []
+    for item in items:
+        check_path_names(item)
+        if not os.path.lexists(item) and hub_name(item) is None:
+            raise CheckpointError(
+                f"checkpoint path {item} does not exist",
+                fix="pass Hugging Face model directories or Hub names (org/name[@revision])",
+            )
+        folder = item if os.path.lexists(item) else os.fspath(resolve(item))
+        check_checkpoint_folder(folder)
+        folders.append(checkpoint_of(folder))
+    return dict(zip(_names(items, names), folders, strict=True))
+
+
+def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> list[str]:
+    if revisions is not None:
+        if len(items) != 1 or hub_name(items[0]) is None or "@" in items[0]:
+            raise InputError(
+                "--revisions takes exactly one Hub name without @revision",
+                fix="pass e.g. EleutherAI/pythia-70m --revisions step1000,step2000",
+            )
+        return [f"{items[0]}@{rev.strip()}" for rev in revisions if rev.strip()]
+    if run and len(items) == 1 and os.path.isdir(items[0]):
+        if not any((Path(items[0]) / m).exists() for m in CHECKPOINT_MARKERS):
+            found = [os.fspath(p) for p in checkpoints_below(items[0], limit=10_000)]
+            steps = steps_of(found)
+            order = sorted(range(len(found)), key=lambda i: (steps[i] is None, steps[i] or 0))
+            return [found[i] for i in order]
+    return items
+
+
+def _names(items: Sequence[str], given: Sequence[str] | None) -> list[str]:
+    if given is not None:
+        if len(given) != len(items) or len(set(given)) != len(given):
+            raise InputError(
+                f"{len(given)} names for {len(items)} checkpoints (or a name twice)",
+                fix="give one distinct name per checkpoint",
+            )
+        return list(given)
+    names = []
+    for item in items:
+        path = Path(item)
+        parsed = None if os.path.lexists(item) else hub_name(item)
+        if parsed is not None:
+            repo, rev = parsed
+            name = repo.split("/")[-1] + (f"@{rev}" if rev else "")
+        else:
+            name = path.parent.name if path.name == "checkpoint" else path.name
+        names.append(name.strip(".") or "checkpoint")
+    return [n if names.count(n) == 1 else f"{i}-{n}" for i, n in enumerate(names)]
 
 
 def check_path_names(*paths: str | os.PathLike | None) -> None:
@@ -500,8 +584,10 @@ __all__ = [
     "checkpoint_of",
     "checkpoint_to_diagnose",
     "checkpoints_below",
+    "checkpoints_to_compare",
     "data_source",
     "default_data",
     "ignored_files",
     "random_tokens",
+    "steps_of",
 ]

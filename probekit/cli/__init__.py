@@ -24,12 +24,20 @@ import os
 import sys
 from collections.abc import Sequence
 
-from probekit.cli.common import Parser, add_threads, check_device, set_threads
+from probekit.cli.common import (
+    LIMITS,
+    Parser,
+    add_threads,
+    check_device,
+    check_int_flags,
+    set_threads,
+)
+from probekit.cli.compare import add_compare_parsers
 from probekit.cli.demo import add_demo_parser
-from probekit.cli.diagnose import LIMITS, add_diagnose_parser, check_int_flags
+from probekit.cli.diagnose import add_diagnose_parser
 from probekit.errors import ProbekitError
 
-LIGHT_COMMANDS = ("diagnose", "demo")
+LIGHT_COMMANDS = ("diagnose", "demo", "compare", "timeline")
 """Subcommands whose parser needs no trainer: for them the train/sweep parsers (which import
 torch) are not built, so a wrong path is reported before torch loads."""
 
@@ -45,6 +53,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_diagnose_parser(sub)
     add_demo_parser(sub)
+    add_compare_parsers(sub)
     if command not in LIGHT_COMMANDS:
         try:
             from probekit.cli.sweep import add_sweep_parser

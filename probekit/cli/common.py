@@ -21,6 +21,7 @@ import difflib
 from typing import Any
 
 from probekit.errors import ConfigError, InputError
+from probekit.sources import DatasetChoice
 
 
 class Parser(argparse.ArgumentParser):
@@ -170,7 +171,122 @@ def add_quiet(parser: Flags, *, help: str, no_progress_alias: bool = False) -> N
         )
 
 
+def add_data_flags(diag: Flags) -> None:
+    """What a diagnosis reads (``diagnose``, ``compare``, ``timeline``): a text file, a data
+    set or drawn tokens (one of them; without any, what the checkpoint implies)."""
+    choice = diag.add_mutually_exclusive_group()
+    choice.add_argument(
+        "--text",
+        help="a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
+        "needed (binary files are refused; bytes that are not UTF-8 are read as U+FFFD, with "
+        "a warning) (default: the task's test data for probekit runs, else the Python "
+        "standard library's sources for a model with a tokenizer, else tokens drawn "
+        "uniformly from the vocabulary)",
+    )
+    choice.add_argument(
+        "--dataset",
+        help="a data set's text: a Hugging Face datasets name (offline: from the local "
+        "datasets cache), a save_to_disk folder, or a local .jsonl/.json/.parquet/.csv/.txt "
+        "file; with --dataset-config, --split, --column",
+    )
+    choice.add_argument(
+        "--random-tokens",
+        action="store_true",
+        help="tokens drawn uniformly from the vocabulary (describe random tokens, not language)",
+    )
+    diag.add_argument("--dataset-config", help="the data set's configuration (with --dataset)")
+    diag.add_argument(
+        "--split",
+        help="the data set's split (with --dataset; default validation for a named data set, "
+        "train for a local file)",
+    )
+    diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
+
+
+def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
+    """The data set ``--dataset`` and its flags name, or ``None``; a data-set flag without
+    ``--dataset`` is refused."""
+    extras = {"--dataset-config": args.dataset_config, "--split": args.split}
+    extras["--column"] = args.column
+    given = [flag for flag, value in extras.items() if value is not None]
+    if args.dataset is None:
+        if given:
+            raise ConfigError(f"{given[0]} was given without --dataset", fix="add --dataset NAME")
+        return None
+    if not args.dataset.strip():
+        raise ConfigError("--dataset is empty", fix="name a data set or a data file")
+    return DatasetChoice(args.dataset, args.dataset_config, args.split, args.column or "text")
+
+
+def add_executor(parser: Flags, *, what: str) -> None:
+    """``--executor local|ray`` and ``--ray-address``: where the ``what`` run."""
+    group = parser.add_argument_group("executor")
+    group.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help=f"local: the {what} one after another in this process; ray: each one Ray task (a "
+        'local Ray, or the cluster at --ray-address; needs pip install -e ".[ray]" and an '
+        "absolute --out on a filesystem every node sees)",
+    )
+    group.add_argument(
+        "--ray-address",
+        default=None,
+        help="address of a running Ray cluster (`ray start --head` prints it, e.g. "
+        "10.0.0.1:6379); default: start a local Ray sized to this machine",
+    )
+
+
+def check_executor_flags(args: argparse.Namespace) -> None:
+    """``--ray-address`` only with ``--executor ray``."""
+    if args.ray_address is not None and args.executor != "ray":
+        raise ConfigError(
+            "--ray-address is given but the executor is local",
+            fix="add --executor ray, or leave --ray-address out",
+        )
+
+
+LIMITS = {
+    "n_sequences": (1, 100_000),
+    "seq_len": (1, 2**20),
+    "bootstrap": (0, 10_000),
+    "batch_size": (1, 10**6),
+    "seed": (0, 2**32 - 1),
+    "lens_steps": (1, 10**7),
+}
+"""The range ``(low, high)`` each integer flag of a diagnosis (``diagnose``, ``compare``,
+``timeline``) accepts."""
+
+
+def check_int_flags(args: argparse.Namespace) -> None:
+    """Raise :class:`~probekit.errors.ConfigError` for an integer flag outside :data:`LIMITS`.
+
+    Example:
+        >>> check_int_flags(argparse.Namespace(seq_len=0))
+        Traceback (most recent call last):
+        ...
+        probekit.errors.ConfigError: --seq-len 0 is outside [1, 1048576]. Fix: pass --seq-len \
+from 1 to 1048576.
+    """
+    for dest, (low, high) in LIMITS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(
+                f"{flag} {value} is outside [{low}, {high}]",
+                fix=f"pass {flag} from {low} to {high}",
+            )
+
+
 __all__ = [
+    "LIMITS",
+    "check_int_flags",
+    "add_data_flags",
+    "add_executor",
+    "check_executor_flags",
+    "dataset_choice",
     "HelpFormatter",
     "Parser",
     "add_command",

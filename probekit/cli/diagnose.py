@@ -21,53 +21,23 @@ from typing import Any
 
 from probekit.cli.common import (
     add_command,
+    add_data_flags,
     add_device,
     add_force,
     add_out,
     add_quiet,
     check_device,
+    check_int_flags,
+    dataset_choice,
 )
 from probekit.errors import ConfigError
 from probekit.sources import (
     N_SEQUENCES,
     SEQ_LEN,
-    DatasetChoice,
     check_dataset,
     check_diagnose_inputs,
     checkpoint_to_diagnose,
 )
-
-LIMITS = {
-    "n_sequences": (1, 100_000),
-    "seq_len": (1, 2**20),
-    "bootstrap": (0, 10_000),
-    "batch_size": (1, 10**6),
-    "seed": (0, 2**32 - 1),
-    "lens_steps": (1, 10**7),
-}
-"""The range ``(low, high)`` each integer flag of ``probekit diagnose`` accepts."""
-
-
-def check_int_flags(args: argparse.Namespace) -> None:
-    """Raise :class:`~probekit.errors.ConfigError` for an integer flag outside :data:`LIMITS`.
-
-    Example:
-        >>> check_int_flags(argparse.Namespace(seq_len=0))
-        Traceback (most recent call last):
-        ...
-        probekit.errors.ConfigError: --seq-len 0 is outside [1, 1048576]. Fix: pass --seq-len \
-from 1 to 1048576.
-    """
-    for dest, (low, high) in LIMITS.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        flag = "--" + dest.replace("_", "-")
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(
-                f"{flag} {value} is outside [{low}, {high}]",
-                fix=f"pass {flag} from {low} to {high}",
-            )
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -161,7 +131,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         "replacing an older probekit report there",
     )
     add_force(diag, what="report")
-    _add_data_flags(diag)
+    add_data_flags(diag)
     diag.add_argument(
         "--n-sequences",
         type=int,
@@ -204,53 +174,6 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_depth_flags(diag)
     diag.set_defaults(func=diagnose_command)
     return diag
-
-
-def _add_data_flags(diag: argparse.ArgumentParser) -> None:
-    """What ``probekit diagnose`` reads: a text file, a data set or drawn tokens (one of them;
-    without any, what the checkpoint implies)."""
-    choice = diag.add_mutually_exclusive_group()
-    choice.add_argument(
-        "--text",
-        help="a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
-        "needed (binary files are refused; bytes that are not UTF-8 are read as U+FFFD, with "
-        "a warning) (default: the task's test data for probekit runs, else the Python "
-        "standard library's sources for a model with a tokenizer, else tokens drawn "
-        "uniformly from the vocabulary)",
-    )
-    choice.add_argument(
-        "--dataset",
-        help="a data set's text: a Hugging Face datasets name (offline: from the local "
-        "datasets cache), a save_to_disk folder, or a local .jsonl/.json/.parquet/.csv/.txt "
-        "file; with --dataset-config, --split, --column",
-    )
-    choice.add_argument(
-        "--random-tokens",
-        action="store_true",
-        help="tokens drawn uniformly from the vocabulary (describe random tokens, not language)",
-    )
-    diag.add_argument("--dataset-config", help="the data set's configuration (with --dataset)")
-    diag.add_argument(
-        "--split",
-        help="the data set's split (with --dataset; default validation for a named data set, "
-        "train for a local file)",
-    )
-    diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
-
-
-def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
-    """The data set ``--dataset`` and its flags name, or ``None``; a data-set flag without
-    ``--dataset`` is refused."""
-    extras = {"--dataset-config": args.dataset_config, "--split": args.split}
-    extras["--column"] = args.column
-    given = [flag for flag, value in extras.items() if value is not None]
-    if args.dataset is None:
-        if given:
-            raise ConfigError(f"{given[0]} was given without --dataset", fix="add --dataset NAME")
-        return None
-    if not args.dataset.strip():
-        raise ConfigError("--dataset is empty", fix="name a data set or a data file")
-    return DatasetChoice(args.dataset, args.dataset_config, args.split, args.column or "text")
 
 
 def _add_placement_flags(diag: argparse.ArgumentParser) -> None:
@@ -317,4 +240,4 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
     )
 
 
-__all__ = ["LIMITS", "add_diagnose_parser", "check_flags", "check_int_flags", "diagnose_command"]
+__all__ = ["add_diagnose_parser", "check_flags", "diagnose_command"]

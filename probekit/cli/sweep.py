@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from probekit.cli.common import add_command, add_out
+from probekit.cli.common import add_command, add_executor, add_out, check_executor_flags
 from probekit.cli.train_flags import (
     DEFAULT_MODEL,
     DEFAULT_RUN,
@@ -24,7 +24,6 @@ from probekit.cli.train_flags import (
     parse_floats,
     parse_ints,
 )
-from probekit.errors import ConfigError
 
 TABLE_COLUMNS = [
     "run",
@@ -40,11 +39,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     """``probekit sweep``: train the grid stacked by shape; write the table and diagrams."""
     from probekit.training.sweep import SweepConfig, run_sweep
 
-    if args.ray_address is not None and args.executor != "ray":
-        raise ConfigError(
-            "--ray-address is given but the executor is local",
-            fix="add --executor ray, or leave --ray-address out",
-        )
+    check_executor_flags(args)
     base = build_train_config(args, sweep=True)
     family = None
     if args.family_budget is not None:
@@ -97,7 +92,7 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
         "OUT/phase_diagrams.html; run again to resume.",
     )
     _add_grid_flags(p)
-    _add_executor_flags(p)
+    add_executor(p, what="stacks")
     add_out(p, type=Path, help="output folder (created; an existing run there is resumed)")
     add_settings_flags(p, sweep=True)
     p.set_defaults(func=sweep_command)
@@ -150,25 +145,6 @@ def _add_grid_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="at most this many runs per stacked model (memory)",
-    )
-
-
-def _add_executor_flags(p: argparse.ArgumentParser) -> None:
-    """Where the stacks run: this process, or Ray."""
-    x = p.add_argument_group("executor")
-    x.add_argument(
-        "--executor",
-        choices=["local", "ray"],
-        default="local",
-        help="local: the stacks one after another in this process; ray: each stack one Ray "
-        'task (a local Ray, or the cluster at --ray-address; needs pip install -e ".[ray]" '
-        "and an absolute --out on a filesystem every node sees)",
-    )
-    x.add_argument(
-        "--ray-address",
-        default=None,
-        help="address of a running Ray cluster (`ray start --head` prints it, e.g. "
-        "10.0.0.1:6379); default: start a local Ray sized to this machine",
     )
 
 

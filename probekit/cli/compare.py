@@ -1,0 +1,116 @@
+"""``probekit compare A B [C ...]`` and ``probekit timeline RUN | A B ... | NAME --revisions``:
+several checkpoints diagnosed on the same data, each with its own report, and one page that
+sets them side by side (:mod:`probekit.compare`).
+
+Example:
+    >>> from probekit.cli import build_parser
+    >>> args = build_parser("compare").parse_args(["compare", "a", "b", "--out", "r"])
+    >>> args.checkpoints, args.executor
+    (['a', 'b'], 'local')
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from probekit.cli.common import (
+    add_command,
+    add_data_flags,
+    add_executor,
+    add_force,
+    add_out,
+    add_quiet,
+    check_executor_flags,
+    check_int_flags,
+    dataset_choice,
+)
+from probekit.sources import N_SEQUENCES, SEQ_LEN, check_dataset, checkpoints_to_compare
+
+
+def _check(args: argparse.Namespace) -> dict[str, str]:
+    """Every check that needs no model; the ``{name: folder}`` to compare."""
+    check_int_flags(args)
+    check_executor_flags(args)
+    names = args.names.split(",") if getattr(args, "names", None) else None
+    revisions = args.revisions.split(",") if getattr(args, "revisions", None) else None
+    found = checkpoints_to_compare(
+        args.checkpoints, names=names, revisions=revisions, run=args.command == "timeline"
+    )
+    check_dataset(dataset_choice(args))
+    return found
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """``probekit compare`` / ``probekit timeline``: check, diagnose each, write the page."""
+    checkpoints = _check(args)
+    from probekit import compare, report
+
+    out = report.check_out_dir(args.out, force=args.force, protect=tuple(checkpoints.values()))
+    page = compare.compare_checkpoints(
+        checkpoints,
+        out,
+        timeline=args.command == "timeline",
+        text=args.text,
+        dataset=dataset_choice(args),
+        random_tokens=args.random_tokens,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        executor=args.executor,
+        ray_address=args.ray_address,
+        progress=not args.quiet,
+        pairs=args.pairs,
+        n_bootstrap=args.bootstrap,
+    )
+    if not args.quiet:
+        print(f"comparison: {page}", file=sys.stdout)
+    return 0
+
+
+def add_compare_parsers(subparsers: Any) -> None:
+    """The ``compare`` and ``timeline`` subcommands."""
+    for name, help, what in (
+        ("compare", "several checkpoints side by side", "checkpoint folders or Hub names"),
+        (
+            "timeline",
+            "one run's checkpoints (or Hub revisions) over training",
+            "a run folder (its checkpoints below it, ordered by step), checkpoints in training "
+            "order, or one Hub name with --revisions",
+        ),
+    ):
+        p = add_command(
+            subparsers,
+            name,
+            help=help,
+            description=f"Diagnose {what} on the same data, write each one's full report and "
+            "one page with the headline table, the contribution and logit-lens profiles "
+            "overlaid and the permutable blocks of each.",
+        )
+        p.add_argument("checkpoints", nargs="+", help=what)
+        if name == "compare":
+            p.add_argument("--names", help="comma-separated names, one per checkpoint")
+        else:
+            p.add_argument(
+                "--revisions", help="comma-separated Hub revisions of the one Hub name given"
+            )
+        _add_shared_flags(p)
+        p.set_defaults(func=compare_command)
+
+
+def _add_shared_flags(p: argparse.ArgumentParser) -> None:
+    add_out(p, help="folder for the page (index.html) and one report folder per checkpoint")
+    add_force(p, what="comparison")
+    add_data_flags(p)
+    p.add_argument(
+        "--n-sequences", type=int, default=N_SEQUENCES, help="sequences of data, 1 to 100000"
+    )
+    p.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per sequence")
+    p.add_argument("--pairs", choices=["adjacent", "all"], default="adjacent",
+                   help="layer pairs to swap")  # fmt: skip
+    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates, 0 to 10000")
+    add_executor(p, what="checkpoints")
+    add_quiet(p, help="no progress output")
+
+
+__all__ = ["add_compare_parsers", "compare_command"]

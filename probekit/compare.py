@@ -1,0 +1,323 @@
+"""Several checkpoints side by side: ``probekit compare`` and ``probekit timeline``.
+
+Each checkpoint gets its own full report (:func:`probekit.cluster.diagnose_many`, so the
+``"local"`` and ``"ray"`` executors of a sweep apply), all on the same data, and one page sets
+them side by side: the headline table (second-half share, depth score, permutable blocks in
+words, where the logit lens forms the prediction, the loss), the zero-ablation contribution
+profiles overlaid, the logit-lens KL profiles overlaid, and for a timeline the headline numbers
+over the checkpoints' steps. Models of different depths are drawn over relative depth
+((layer + ½) ÷ layers), so a 12- and a 24-layer model share one axis.
+
+Example:
+    >>> import tempfile
+    >>> from probekit.toy import toy_hf_model, toy_tokens
+    >>> root = tempfile.mkdtemp()
+    >>> for n in (2, 3):
+    ...     toy_hf_model("gpt2", n_layers=n).save_pretrained(f"{root}/L{n}")
+    >>> page = compare({"L2": f"{root}/L2", "L3": f"{root}/L3"}, toy_tokens(), f"{root}/out",
+    ...                n_bootstrap=0)
+    >>> page.name, sorted(p.name for p in page.parent.iterdir())
+    ('index.html', ['L2', 'L3', 'diagnoses.csv', 'index.html'])
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from probekit import figures
+from probekit.cluster import DiagnosesResult, diagnose_many
+from probekit.errors import InputError
+from probekit.io import atomic_write_text
+from probekit.report import human_layers
+from probekit.result import Result
+from probekit.sources import data_source, default_data, steps_of
+
+HEADLINES = (
+    ("second_half_share", "second-half share of the output change", "{:.1%}"),
+    ("depth_score", "skip-effect depth score (layers)", "{:.2f}"),
+    ("prediction_formed_at_depth", "logit lens matches the final prediction after (blocks)", "{}"),
+    ("clean_loss", "loss of the unmodified model (nats)", "{:.3f}"),
+    ("n_layers", "layers", "{}"),
+)
+"""Headline numbers of the comparison table: key, words, format."""
+
+
+def compare(
+    checkpoints: Mapping[str, str | os.PathLike],
+    data: Any,
+    out_dir: str | os.PathLike,
+    *,
+    timeline: bool = False,
+    title: str = "probekit comparison",
+    data_label: str = "",
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Path:
+    """Diagnose every ``{name: checkpoint folder}`` on ``data`` (``options`` go to
+    :func:`probekit.report.diagnose`), write each one's report into ``out_dir/<name>/`` and
+    the side-by-side page ``out_dir/index.html``; with ``timeline``, the checkpoints are one
+    run's (in order) and the page adds the headline numbers over their steps. Returns the
+    page. A checkpoint that fails is listed with its error; the others go on."""
+    if len(checkpoints) < 2:
+        raise InputError(
+            f"{len(checkpoints)} checkpoint(s) to compare", fix="pass two or more checkpoints"
+        )
+    table = diagnose_many(
+        checkpoints,
+        data,
+        out_dir,
+        executor=executor,
+        ray_address=ray_address,
+        progress=progress,
+        resume=False,
+        **options,
+    )
+    out = Path(out_dir)
+    results = {name: _read_results(out / name) for name in table.df["name"]}
+    steps = steps_of(list(checkpoints)) if timeline else None
+    page = comparison_page(table, results, title=title, steps=steps, data_label=data_label)
+    return atomic_write_text(out / "index.html", page)
+
+
+def compare_checkpoints(
+    checkpoints: Mapping[str, str],
+    out_dir: str | os.PathLike,
+    *,
+    timeline: bool = False,
+    text: str | None = None,
+    dataset: Any = None,
+    random_tokens: bool = False,
+    n_sequences: int = 32,
+    seq_len: int = 128,
+    **options: Any,
+) -> Path:
+    """``probekit compare``/``timeline``'s work: the data :func:`~probekit.sources.
+    default_data` picks for the first checkpoint (``text``, ``dataset``, ``random_tokens``;
+    they must share its vocabulary), then :func:`compare` on it at its positions."""
+    from probekit.model import load
+
+    _check_vocabularies(checkpoints)
+    first = next(iter(checkpoints.values()))
+    data, positions = default_data(
+        first,
+        text=text,
+        dataset=dataset,
+        random=random_tokens,
+        n_sequences=n_sequences,
+        seq_len=seq_len,
+        model=load(first, device="cpu"),
+    )
+    title = "probekit timeline" if timeline else "probekit comparison"
+    label = data_source(first, data)
+    return compare(
+        checkpoints,
+        data,
+        out_dir,
+        timeline=timeline,
+        title=title,
+        data_label=label,
+        positions=positions,
+        **options,
+    )
+
+
+def _check_vocabularies(checkpoints: Mapping[str, str]) -> None:
+    """Refuse checkpoints whose config.json give different vocabulary sizes (the same tokens
+    would mean different things)."""
+    sizes = {}
+    for name, folder in checkpoints.items():
+        try:
+            config = json.loads((Path(folder) / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and isinstance(config.get("vocab_size"), int):
+            sizes[name] = config["vocab_size"]
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name} {size}" for name, size in sizes.items())
+        raise InputError(
+            f"the checkpoints have different vocabularies ({listed})",
+            fix="compare checkpoints of one tokenizer, or diagnose each on its own",
+        )
+
+
+def _read_results(folder: Path) -> dict[str, Result]:
+    """The contributions and logit lens a report in ``folder`` saved (none if it failed)."""
+    found = {}
+    for name in ("contributions", "logit_lens", "layer_swaps"):
+        if (folder / f"{name}.json").is_file():
+            found[name] = Result.load(folder / f"{name}.json")
+    return found
+
+
+def headline_table(table: DiagnosesResult) -> pd.DataFrame:
+    """One row per checkpoint in words: the headline numbers, the permutable blocks as layer
+    ranges, and a link to its report."""
+    rows = []
+    for _, row in table.df.iterrows():
+        entry = {"checkpoint": row["name"]}
+        if row["status"] != "ok":
+            entry["status"] = row["status"]
+            rows.append(entry)
+            continue
+        for key, words, fmt in HEADLINES:
+            value = row.get(key)
+            entry[words] = "n/a" if value is None or pd.isna(value) else fmt.format(value)
+        rows.append(entry)
+    return pd.DataFrame(rows)
+
+
+def _depth_axis(results: Mapping[str, Mapping[str, Result]], analysis: str) -> bool:
+    """Whether models of different depths are drawn (then over relative depth)."""
+    depths = {
+        len(r[analysis].df["layer" if analysis == "contributions" else "depth"].unique())
+        for r in results.values()
+        if analysis in r
+    }
+    return len(depths) > 1
+
+
+def contribution_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
+    """Each checkpoint's zero-ablation contribution of whole layers, one line each."""
+    relative = _depth_axis(results, "contributions")
+    fig = go.Figure()
+    for i, (name, found) in enumerate(results.items()):
+        if "contributions" not in found:
+            continue
+        res = found["contributions"]
+        measure = res.meta.get("measure") or res.df["measure"].iloc[0]
+        part = res.df[(res.df["component"] == "layer") & (res.df["measure"] == measure)]
+        layers, n = part["layer"].to_numpy(), part["layer"].nunique()
+        x = (layers + 0.5) / n if relative else layers
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=part["value"],
+                name=name,
+                mode="lines+markers",
+                line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
+            )
+        )
+    x_title = "relative depth ((layer + ½) ÷ layers)" if relative else "layer"
+    figures.base_layout(
+        fig,
+        "Zero-ablation contribution of each layer, per checkpoint",
+        x_title,
+        figures.words(_measure_of(results)),
+    )
+    if not relative:
+        figures.integer_axis(fig, "x", n=max((len(trace.x) for trace in fig.data), default=1))
+    return fig
+
+
+def _measure_of(results: Mapping[str, Mapping[str, Result]]) -> str:
+    for found in results.values():
+        if "contributions" in found:
+            res = found["contributions"]
+            return res.meta.get("measure") or str(res.df["measure"].iloc[0])
+    return "value"
+
+
+def lens_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
+    """Each checkpoint's logit-lens KL from the final prediction per depth, one line each."""
+    relative = _depth_axis(results, "logit_lens")
+    fig = go.Figure()
+    for i, (name, found) in enumerate(results.items()):
+        if "logit_lens" not in found:
+            continue
+        df = found["logit_lens"].df
+        part = df[df["measure"] == "kl"].sort_values("depth")
+        depth, n = part["depth"].to_numpy(), max(int(part["depth"].max()), 1)
+        x = depth / n if relative else depth
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=part["value"],
+                name=name,
+                mode="lines+markers",
+                line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
+            )
+        )
+    x_title = "relative depth (blocks read ÷ layers)" if relative else "blocks read (depth)"
+    return figures.base_layout(
+        fig,
+        "Logit lens: KL divergence from the final prediction",
+        x_title,
+        "KL(final ‖ lens) (nats)",
+    )
+
+
+def timeline_figure(table: DiagnosesResult, steps: Sequence[int | None]) -> go.Figure:
+    """The second-half share and the depth score over the checkpoints' steps (their order
+    where a step cannot be read from the path)."""
+    ok = table.df["status"] == "ok"
+    use_steps = all(s is not None for s in steps)
+    x = list(steps) if use_steps else list(range(len(steps)))
+    fig = go.Figure()
+    for i, (key, words, _) in enumerate(HEADLINES[:2]):
+        if key in table.df:
+            y = [v if good else None for v, good in zip(table.df[key], ok, strict=True)]
+            fig.add_trace(go.Scatter(x=x, y=y, name=words, mode="lines+markers", yaxis=f"y{i + 1}"))
+    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": HEADLINES[1][1]})
+    figures.base_layout(
+        fig,
+        "Depth use over training",
+        "training step" if use_steps else "checkpoint (in the order given)",
+        HEADLINES[0][1],
+    )
+    return fig
+
+
+def comparison_page(
+    table: DiagnosesResult,
+    results: Mapping[str, Mapping[str, Result]],
+    *,
+    title: str,
+    steps: Sequence[int | None] | None = None,
+    data_label: str = "",
+) -> str:
+    """The side-by-side page: what data, the headline table with links, the overlays."""
+    words = headline_table(table)
+    words["permutable blocks"] = [_blocks(results.get(n, {})) for n in table.df["name"]]
+    words["report"] = [
+        f"<a href='{html.escape(n)}/report.html'>report</a>" if s == "ok" else ""
+        for n, s in zip(table.df["name"], table.df["status"], strict=True)
+    ]
+    figs = [contribution_overlay(results), lens_overlay(results)]
+    if steps is not None:
+        figs.insert(0, timeline_figure(table, steps))
+    plots = "".join(
+        f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
+        for i, fig in enumerate(figs)
+    )
+    return (
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}"
+        "</title><style>body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;"
+        "margin:2rem auto;max-width:1150px;color:#222;line-height:1.5}table{border-collapse:"
+        "collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;padding:.25rem .7rem;"
+        f"text-align:left}}</style></head><body><h1>{html.escape(title)}</h1>"
+        + (f"<p>Data: {html.escape(data_label)}</p>" if data_label else "")
+        + words.to_html(index=False, escape=False, border=0, na_rep="")
+        + plots
+        + "</body></html>"
+    )
+
+
+def _blocks(found: Mapping[str, Result]) -> str:
+    """A checkpoint's permutable blocks as people write layer ranges."""
+    swaps = found.get("layer_swaps")
+    if swaps is None:
+        return "n/a"
+    return "; ".join(human_layers(a, b) for a, b in swaps.summary["blocks"]) or "none"
+
+
+__all__ = ["compare", "compare_checkpoints", "comparison_page", "headline_table"]

@@ -1,0 +1,100 @@
+"""``probekit compare`` and ``probekit timeline``: several checkpoints on the same data, each
+with its own report, and one page that sets them side by side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from huggingface_hub import constants
+
+from probekit.cli import main
+from probekit.sources import checkpoints_to_compare
+from probekit.toy import toy_hf_model
+from tests.browser import figure_problems, open_page
+
+FAST = ["--quiet", "--random-tokens", "--bootstrap", "0", "--n-sequences", "4", "--seq-len", "8"]
+
+
+def _run(argv, capsys):
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own errors
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    for name, layers, seed in (("L2", 2, 0), ("L3", 3, 1), ("run/step100", 2, 2),
+                               ("run/step20", 2, 3), ("run/step300", 2, 4)):  # fmt: skip
+        toy_hf_model("gpt2", n_layers=layers, seed=seed).save_pretrained(root / name)
+    toy_hf_model("gpt2", n_layers=2, vocab_size=60).save_pretrained(root / "other_vocab")
+    return root
+
+
+def test_compare_writes_each_report_and_one_page_side_by_side(folders, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code, err = _run(
+        ["compare", str(folders / "L2"), str(folders / "L3"), "--out", str(out), *FAST], capsys
+    )
+    assert code == 0, err
+    assert (out / "L2" / "report.html").is_file() and (out / "L3" / "report.html").is_file()
+    page = (out / "index.html").read_text()
+    for words in ("second-half share", "permutable blocks", "href='L2/report.html'", "layers 0"):
+        assert words in page, words
+    assert "relative depth" in page  # a 2- and a 3-layer model share one axis
+    assert "Data: tokens drawn uniformly from the vocabulary (seed 0)" in page
+    figures, errors = open_page(out / "index.html")
+    assert errors == [] and len(figures) == 2
+    assert figure_problems(figures) == []
+    assert [t["n_traces"] for t in figures] == [2, 2]
+
+
+def test_timeline_orders_a_runs_checkpoints_by_step(folders, tmp_path, capsys):
+    assert list(checkpoints_to_compare([str(folders / "run")], run=True)) == [
+        "step20",
+        "step100",
+        "step300",
+    ]
+    out = tmp_path / "tl"
+    code, err = _run(["timeline", str(folders / "run"), "--out", str(out), *FAST], capsys)
+    assert code == 0, err
+    page = (out / "index.html").read_text()
+    assert "Depth use over training" in page and "training step" in page
+    assert page.index("step20") < page.index("step100") < page.index("step300")
+
+
+def test_timeline_over_hub_revisions(folders, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    for ref, commit in (("main", "a" * 40), ("v1", "b" * 40)):
+        snapshot = cache / "models--org--tiny" / "snapshots" / commit
+        toy_hf_model("gpt2", n_layers=2, seed=len(ref)).save_pretrained(snapshot)
+        (cache / "models--org--tiny" / "refs").mkdir(parents=True, exist_ok=True)
+        (cache / "models--org--tiny" / "refs" / ref).write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    found = checkpoints_to_compare(["org/tiny"], revisions=["main", "v1"], run=True)
+    assert list(found) == ["tiny@main", "tiny@v1"]
+    assert found["tiny@v1"].endswith("b" * 40)
+
+
+def test_bad_inputs_get_one_line_and_nothing_written(folders, tmp_path, capsys):
+    out = tmp_path / "bad"
+    cases = [
+        (["compare", str(folders / "L2")], "1 checkpoint(s) to compare"),
+        (["compare", str(folders / "L2"), str(tmp_path / "absent")], "does not exist"),
+        (["compare", str(folders / "L2"), str(folders / "other_vocab")], "different vocab"),
+        (["compare", str(folders / "L2"), str(folders / "L3"), "--names", "a"], "1 names for 2"),
+        (["timeline", str(folders / "L2"), "--revisions", "a,b"], "exactly one Hub name"),
+        (["compare", str(folders / "L2"), str(folders / "L3"), "--ray-address", "x:1"], "--ray"),
+    ]
+    for argv, message in cases:
+        code, err = _run([*argv, "--out", str(out), *FAST], capsys)
+        assert code == 2, argv
+        assert message in err and err.count("\n") == 1, (argv, err)
+        assert not out.exists()
+    summary = json.dumps(sorted(p.name for p in tmp_path.iterdir()))
+    assert "bad" not in summary
