@@ -8,7 +8,7 @@ spread (min..max) over seeds, and writes ``results.json`` in ``--out``. Resumabl
 
     OMP_NUM_THREADS=1 python -m benchmarks.anchor_seeds --out runs/seeds --seeds 0,1,2
 
-Defaults are :func:`probekit.training.anchor_cpu_config`'s; flags override them.
+Defaults are :func:`probekit.anchor.anchor_cpu_config`'s; flags override them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from probekit.analyses.mechanisms.solutions import solution_types
-from probekit.training import anchor_cpu_config, train_stack
-from probekit.training.runs import load_run
+from probekit.anchor import anchor_cpu_config, train_stack
+from probekit.run_folders import load_run
 
 
 def _ints(text: str) -> list[int]:

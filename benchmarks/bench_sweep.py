@@ -3,7 +3,7 @@
 The sweep is 4 gammas x 2 weight decays x 3 seeds of the CPU-sized anchor model (2 layers,
 d_model 64), a fixed number of steps. It is trained two ways:
 
-1. ``probekit`` (A): :func:`probekit.training.sweep.run_sweep` (the 24 runs stacked into one
+1. ``probekit`` (A): :func:`probekit.anchor.sweep.run_sweep` (the 24 runs stacked into one
    batched model; checkpoints and the final evaluation included);
 2. ``loop`` (B): each run alone, the fastest plain way: a Hugging Face ``GPT2LMHeadModel`` with
    ``torch.optim.AdamW(fused=True)`` where the device has fused AdamW kernels for float32 (CPU
@@ -56,12 +56,15 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from probekit.tasks import AnchorTask  # noqa: E402
-from probekit.training import ModelConfig, TrainConfig, init_params, to_hf_model  # noqa: E402
+from probekit.anchor import (
+    AnchorTask,  # noqa: E402
+    TrainConfig,  # noqa: E402
+)
+from probekit.anchor.sweep import SweepConfig, run_sweep  # noqa: E402
+from probekit.anchor.training import batch_indices  # noqa: E402
+from probekit.training import ModelConfig, init_params, to_hf_model  # noqa: E402
 from probekit.training.checkpoint import save_quietly  # noqa: E402
 from probekit.training.models import decays  # noqa: E402
-from probekit.training.sweep import SweepConfig, run_sweep  # noqa: E402
-from probekit.training.trainer import batch_indices  # noqa: E402
 
 GAMMAS = [0.3, 0.5, 0.8, 1.0]
 WEIGHT_DECAYS = [0.1, 1.0]

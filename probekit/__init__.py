@@ -37,8 +37,8 @@ _EXPORTS: dict[str, str] = {
     "Result": "probekit.result",
     "AnchorTask": "probekit.anchor",
     "AnchorData": "probekit.anchor",
-    "train": "probekit.training",
-    "load_run": "probekit.training",
+    "train": "probekit.anchor",
+    "load_run": "probekit.run_folders",
     "diagnose": "probekit.report",
 }
 """Public name -> the module it lives in; imported on first use, so ``import probekit`` (and

@@ -54,9 +54,8 @@ QUICK_STEPS = 300
 def reference_configs(quick: bool = False) -> list[Any]:
     """The trainer configs of the two reference models: ``anchor_cpu_config`` (README) at
     gamma 0.5 and 0.8, seed 0; ``quick`` shrinks everything to a smoke run."""
-    from probekit.anchor import AnchorTask
+    from probekit.anchor import AnchorTask, anchor_cpu_config
     from probekit.training.models import ModelConfig
-    from probekit.training.trainer import anchor_cpu_config
 
     configs = []
     for name, gamma in REFERENCE.items():
@@ -116,8 +115,8 @@ def analyse(
     from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.data import describe
     from probekit.report import diagnose, write_report
+    from probekit.run_folders import load_run
     from probekit.sources import default_data
-    from probekit.training.runs import load_run
 
     step = phases or Phases(quiet=True)
     model = probekit.load(checkpoint, device="cpu")
@@ -239,8 +238,8 @@ def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
     """The demo's runs, reports and index page, written into ``out``."""
     import plotly.offline
 
+    from probekit.anchor.training import train_stack
     from probekit.report import can_export_images, export_images, write_json
-    from probekit.training.trainer import train_stack
 
     phases = Phases(quiet=not progress)
     configs = reference_configs(quick)

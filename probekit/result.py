@@ -61,7 +61,7 @@ RESULT_MODULES: dict[str, str] = {
     "depth_headlines": "probekit.analyses.timeline",
     "depth_timeline": "probekit.analyses.timeline",
     "family": "probekit.training.families",
-    "sweep": "probekit.training.sweep",
+    "sweep": "probekit.anchor.sweep",
     "diagnoses": "probekit.cluster",
 }
 """Every kind of result probekit writes -> the module that defines its class. :meth:`Result.load`

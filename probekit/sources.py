@@ -7,14 +7,14 @@ data for probekit anchor runs (read at the last position), the validation text o
 probekit LM runs, a text file tokenized with the model's tokenizer, or tokens drawn uniformly from
 the vocabulary; :func:`data_source` says in words which. ``probekit diagnose``
 (:func:`probekit.report.diagnose_checkpoint`), the demo and notebooks use these; the run folder
-itself is read by :func:`probekit.training.runs.load_run`.
+itself is read by :func:`probekit.run_folders.load_run`.
 
 Example:
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import toy_hf_model
-    >>> from probekit.training import TrainConfig
+    >>> from probekit.anchor import TrainConfig
     >>> from probekit.training.checkpoint import write_run_config
     >>> run = Path(tempfile.mkdtemp())                        # an anchor run folder
     >>> toy_hf_model("gpt2", n_layers=2).save_pretrained(run / "checkpoint")
@@ -56,7 +56,7 @@ def checkpoint_of(path: str | os.PathLike) -> str:
     """The checkpoint folder ``path`` stands for: a probekit run folder stands for its
     checkpoint folder (``checkpoint/``, or ``final/`` of a finished LM run); any other path (a
     checkpoint folder, a Hugging Face model directory) stands for itself."""
-    from probekit.training.runs import load_run
+    from probekit.run_folders import load_run
 
     run = load_run(path)
     if run is None or run.path == Path(path):
@@ -424,7 +424,7 @@ def default_data(
     the ``text`` or data-set sequences after the diagnosed ones, or tokens drawn with
     ``seed + 1``.
     """
-    from probekit.training.runs import load_run
+    from probekit.run_folders import load_run
 
     if purpose not in ("diagnose", "fit"):
         raise InputError(f"unknown purpose {purpose!r}", fix="use 'diagnose' or 'fit'")
@@ -522,7 +522,7 @@ def data_source(model: str | os.PathLike, data: Any, *, seed: int = 0) -> str:
 
     if (described := describe(data)) is not None:
         return described
-    from probekit.training.runs import load_run
+    from probekit.run_folders import load_run
 
     if load_run(checkpoint_of(model)) is not None:
         return "the validation split of the run's byte corpus"

@@ -13,8 +13,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from probekit.tasks import AnchorTask  # noqa: E402
-from probekit.training import ModelConfig, TrainConfig  # noqa: E402
+from probekit.anchor import (
+    AnchorTask,  # noqa: E402
+    TrainConfig,  # noqa: E402
+)
+from probekit.training import ModelConfig  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves a core free
 

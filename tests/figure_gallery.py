@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import probekit  # noqa: E402
-from probekit.tasks import AnchorTask  # noqa: E402
+from probekit.anchor import AnchorTask  # noqa: E402
 from tests.conftest import anchor_gpt2  # noqa: E402
 
 TASK = AnchorTask(n_train=32, n_test=96, seed=0)
@@ -41,7 +41,7 @@ def anchor_model(n_layers: int, seed: int = 0) -> transformers.GPT2LMHeadModel:
 
 def _sweep() -> probekit.Result:
     """A sweep table like `probekit sweep` writes (the README's phase-diagram grid)."""
-    from probekit.training.sweep import SweepResult
+    from probekit.anchor.sweep import SweepResult
 
     rows = []
     for gamma in (0.3, 0.5, 0.8):

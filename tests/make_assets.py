@@ -48,7 +48,7 @@ def anchor_images(demo: Path) -> None:
 
 
 def phase_diagram() -> None:
-    from probekit.training.sweep import SweepResult
+    from probekit.anchor.sweep import SweepResult
 
     df = pd.read_csv(ASSETS / "phase-sweep-results.csv")
     _write(SweepResult(df, {}).figure(), "phase_diagram.png")

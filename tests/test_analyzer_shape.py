@@ -10,8 +10,8 @@ import pytest
 import probekit
 from probekit import analyses
 from probekit.analyses.depth.tuned_lens import TunedLens
+from probekit.anchor import AnchorTask
 from probekit.result import Result
-from probekit.tasks import AnchorTask
 from probekit.toy import TOY_VOCAB, toy_model, toy_tokens
 
 NOT_OF_DATA = {"condensation", "spectra", "embedding_map"}

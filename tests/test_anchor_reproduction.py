@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from probekit.analyses.mechanisms.solutions import solution_types
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, anchor_cpu_config, train_stack
-from probekit.training.runs import load_run
+from probekit.anchor import AnchorTask, anchor_cpu_config, train_stack
+from probekit.run_folders import load_run
+from probekit.training import ModelConfig
 
 torch.set_num_threads(1)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from probekit.anchor import SPLITS, AnchorTask
 from probekit.errors import ConfigError, InputError, ProbekitError
-from probekit.tasks import SPLITS, AnchorTask
 
 torch.set_num_threads(1)
 
@@ -225,10 +225,9 @@ def test_score_fractions(task: AnchorTask) -> None:
 def test_unknown_settings_are_named():
     import pytest
 
+    from probekit.anchor import AnchorTask, TrainConfig
     from probekit.errors import ConfigError
-    from probekit.tasks.anchor import AnchorTask
     from probekit.training.models import ModelConfig
-    from probekit.training.trainer import TrainConfig
 
     with pytest.raises(ConfigError, match=r"unknown task settings \['bogus'\]"):
         AnchorTask.from_dict({**AnchorTask().to_dict(), "bogus": 1})

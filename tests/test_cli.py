@@ -129,8 +129,7 @@ def _anchor_run(tmp_path):
     """A probekit anchor run folder: a GPT-2 over the task's vocabulary in checkpoint/."""
     import transformers
 
-    from probekit.tasks import AnchorTask
-    from probekit.training import TrainConfig
+    from probekit.anchor import AnchorTask, TrainConfig
     from probekit.training.checkpoint import write_run_config
 
     task = AnchorTask(n_train=64, n_test=32)
@@ -306,8 +305,8 @@ def test_a_typo_suggests_the_flag(capsys):
 
 
 def test_train_help_reads_right_and_the_preset_is_the_reference(capsys):
+    from probekit.anchor import anchor_cpu_config
     from probekit.cli.train_flags import build_train_config
-    from probekit.training.trainer import anchor_cpu_config
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

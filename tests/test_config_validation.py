@@ -11,14 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from probekit.anchor import AnchorTask, TrainConfig, train
+from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.cli import main
 from probekit.errors import ConfigError
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig, train
+from probekit.training import ModelConfig
 from probekit.training import memory as memory_mod
 from probekit.training.growth import growth_plan, prop_alpha_stages, training_flops
 from probekit.training.lm import LMConfig, train_lm
-from probekit.training.sweep import SweepConfig, run_sweep
 from tests.conftest import TINY_LM
 
 torch.set_num_threads(1)

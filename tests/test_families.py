@@ -53,9 +53,8 @@ def test_impossible_families_raise():
 
 
 def test_sweep_accepts_a_family(tmp_path):
-    from probekit.tasks import AnchorTask
-    from probekit.training.sweep import SweepConfig, run_sweep
-    from probekit.training.trainer import TrainConfig
+    from probekit.anchor import AnchorTask, TrainConfig
+    from probekit.anchor.sweep import SweepConfig, run_sweep
 
     task = AnchorTask(n_train=64, n_test=16)
     base = TrainConfig(task=task, steps=2, batch_size=8, eval_every=2, warmup_steps=1)

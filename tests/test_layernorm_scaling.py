@@ -11,11 +11,11 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from probekit.anchor import AnchorTask, TrainConfig, train
+from probekit.anchor import training as trainer_mod
 from probekit.errors import CheckpointError, ConfigError
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig, train
+from probekit.training import ModelConfig
 from probekit.training import lm as lm_mod
-from probekit.training import trainer as trainer_mod
 from probekit.training.lm import UNSCALED_LN_FILE, LMConfig, train_lm
 from probekit.training.models import (
     from_hf_model,

@@ -132,7 +132,7 @@ def test_a_killed_run_resumes_bit_identical(tmp_path, monkeypatch, growth, kill_
         **TINY,
     )
     ref = train_lm(cfg, tmp_path / "ref", progress=False, device="cpu")
-    from probekit.training.runs import load_run
+    from probekit.run_folders import load_run
 
     run = load_run(tmp_path / "ref")
     assert (run.kind, run.path, run.lm, run.task) == ("lm", ref.final, cfg, None)

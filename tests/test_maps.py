@@ -11,9 +11,9 @@ import probekit
 from probekit.analyses._projection import reduce
 from probekit.analyses.mechanisms.maps import hidden_state_map, pair_cosines
 from probekit.analyses.weights.embeddings import embedding_map, neighbour_ratio
+from probekit.anchor import AnchorTask
 from probekit.errors import InputError
 from probekit.result import Result
-from probekit.tasks.anchor import AnchorTask
 from tests.conftest import make_hf, sample_tokens, twin
 from tests.test_hygiene import _assert_same, _snapshot
 

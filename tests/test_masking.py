@@ -10,10 +10,10 @@ import probekit
 from probekit.analyses.mechanisms.flow import information_flow
 from probekit.analyses.mechanisms.knockout import attention_knockout
 from probekit.analyses.mechanisms.masking import mask_tokens, token_masking
+from probekit.anchor import AnchorTask
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.interventions import knock_out
 from probekit.result import Result
-from probekit.tasks.anchor import AnchorTask
 from tests.conftest import anchor_gpt2, hf_blocks, make_hf, sample_tokens, twin
 from tests.test_hygiene import _assert_same, _snapshot, fail_midway
 

@@ -9,9 +9,9 @@ import torch
 import probekit
 from probekit.analyses._activations import gather
 from probekit.analyses.mechanisms.probes import fit_probe, linear_probes
+from probekit.anchor import AnchorTask
 from probekit.errors import InputError
 from probekit.result import Result
-from probekit.tasks.anchor import AnchorTask
 from tests.conftest import VOCAB, make_hf, twin
 from tests.test_hygiene import _assert_same, _snapshot
 

@@ -21,12 +21,12 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from probekit.anchor import AnchorTask, TrainConfig
+from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.errors import ConfigError
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig
+from probekit.training import ModelConfig
 from probekit.training import executor as executor_mod
 from probekit.training.lock import LOCK_NAME, lock_holder
-from probekit.training.sweep import SweepConfig, run_sweep
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_without_ray_installed_one_error_names_the_extra(monkeypatch) -> None:
 
 def test_a_failing_stack_is_recorded_and_the_others_go_on(tmp_path: Path, monkeypatch) -> None:
     """stack=False: a run whose loss becomes NaN raises; it is recorded as failed."""
-    from probekit.training import trainer as trainer_mod
+    from probekit.anchor import training as trainer_mod
 
     real = trainer_mod.stacked_forward
 
@@ -210,7 +210,7 @@ DRIVER = """
 import sys
 sys.path.insert(0, {root!r})
 from tests.test_ray import fault_sweep
-from probekit.training.sweep import run_sweep
+from probekit.anchor.sweep import run_sweep
 run_sweep(fault_sweep(), {out!r}, executor="ray", ray_address={address!r}, progress=False)
 """
 

@@ -10,11 +10,11 @@ import transformers
 
 import probekit
 from probekit.analyses.mechanisms import solutions as sol
+from probekit.anchor import AnchorTask, TrainConfig, train
 from probekit.errors import ConfigError, InputError
 from probekit.result import Result
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig, train
-from probekit.training.runs import load_run
+from probekit.run_folders import load_run
+from probekit.training import ModelConfig
 
 torch.set_num_threads(1)
 

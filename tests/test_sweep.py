@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from probekit.anchor import AnchorTask, TrainConfig
+from probekit.anchor.sweep import SweepConfig, SweepResult, run_sweep
 from probekit.errors import ConfigError
 from probekit.result import Result
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig
-from probekit.training.sweep import SweepConfig, SweepResult, run_sweep
+from probekit.training import ModelConfig
 
 torch.set_num_threads(1)
 
@@ -143,8 +143,8 @@ def test_max_stack_splits_groups() -> None:
 
 
 def test_a_nan_run_in_a_stack_is_frozen_and_the_others_go_on(tmp_path: Path, monkeypatch) -> None:
-    from probekit.training import trainer as trainer_mod
-    from probekit.training.trainer import train, train_stack
+    from probekit.anchor import training as trainer_mod
+    from probekit.anchor.training import train, train_stack
 
     real = trainer_mod.stacked_forward
     calls = {"n": 0}

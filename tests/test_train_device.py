@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch.overrides import TorchFunctionMode
 
+from probekit.anchor import TrainConfig, train
+from probekit.anchor import training as trainer_mod
 from probekit.errors import ConfigError
 from probekit.tasks.corpus import VOCAB_SIZE
-from probekit.training import TrainConfig, train
 from probekit.training import optim as optim_mod
-from probekit.training import trainer as trainer_mod
 from probekit.training.lm import LMConfig, LMTrainer, train_lm
 from probekit.training.models import stacked_forward
 from probekit.training.precision import autocast, check_deterministic

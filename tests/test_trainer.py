@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from probekit.anchor import AnchorTask, TrainConfig, train
+from probekit.anchor import training as trainer_mod
 from probekit.errors import CheckpointError, ConfigError, NumericalError
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig, init_params, train
+from probekit.training import ModelConfig, init_params
 from probekit.training import models as models_mod
-from probekit.training import trainer as trainer_mod
 from probekit.training.models import init_stacked_params, stacked_forward, to_hf_model
 from tests.conftest import TINY_ANCHOR_TASK, tiny_anchor
 
@@ -243,9 +243,8 @@ _KILL_SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, {root!r})
-from probekit.tasks import AnchorTask
-from probekit.training import ModelConfig, TrainConfig, train
-from probekit.training.trainer import TrainConfig
+from probekit.anchor import AnchorTask, TrainConfig, train
+from probekit.training import ModelConfig
 import json
 cfg = TrainConfig.from_dict(json.loads(open({cfg!r}).read()))
 train(cfg, {out!r}, progress=False)
@@ -416,8 +415,8 @@ def test_cli_train_runs_and_resumes(tmp_path: Path, capsys) -> None:
 
 # ----------------------------------------------------------------------------- run folders
 def test_load_run_reads_anchor_and_lm_runs_new_and_old(tmp_path: Path) -> None:
+    from probekit.run_folders import load_run
     from probekit.training.lm import LMConfig
-    from probekit.training.runs import load_run
 
     out = train(tiny(steps=2), tmp_path / "a", progress=False)
     stored = json.loads((out.checkpoint / "run_config.json").read_text())
@@ -451,7 +450,7 @@ def test_load_run_reads_anchor_and_lm_runs_new_and_old(tmp_path: Path) -> None:
 def test_task_seed_follows_the_run_seed_unless_set() -> None:
     from dataclasses import replace
 
-    from probekit.training.sweep import SweepConfig
+    from probekit.anchor.sweep import SweepConfig
 
     base = TrainConfig(task=AnchorTask(n_train=64, n_test=16), batch_size=8, seed=2)
     assert base.task.seed == 2 and base.task_seed is None
@@ -477,7 +476,7 @@ def test_task_seed_follows_the_run_seed_unless_set() -> None:
 
 def test_run_config_saved_before_task_seed_keeps_its_data(tmp_path: Path) -> None:
     """A run folder written before task_seed / key_split / special_form loads with its data."""
-    from probekit.training.runs import load_run
+    from probekit.run_folders import load_run
 
     out = train(tiny(steps=2), tmp_path / "a", progress=False)
     stored = json.loads((out.checkpoint / "run_config.json").read_text())

@@ -1,5 +1,5 @@
-"""The anchor-function compositional task, in one place: what a model learns and how its
-answers are named.
+"""The anchor-function compositional task, in one place: what a model learns, how its answers
+are named, and how probekit trains, sweeps and evaluates models on it.
 
 * :mod:`probekit.anchor.task`: :class:`AnchorTask`, the task's settings, data generation
   and per-pair scoring;
@@ -7,7 +7,15 @@ answers are named.
   :class:`~probekit.data.TaskData` the analyzers and the report ask;
 * :mod:`probekit.anchor.solutions`: the answer categories (inferential, symmetric, other;
   memorizing), the rule that sorts predictions into them, and their words in figures and
-  reports.
+  reports;
+* :mod:`probekit.anchor.config`: :class:`TrainConfig` (a run's settings) and the presets
+  (:func:`anchor_cpu_config`);
+* :mod:`probekit.anchor.training`: :func:`train` and :func:`train_stack`, the anchor runs on
+  the shared training loop (:mod:`probekit.training.loop`);
+* :mod:`probekit.anchor.evaluation` and :mod:`probekit.anchor.stack_io`: a stack's scores on
+  every split, its checkpoints;
+* :mod:`probekit.anchor.sweep`: :func:`run_sweep` over gamma x weight decay x depth x seeds,
+  and the phase diagrams.
 
 Example:
     >>> from probekit.anchor import AnchorTask
@@ -16,16 +24,53 @@ Example:
     1.0
 """
 
+import importlib
+from typing import Any
+
+from probekit.anchor.config import PRESETS, TrainConfig, anchor_cpu_config
 from probekit.anchor.data import AnchorData
 from probekit.anchor.solutions import CATEGORIES, WORDING
 from probekit.anchor.task import KEY_SPLITS, SPECIAL_FORMS, SPLITS, AnchorTask
 
+_TRAINING: dict[str, str] = {
+    "RunOutput": "probekit.anchor.training",
+    "train": "probekit.anchor.training",
+    "train_stack": "probekit.anchor.training",
+    "SweepConfig": "probekit.anchor.sweep",
+    "SweepResult": "probekit.anchor.sweep",
+    "run_sweep": "probekit.anchor.sweep",
+}
+"""Training and sweep names -> their module, imported on first use: the task alone (what the
+analyzers ask) does not wait for pandas and plotly."""
+
 __all__ = [
     "CATEGORIES",
     "KEY_SPLITS",
+    "PRESETS",
     "SPECIAL_FORMS",
     "SPLITS",
     "WORDING",
     "AnchorData",
     "AnchorTask",
+    "RunOutput",
+    "SweepConfig",
+    "SweepResult",
+    "TrainConfig",
+    "anchor_cpu_config",
+    "run_sweep",
+    "train",
+    "train_stack",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _TRAINING.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probekit.anchor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,6 +1,6 @@
 """``probekit sweep``: its grid and executor flags (the settings ones shared with train are in
 :mod:`probekit.cli.train_flags`) and the table it prints; the sweep is
-:func:`probekit.training.sweep.run_sweep`.
+:func:`probekit.anchor.sweep.run_sweep`.
 
 Example:
     >>> from probekit.cli import build_parser
@@ -37,7 +37,7 @@ TABLE_COLUMNS = [
 
 def sweep_command(args: argparse.Namespace) -> int:
     """``probekit sweep``: train the grid stacked by shape; write the table and diagrams."""
-    from probekit.training.sweep import SweepConfig, run_sweep
+    from probekit.anchor.sweep import SweepConfig, run_sweep
 
     check_executor_flags(args)
     base = build_train_config(args, sweep=True)

@@ -1,6 +1,6 @@
 """``probekit train``: its flags (the settings ones shared with sweep are in
 :mod:`probekit.cli.train_flags`) and what it prints; the training is
-:func:`probekit.training.trainer.train`.
+:func:`probekit.anchor.training.train`.
 
 Example:
     >>> from probekit.cli import build_parser
@@ -29,7 +29,7 @@ BAR_LEGEND = (
 
 def train_command(args: argparse.Namespace) -> int:
     """``probekit train``: train one run; print where its checkpoint and metrics are."""
-    from probekit.training.trainer import train
+    from probekit.anchor.training import train
 
     if getattr(args, "config", None) is not None and getattr(args, "preset", None) is not None:
         raise ConfigError("--config and --preset both give every setting", fix="pass one of them")

@@ -1,5 +1,5 @@
 """The settings flags of ``probekit train`` and ``probekit sweep``, and the
-:class:`~probekit.training.trainer.TrainConfig` they describe.
+:class:`~probekit.anchor.config.TrainConfig` they describe.
 
 :func:`add_settings_flags` adds them (``--config``, the model, the task, the optimization, the
 evaluation and device); :func:`build_train_config` reads the parsed flags into a TrainConfig.
@@ -23,13 +23,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from probekit.anchor import KEY_SPLITS, PRESETS, SPECIAL_FORMS, AnchorTask, TrainConfig
 from probekit.cli.common import add_device, add_quiet
 from probekit.errors import ConfigError, check_known_keys
-from probekit.tasks.anchor import KEY_SPLITS, SPECIAL_FORMS, AnchorTask
 from probekit.training.checks import check_mapping, is_int
 from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
 from probekit.training.precision import PRECISIONS
-from probekit.training.trainer import TrainConfig
 
 DEFAULT_MODEL = ModelConfig()
 """The model settings a flag defaults to."""
@@ -384,18 +383,12 @@ def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-PRESETS = {"cpu-reference": "anchor_cpu_config"}
-"""``probekit train --preset`` name -> the function in probekit.training.trainer giving it."""
-
-
 def _preset_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings of ``--preset`` (gamma and seed from their flags), or none."""
     preset = getattr(args, "preset", None)
     if preset is None:
         return {}
-    from probekit.training import trainer
-
-    cfg = getattr(trainer, PRESETS[preset])(args.gamma, seed=args.seed).to_dict()
+    cfg = PRESETS[preset](args.gamma, seed=args.seed).to_dict()
     cfg.pop("name", None)
     return cfg
 

@@ -1,14 +1,9 @@
 """Task data sources: the byte corpus of the LM runs (:mod:`probekit.tasks.corpus`).
 
-The anchor-function task lives in :mod:`probekit.anchor`; ``probekit.tasks.AnchorTask`` and
-``probekit.tasks.AnchorData`` (and the module ``probekit.tasks.anchor``) name it still.
+The anchor-function task, with its trainer, lives in :mod:`probekit.anchor`.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
-    >>> AnchorTask().seq_len
-    9
+    >>> from probekit.tasks.corpus import VOCAB_SIZE
+    >>> VOCAB_SIZE
+    259
 """
-
-from probekit.anchor import SPLITS, AnchorData, AnchorTask
-
-__all__ = ["SPLITS", "AnchorData", "AnchorTask"]

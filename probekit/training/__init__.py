@@ -1,36 +1,30 @@
-"""probekit's trainer for the anchor-function tasks: models, training runs, stacked sweeps.
+"""probekit's training machinery, shared by every task's trainer: GPT-2-style stacked models
+(:mod:`~probekit.training.models`), the one training loop (:mod:`~probekit.training.loop`),
+AdamW, schedules, precision, checkpoints, locks, memory checks, executors, depth growth and
+the language-model trainer (:mod:`~probekit.training.lm`). A task's own trainer lives in the
+task's package, above this one.
 
 Example:
-    >>> from probekit.training import ModelConfig, TrainConfig
-    >>> TrainConfig(model=ModelConfig(gamma=0.8)).model.gammas()["qk"]
+    >>> from probekit.training import ModelConfig
+    >>> ModelConfig(gamma=0.8).gammas()["qk"]
     0.8
 """
 
+from probekit.training.loop import RunSettings, Trainer, run_loop, train_in_folder
 from probekit.training.models import (
     ModelConfig,
     init_params,
     stacked_forward,
     to_hf_model,
 )
-from probekit.training.runs import RunInfo, load_run
-from probekit.training.trainer import (
-    RunOutput,
-    TrainConfig,
-    anchor_cpu_config,
-    train,
-    train_stack,
-)
 
 __all__ = [
     "ModelConfig",
-    "RunInfo",
-    "RunOutput",
-    "TrainConfig",
-    "anchor_cpu_config",
+    "RunSettings",
+    "Trainer",
     "init_params",
-    "load_run",
+    "run_loop",
     "stacked_forward",
     "to_hf_model",
-    "train",
-    "train_stack",
+    "train_in_folder",
 ]

@@ -3,9 +3,9 @@
 A probekit checkpoint folder holds a Hugging Face GPT-2 (``config.json`` + ``model.safetensors``),
 ``optimizer.safetensors`` (AdamW moments ``exp_avg.<name>`` / ``exp_avg_sq.<name>``, and the
 torch/numpy RNG state under ``rng.*``), ``trainer_state.json`` (step and what the loop needs to
-go on) and ``run_config.json``: the run's settings with a ``kind`` field, ``"anchor"`` (the
-:class:`~probekit.training.trainer.TrainConfig` fields) or ``"lm"`` (``{"lm": LMConfig
-fields}``). :func:`probekit.training.runs.load_run` reads it back. Nothing is pickled.
+go on) and ``run_config.json``: the run's settings with a ``kind`` field (one of
+:data:`KINDS`: a task trainer's settings at the top level, or ``{"lm": LMConfig fields}``).
+:func:`probekit.run_folders.load_run` reads it back. Nothing is pickled.
 
 Example:
     >>> import tempfile, torch
@@ -34,6 +34,7 @@ from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_write_text, umask_mode
 
 RUN_CONFIG = "run_config.json"
+#: the ``kind`` values a run_config.json may hold: which trainer wrote the run
 KINDS = ("anchor", "lm")
 #: the way out of a damaged resume state
 FIX = "pass resume=False / --no-resume to start over, or delete the run folder"
@@ -44,7 +45,7 @@ _STATE = {"step": int, "loss_sum": (int, float), "loss_count": int}
 def write_run_config(folder: str | os.PathLike, kind: str, settings: dict[str, Any]) -> Path:
     """Write ``folder/run_config.json``: ``settings`` with the run ``kind`` in front.
 
-    Anchor settings are the TrainConfig fields at the top level; LM settings sit under ``"lm"``
+    A task trainer's settings sit at the top level; LM settings sit under ``"lm"``
     (the layout readers written before the ``kind`` field expect).
 
     Example:

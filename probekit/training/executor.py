@@ -1,6 +1,6 @@
 """Where independent pieces of work run: in this process (``"local"``) or as Ray tasks.
 
-A sweep's stacks (:mod:`probekit.training.sweep`), the checkpoints of a depth timeline and the
+A sweep's stacks, the checkpoints of a depth timeline and the
 checkpoints of a many-model diagnosis (:mod:`probekit.cluster`) are independent pieces of
 work. :func:`run_tasks` runs a function on each of them, one after another in this process or,
 with ``executor="ray"``, each as one `Ray <https://docs.ray.io>`_ core task, and hands every

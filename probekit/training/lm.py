@@ -87,7 +87,6 @@ from probekit.training.checks import (
     is_int,
     is_real,
 )
-from probekit.training.evaluation import read_metrics, write_metrics
 from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
 from probekit.training.loop import (
     RunSettings,
@@ -99,6 +98,7 @@ from probekit.training.loop import (
     train_in_folder,
 )
 from probekit.training.memory import lm_params, lm_run_bytes
+from probekit.training.metrics import read_metrics, write_metrics
 from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
 from probekit.training.precision import autocast, resolve_precision
 from probekit.training.schedule import resolve_device

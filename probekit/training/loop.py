@@ -1,11 +1,10 @@
 """The training loop both trainers run, and the settings every training run has.
 
-:class:`RunSettings` declares the settings the anchor runs
-(:class:`~probekit.training.trainer.TrainConfig`) and the language-model runs
-(:class:`~probekit.training.lm.LMConfig`) share: seed, steps, batch size, the AdamW schedule,
-the evaluation interval, precision and determinism, with their checks and the learning-rate
-schedule. Both configs inherit them, so their constructor keywords and saved fields are the
-fields of one class.
+:class:`RunSettings` declares the settings every trainer's config shares (the language-model
+runs' :class:`~probekit.training.lm.LMConfig` here, a task package's own config above): seed,
+steps, batch size, the AdamW schedule, the evaluation interval, precision and determinism, with
+their checks and the learning-rate schedule. The configs inherit them, so their constructor
+keywords and saved fields are the fields of one class.
 
 A :class:`Trainer` is one run (or one stack of runs) as the loop sees it; each trainer supplies
 its own work (prepare an interval's batches, one step, the divergence check, evaluate, save,
@@ -58,8 +57,8 @@ MAX_PREPARED = 2**23
 
 @dataclass
 class RunSettings:
-    """The settings every training run has (the defaults are an anchor run's; a config may set
-    its own).
+    """The settings every training run has (the defaults suit a small task run; a config may
+    set its own).
 
     ``seed`` draws the initialization and the batch order. ``steps`` AdamW updates of
     ``batch_size`` sequences; the learning rate warms up linearly from 0 to ``lr`` over

@@ -41,20 +41,6 @@ def check_fits(needed: int, device: torch.device, what: str) -> None:
         )
 
 
-def anchor_run_bytes(configs: list) -> int:
-    """Estimated bytes of training ``configs`` (TrainConfigs of one shape) as one stack."""
-    c0 = configs[0]
-    m, task = c0.model, c0.task
-    M = len(configs)
-    params = M * m.n_params() * TRAIN_BYTES_PER_PARAM
-    # tokens, targets and six bookkeeping tensors per sequence, int64, plus numpy's copy
-    data = 2 * (task.n_train + 2 * task.n_test) * (task.seq_len + 8) * 8
-    per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
-    acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
-    logits = M * c0.batch_size * m.vocab_size * 4 * 3
-    return params + data + acts + logits
-
-
 def lm_params(n_layers: int, d_model: int, d_mlp: int, vocab: int, n_positions: int) -> int:
     """Parameters of a GPT-2 with tied embeddings (the LM trainer's models)."""
     per_layer = 4 * d_model * d_model + 2 * d_model * d_mlp + 9 * d_model + d_mlp
@@ -71,4 +57,10 @@ def lm_run_bytes(cfg, vocab: int) -> int:
     return params * TRAIN_BYTES_PER_PARAM + acts
 
 
-__all__ = ["anchor_run_bytes", "available_memory", "check_fits", "lm_params", "lm_run_bytes"]
+__all__ = [
+    "TRAIN_BYTES_PER_PARAM",
+    "available_memory",
+    "check_fits",
+    "lm_params",
+    "lm_run_bytes",
+]

@@ -1,4 +1,4 @@
-"""GPT-2-style decoders for the anchor tasks: configs, the initialization rate, a stacked forward.
+"""GPT-2-style decoders probekit trains: configs, the initialization rate, a stacked forward.
 
 probekit trains plain Hugging Face GPT-2 models (``GPT2LMHeadModel``), so every checkpoint it
 writes opens in any tool. Training itself runs on a *stack* of ``M`` models that share a shape:
@@ -13,7 +13,7 @@ gains at 1.
 
 Init schemes (``ModelConfig.init_scheme``, saved with every run): ``"fan_in"`` (the default, and
 every run before the field existed) uses each matrix's own ``d_in`` (``d_mlp`` for the MLP
-output projection). ``"official"`` is the anchor papers' code (GitHub
+output projection). ``"official"`` is the reference papers' code (GitHub
 ``sjtuzzw/complexity_control``, ``code_for_anchor_func/model/GPT2_init_for_diff_part_prenorm.py``,
 ``MultiHeadAttention.__init__`` (``self.fc``) and ``PoswiseFeedForwardNet.__init__`` (the last
 ``nn.Linear``)): ``d_model`` is the fan-in of every matrix, and the attention and MLP output

@@ -1,7 +1,7 @@
 """Precision and determinism of both trainers, and moving host data onto the device.
 
-``precision`` (a setting of :class:`~probekit.training.trainer.TrainConfig` and
-:class:`~probekit.training.lm.LMConfig`):
+``precision`` (a setting of every trainer's config,
+:class:`~probekit.training.loop.RunSettings`):
 
 - ``"auto"`` (default): bf16 autocast on CUDA, float32 on CPU;
 - ``"fp32"``: float32 everywhere (no autocast);

@@ -14,7 +14,7 @@ Sources are positions, or the roles of task data (:meth:`probekit.data.TaskData.
 the solution type of their clean prediction (the task data's ``answers()``, then ``other``).
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import TOY_VOCAB, toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, item_high=40, vocab_size=TOY_VOCAB)
     >>> data = task.dataset("test_task")

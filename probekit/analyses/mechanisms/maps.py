@@ -18,7 +18,7 @@ Sites are the model's per-block outputs: ``resid_out`` (the residual stream afte
 map (weights only) is :func:`probekit.analyses.weights.embeddings.embedding_map`.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, vocab_size=50, item_high=40)
     >>> model, data = toy_model("gpt2", n_layers=2), task.solution_data()

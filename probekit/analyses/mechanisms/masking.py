@@ -9,7 +9,7 @@ the last real token), per solution type (the task data's ``answers()``: the anch
 :mod:`probekit.analyses.mechanisms.flow`.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import TOY_VOCAB, toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, item_high=40, vocab_size=TOY_VOCAB)
     >>> res = token_masking(toy_model("gpt2"), task.dataset("test_task"), by="role")

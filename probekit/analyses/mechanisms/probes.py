@@ -21,7 +21,7 @@ Activations are gathered one site and layer at a time over all batches (``[n, po
 for that site only), probed, and dropped before the next site.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.toy import toy_model
     >>> task = AnchorTask(n_train=64, n_test=32, vocab_size=50, item_high=40)
     >>> res = linear_probes(toy_model("gpt2", n_layers=1), task.dataset("test_data"),

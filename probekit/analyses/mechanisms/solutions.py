@@ -17,7 +17,7 @@ groups is kept too (``metric == "diff"`` rows). The anchor task's categories (in
 symmetric, other) and its data are in :mod:`probekit.anchor`.
 
 Works on any checkpoint :func:`probekit.load` opens whose vocabulary is the task's; the task a
-probekit run was trained on is ``probekit.training.runs.load_run(path).task``.
+probekit run was trained on is ``probekit.run_folders.load_run(path).task``.
 
 Example:
     >>> from probekit.anchor import AnchorTask
@@ -283,7 +283,7 @@ def _check_data(data: Any, memorizing_threshold: float) -> TaskData:
             "no task data given: solution types need task data (TaskData) with seen and "
             "held-out groups",
             fix="pass task.solution_data() (the task the model was trained on; for a probekit "
-            "run: probekit.training.runs.load_run(path).task.solution_data())",
+            "run: probekit.run_folders.load_run(path).task.solution_data())",
         )
     categories = list(task.categories())
     if not categories or categories[0] not in task.answers():

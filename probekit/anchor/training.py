@@ -32,11 +32,12 @@ weights bit-identical (on CPU) to an uninterrupted run. ``deterministic=True`` a
 :class:`~probekit.errors.NumericalError` and keeps the last good checkpoint.
 
 Several runs of one shape train together as one stacked model (``train_stack``); that is what
-:mod:`probekit.training.sweep` uses. A single run is a stack of one.
+:mod:`probekit.anchor.sweep` uses. A single run is a stack of one.
 
 Example:
     >>> import tempfile
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask, TrainConfig
+    >>> from probekit.training.models import ModelConfig
     >>> cfg = TrainConfig(model=ModelConfig(d_model=16, n_heads=2), steps=3, batch_size=8,
     ...                   eval_every=3, task=AnchorTask(n_train=64, n_test=16))
     >>> out = train(cfg, tempfile.mkdtemp(), progress=False)
@@ -51,7 +52,7 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,21 +61,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import ConfigError, NumericalError, check_known_keys
+from probekit.anchor.config import PER_RUN, TrainConfig
+from probekit.anchor.evaluation import Evaluator
+from probekit.anchor.stack_io import resume_stack, save_stack
+from probekit.errors import ConfigError, NumericalError
 from probekit.io import atomic_write_text
-from probekit.tasks.anchor import AnchorTask
 from probekit.training.checkpoint import previous_of, recover_checkpoint, remove_leftovers
-from probekit.training.checks import (
-    check_device_name,
-    check_flag,
-    check_int,
-    check_mapping,
-    check_seed,
-    is_real,
-)
-from probekit.training.evaluation import Evaluator, write_metrics
 from probekit.training.loop import (
-    RunSettings,
     Trainer,
     checked_device,
     first_failure,
@@ -82,186 +75,12 @@ from probekit.training.loop import (
     read_on_host,
     train_in_folder,
 )
-from probekit.training.memory import anchor_run_bytes
-from probekit.training.models import (
-    ModelConfig,
-    decays,
-    init_stacked_params,
-    stacked_forward,
-)
+from probekit.training.memory import TRAIN_BYTES_PER_PARAM
+from probekit.training.metrics import write_metrics
+from probekit.training.models import decays, init_stacked_params, stacked_forward
 from probekit.training.optim import StackedAdamW
 from probekit.training.precision import autocast, resolve_precision
 from probekit.training.schedule import resolve_device
-from probekit.training.stack_io import resume_stack, save_stack
-
-#: settings that may differ between runs trained together in one stack
-PER_RUN = ("name", "seed", "lr", "weight_decay", "grad_clip")
-
-
-@dataclass
-class TrainConfig(RunSettings):
-    """Everything that defines a training run: the shared run settings
-    (:class:`~probekit.training.loop.RunSettings`: seed, steps, batch size, the AdamW schedule,
-    ``eval_every``, precision, determinism) and the anchor run's own.
-
-    ``beta1``, ``beta2`` and ``eps`` are AdamW's. The runs checkpoint every
-    ``checkpoint_every`` steps and at the end. ``eval_train_samples`` caps the training-split
-    evaluation; ``eval_at_start`` evaluates the initialization as well.
-
-    Seeds: ``seed`` draws the initialization and the batch order. The data are drawn with
-    ``task_seed``, which by default (None) *follows* ``seed``: every seed of a sweep is a new
-    sample of the training and test data as well as of the weights, as in the official code
-    (``main.py`` seeds everything with ``--seed`` before generating the data). Set
-    ``task_seed`` to keep one data sample across seeds. A task given with a seed other than 0
-    (``AnchorTask(seed=5)``, ``--task-seed 5``) counts as a set ``task_seed``. ``self.task`` is
-    always the task the run trains on (its ``seed`` is the data seed), and :meth:`to_dict`
-    saves the data seed as ``task_seed``. A run config saved before ``task_seed`` existed is
-    read with ``task_seed`` = its task's seed, the data it was trained on.
-
-    ``precision``: "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16" (autocast on
-    CUDA and on CPU); weights and moments stay float32. A config saved before the setting
-    existed reads as "auto" (what it trained with) and resumes. ``deterministic``:
-    ``torch.use_deterministic_algorithms(True)`` while training; it changes neither the model
-    nor the data, so a run may resume with it on or off.
-
-    Example:
-        >>> TrainConfig(lr=3e-3).lr_at(0) < TrainConfig(lr=3e-3).lr_at(100)
-        True
-        >>> TrainConfig(seed=3).task.seed, TrainConfig(seed=3, task_seed=0).task.seed
-        (3, 0)
-    """
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: AnchorTask = field(default_factory=AnchorTask)
-    name: str = "run"
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    checkpoint_every: int = 500
-    eval_train_samples: int = 2000
-    eval_at_start: bool = True
-    device: str = "auto"
-    task_seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.model, dict):
-            self.model = ModelConfig.from_dict(self.model)
-        if isinstance(self.task, dict):
-            self.task = AnchorTask.from_dict(self.task)
-        if isinstance(self.task, AnchorTask):
-            self._resolve_task_seed()
-        self.validate()
-
-    def _resolve_task_seed(self) -> None:
-        """Make ``self.task`` the task of the data seed (``task_seed``, else ``seed``)."""
-        check_seed("seed", self.seed)
-        if self.task_seed is not None:
-            check_seed("task_seed", self.task_seed)
-        follows = getattr(self.task, "_seed_from_run", False)
-        if self.task_seed is None and not follows and self.task.seed != 0:
-            self.task_seed = self.task.seed  # an explicitly seeded task keeps its data
-        data_seed = self.seed if self.task_seed is None else self.task_seed
-        follow = self.task_seed is None
-        if self.task.seed != data_seed or follows != follow:
-            self.task = AnchorTask.from_dict({**self.task.to_dict(), "seed": data_seed})
-            self.task._seed_from_run = follow
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the bad setting and a fix."""
-        if not isinstance(self.model, ModelConfig) or not isinstance(self.task, AnchorTask):
-            raise ConfigError(
-                f"model {type(self.model).__name__} / task {type(self.task).__name__} are not "
-                "a ModelConfig and an AnchorTask",
-                fix="pass ModelConfig / AnchorTask objects or their dicts",
-            )
-        self.validate_run()
-        for name in ("checkpoint_every", "eval_train_samples"):
-            check_int(name, getattr(self, name))
-        self._validate_adam()
-        check_flag("eval_at_start", self.eval_at_start)
-        check_device_name(self.device)
-        self._validate_fit()
-
-    def _validate_adam(self) -> None:
-        betas_ok = all(is_real(b) and 0 <= b < 1 for b in (self.beta1, self.beta2))
-        if not (betas_ok and is_real(self.eps) and self.eps > 0):
-            raise ConfigError(
-                f"AdamW betas ({self.beta1!r}, {self.beta2!r}) must lie in [0, 1) and eps "
-                f"{self.eps!r} be a finite positive number",
-                fix="use beta1=0.9, beta2=0.999, eps=1e-8",
-            )
-
-    def _validate_fit(self) -> None:
-        """The run fits its task and model, and its name is a folder name."""
-        if self.batch_size > self.task.n_train:
-            raise ConfigError(
-                f"batch_size {self.batch_size} exceeds the {self.task.n_train} training samples",
-                fix="lower batch_size or raise the task's n_train",
-            )
-        if self.model.vocab_size != self.task.vocab_size:
-            raise ConfigError(
-                f"model vocabulary {self.model.vocab_size} != task vocabulary "
-                f"{self.task.vocab_size}",
-                fix="set both to the same size (default 201)",
-            )
-        if self.model.n_positions < self.task.seq_len:
-            raise ConfigError(
-                f"model n_positions {self.model.n_positions} < task seq_len {self.task.seq_len}",
-                fix="raise n_positions to at least seq_len",
-            )
-        name = self.name
-        if (
-            not isinstance(name, str)
-            or not name
-            or "/" in name
-            or "\x00" in name
-            or name.startswith(".")
-        ):
-            raise ConfigError(
-                f"run name {name!r} is not a plain folder name",
-                fix="use letters, digits, '-', '_' and '.'",
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (nested model and task)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["model"] = self.model.to_dict()
-        d["task"] = self.task.to_dict()
-        d["task_seed"] = self.task.seed
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict` (and the reader of saved run configs).
-
-        A run config saved before ``task_seed`` existed (no ``task_seed``, and a complete task
-        dict without ``key_split``) keeps the data it was trained on: ``task_seed`` = its task's
-        seed, and the task's old rules (:meth:`AnchorTask.from_dict` with ``saved``)."""
-        d = check_mapping("training", d)
-        check_known_keys(d, {f.name for f in fields(cls)}, "training")
-        task = d.get("task")
-        if "task_seed" not in d and isinstance(task, dict) and "key_split" not in task:
-            d = {**d, "task": AnchorTask.from_dict(task, saved=True)}
-            d["task_seed"] = d["task"].seed
-        return cls(**d)
-
-    def stack_key(self) -> str:
-        """Runs with equal keys can train together in one stack."""
-        d = self.to_dict()
-        for k in PER_RUN + ("device",):
-            d.pop(k)
-        m = d.pop("model")
-        d["shape"] = list(self.model.shape_key())
-        del m
-        return json.dumps(d, sort_keys=True)
-
-    def comparable(self) -> dict[str, Any]:
-        """The settings a resumed run must share with its checkpoint (all but the device and
-        ``deterministic``, which change neither the model nor the data)."""
-        d = self.to_dict()
-        d.pop("device")
-        d.pop("deterministic")
-        return d
 
 
 @dataclass
@@ -305,7 +124,7 @@ class AnchorStack(Trainer):
     """``M`` anchor runs of one shape trained as one stacked model: the anchor trainer.
 
     Holds the stacked parameters, the :class:`StackedAdamW`, the :class:`Evaluator` and the
-    run state (step, loss sums, divergence, metrics); :mod:`probekit.training.stack_io` saves and
+    run state (step, loss sums, divergence, metrics); :mod:`probekit.anchor.stack_io` saves and
     resumes it, :func:`~probekit.training.loop.run_loop` drives it. ``settings`` is the first
     run's config (the stack shares all but the per-run settings :data:`PER_RUN`).
     """
@@ -598,7 +417,8 @@ def train_stack(
 
     Example:
         >>> import tempfile
-        >>> from probekit.tasks import AnchorTask
+        >>> from probekit.anchor import AnchorTask, TrainConfig
+        >>> from probekit.training.models import ModelConfig
         >>> task = AnchorTask(n_train=64, n_test=16)
         >>> cfgs = [TrainConfig(model=ModelConfig(d_model=16, n_heads=2, gamma=g), task=task,
         ...         name=f"g{g}", steps=2, batch_size=8, eval_every=2) for g in (0.3, 0.8)]
@@ -617,12 +437,26 @@ def train_stack(
 LEFTOVERS = ("metrics.jsonl", "config.json", "run_config.json")
 
 
+def stack_bytes(configs: list[TrainConfig]) -> int:
+    """Estimated bytes of training ``configs`` (TrainConfigs of one shape) as one stack."""
+    c0 = configs[0]
+    m, task = c0.model, c0.task
+    M = len(configs)
+    params = M * m.n_params() * TRAIN_BYTES_PER_PARAM
+    # tokens, targets and six bookkeeping tensors per sequence, int64, plus numpy's copy
+    data = 2 * (task.n_train + 2 * task.n_test) * (task.seq_len + 8) * 8
+    per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
+    acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
+    logits = M * c0.batch_size * m.vocab_size * 4 * 3
+    return params + data + acts + logits
+
+
 def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
     """The stack's device, once its settings and memory are checked (nothing is built)."""
     check_stack(configs)
     first = configs[0]
     what = f"training {len(configs)} stacked run(s) of {first.model.n_params()} parameters"
-    return checked_device(first, first.device, anchor_run_bytes(configs), what)
+    return checked_device(first, first.device, stack_bytes(configs), what)
 
 
 def start_over(out: Path) -> None:
@@ -646,48 +480,13 @@ def train(
     return train_stack([config], out_dir, resume=resume, progress=progress, single=True)[0]
 
 
-def anchor_cpu_config(gamma: float, seed: int = 0, **overrides: Any) -> TrainConfig:
-    """The CPU-sized anchor configuration of docs/anchor-training.md (a few minutes a run).
-
-    2 layers, d_model 64, 4 heads, batch 256, 1500 steps of AdamW (lr 2.5e-3, 100 warmup
-    steps, cosine to 0, weight decay 0.1), 20000 training sequences. ``overrides`` replace
-    any TrainConfig field.
-
-    The task keeps the key split these settings were tuned and the README's demo measured
-    with, ``key_split="probekit_v1"`` (test keys x mod 7 == p): with the official split
-    (``"complexity_control"``, x mod 9 == p) the large-initialization model of this size
-    answers inferentially too (73.6% inferential at gamma 0.5, seed 0), so the demo would show
-    two inferential models. Pass ``task=AnchorTask(...)`` for the official rules.
-
-    Example:
-        >>> anchor_cpu_config(0.8).model.gamma
-        0.8
-    """
-    settings: dict[str, Any] = dict(
-        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, gamma=gamma),
-        task=AnchorTask(n_train=20000, n_test=2000, key_split="probekit_v1"),
-        seed=seed,
-        steps=1500,
-        batch_size=256,
-        lr=2.5e-3,
-        warmup_steps=100,
-        weight_decay=0.1,
-        eval_every=250,
-        checkpoint_every=500,
-        name=f"g{gamma:g}_s{seed}",
-    )
-    settings.update(overrides)
-    return TrainConfig(**settings)
-
-
 __all__ = [
     "AnchorStack",
     "RunOutput",
-    "TrainConfig",
-    "anchor_cpu_config",
     "batch_indices",
     "check_stack",
     "check_stack_fits",
+    "stack_bytes",
     "start_over",
     "train",
     "train_stack",

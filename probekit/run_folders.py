@@ -1,15 +1,15 @@
 """One reader for probekit run folders: :func:`load_run` says what trained a checkpoint.
 
 Every checkpoint probekit writes holds ``run_config.json`` with a ``kind`` field: ``"anchor"``
-(a run of :func:`probekit.training.train` on an anchor task) or ``"lm"`` (a run of
+(a run of :func:`probekit.anchor.train` on an anchor task) or ``"lm"`` (a run of
 :func:`probekit.training.lm.train_lm` on the byte corpus). Folders written before the ``kind``
 field (anchor: the TrainConfig fields with a ``"task"`` key; LM: ``{"lm": {...}}``) read the
 same way.
 
 Example:
     >>> import tempfile
-    >>> from probekit.tasks import AnchorTask
-    >>> from probekit.training import ModelConfig, TrainConfig, train
+    >>> from probekit.anchor import AnchorTask, TrainConfig, train
+    >>> from probekit.training import ModelConfig
     >>> cfg = TrainConfig(model=ModelConfig(d_model=16, n_heads=2), steps=1, batch_size=8,
     ...                   eval_every=1, task=AnchorTask(n_train=64, n_test=16))
     >>> out = train(cfg, tempfile.mkdtemp(), progress=False)
@@ -25,11 +25,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from probekit.anchor import AnchorTask, TrainConfig
 from probekit.errors import ConfigError
-from probekit.tasks.anchor import AnchorTask
 from probekit.training.checkpoint import KINDS, RUN_CONFIG, read_run_config
 from probekit.training.lm import LMConfig
-from probekit.training.trainer import TrainConfig
 
 
 @dataclass(frozen=True)

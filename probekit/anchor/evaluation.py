@@ -1,4 +1,4 @@
-"""Evaluation of a stack of anchor runs on every split, and the ``metrics.jsonl`` file.
+"""Evaluation of a stack of anchor runs on every split (the rows of ``metrics.jsonl``).
 
 :class:`Evaluator` scores each run of a stack on the training split (its first
 ``eval_train_samples`` sequences), ``test_data`` and ``test_task``: loss and accuracy on the last
@@ -6,7 +6,7 @@ token, and on the held-out ``test_task`` pairs how often the answer is the infer
 (composite) one, the symmetric one, or neither.
 
 Example:
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> from probekit.training.models import ModelConfig, init_stacked_params
     >>> cfg = ModelConfig(d_model=16, n_heads=2)
     >>> params = init_stacked_params([cfg], [0])
@@ -18,16 +18,11 @@ Example:
 
 from __future__ import annotations
 
-import json
-import math
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from probekit.io import atomic_write_text
-from probekit.tasks.anchor import AnchorData, AnchorTask
+from probekit.anchor.data import AnchorData
+from probekit.anchor.task import AnchorTask
 from probekit.training.models import ModelConfig, stacked_forward
 from probekit.training.precision import autocast
 
@@ -112,43 +107,4 @@ def _answer_kinds(pred: torch.Tensor, d: dict[str, torch.Tensor]) -> dict[str, f
     }
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
-    """All of a run's metrics rows as JSON lines (non-finite numbers as null), atomically."""
-    text = "".join(json.dumps({k: _jsonable(v) for k, v in r.items()}) + "\n" for r in rows)
-    atomic_write_text(path, text)
-
-
-def read_metrics(path: Path, up_to_step: int) -> list[dict[str, Any]]:
-    """The rows of ``path`` up to ``up_to_step`` (a resumed run drops the rows after its
-    checkpoint); none when there is no file."""
-    from probekit.errors import CheckpointError
-
-    if not path.exists():
-        return []
-    fix = "pass resume=False / --no-resume to train again, or delete the run folder"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path} is unreadable ({err})", fix=fix) from err
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise CheckpointError(f"{path} line {number} is not JSON ({err})", fix=fix) from err
-        step = row.get("step") if isinstance(row, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise CheckpointError(f"{path} line {number} has no integer step", fix=fix)
-        rows.append(row)
-    return [r for r in rows if r["step"] <= up_to_step]
-
-
-__all__ = ["Evaluator", "autocast", "read_metrics", "write_metrics"]
+__all__ = ["Evaluator"]

@@ -22,7 +22,7 @@ explained there), with the same table and numbers as the local executor.
 
 Example:
     >>> import tempfile
-    >>> from probekit.tasks import AnchorTask
+    >>> from probekit.anchor import AnchorTask
     >>> base = TrainConfig(model=ModelConfig(d_model=16, n_heads=2), steps=2, batch_size=8,
     ...                    eval_every=2, task=AnchorTask(n_train=64, n_test=16))
     >>> res = run_sweep(SweepConfig(base, gammas=[0.3, 0.8], seeds=[0, 1]), tempfile.mkdtemp(),
@@ -46,6 +46,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probekit import figures
+from probekit.anchor.config import TrainConfig
+from probekit.anchor.training import (
+    RunOutput,
+    check_stack,
+    check_stack_fits,
+    start_over,
+    train_stack,
+)
 from probekit.errors import ConfigError
 from probekit.io import atomic_write_text
 from probekit.result import Result
@@ -53,14 +61,6 @@ from probekit.training.checks import check_int, check_real, check_seed, is_int, 
 from probekit.training.executor import Failed, check_executor, log, run_tasks
 from probekit.training.lock import lock_holder, run_folder_lock
 from probekit.training.models import ModelConfig
-from probekit.training.trainer import (
-    RunOutput,
-    TrainConfig,
-    check_stack,
-    check_stack_fits,
-    start_over,
-    train_stack,
-)
 
 ACC_METRICS = (
     "train_acc",

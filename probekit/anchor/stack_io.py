@@ -10,8 +10,8 @@ atomically.
 Example:
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from probekit.tasks import AnchorTask
-    >>> from probekit.training import ModelConfig, TrainConfig, train
+    >>> from probekit.anchor import AnchorTask, TrainConfig, train
+    >>> from probekit.training import ModelConfig
     >>> cfg = TrainConfig(model=ModelConfig(d_model=16, n_heads=2), steps=1, batch_size=8,
     ...                   eval_every=1, task=AnchorTask(n_train=64, n_test=16))
     >>> out = train(cfg, tempfile.mkdtemp(), progress=False)
@@ -52,7 +52,7 @@ from probekit.training.checkpoint import (
     swap_in,
     write_run_config,
 )
-from probekit.training.evaluation import read_metrics
+from probekit.training.metrics import read_metrics
 from probekit.training.models import ModelConfig, layernorm_scales, scale_layernorm, to_hf_model
 from probekit.training.optim import StackedAdamW
 
