@@ -539,6 +539,25 @@ def _answer_labelled(data: Any) -> dict[str, Any]:
     return {"input_ids": data.tokens, "labels": labels, "description": described}
 
 
+def text_tokens(
+    path: str | os.PathLike,
+    model: Any,
+    text: str | os.PathLike,
+    n_sequences: int,
+    seq_len: int,
+    after: bool = False,
+) -> Any:
+    """The text file ``text`` tokenized with the tokenizer of ``model`` (the checkpoint at
+    ``path``) as ``[n, seq_len]`` token ids, each window with the tokenizer's special tokens;
+    with ``after``, the windows that follow the first ``n_sequences`` (to fit a lens on)."""
+    from probekit.tasks.text import file_texts
+
+    length = min(seq_len, model.n_ctx)
+    what = f"text file {os.path.abspath(text)}"
+    skip = n_sequences if after else 0
+    return _tokenized(path, model, file_texts(text), what, n_sequences, length, skip)["input_ids"]
+
+
 def _tokenized(
     path: str | os.PathLike,
     model: Any,
@@ -590,4 +609,5 @@ __all__ = [
     "ignored_files",
     "random_tokens",
     "steps_of",
+    "text_tokens",
 ]

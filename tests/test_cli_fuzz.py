@@ -574,7 +574,7 @@ def test_text_that_is_not_text_is_refused(name, match, sandbox, tmp_path, monkey
 def test_non_utf8_text_is_read_with_replacement_and_a_warning(sandbox, tmp_path):
     import torch
 
-    from probekit.sources import _tokenized
+    from probekit.sources import text_tokens
 
     out = tmp_path / "r"
     argv = diagnose_argv(sandbox["tokenized"], out, "--text", str(sandbox["latin1"]))
@@ -594,7 +594,7 @@ def test_non_utf8_text_is_read_with_replacement_and_a_warning(sandbox, tmp_path)
         def tokenizer(text):
             return {"input_ids": [ord(c) for c in text]}
 
-    ids = _tokenized("m", Chars(), sandbox["latin1"], 2, 8)
+    ids = text_tokens("m", Chars(), sandbox["latin1"], 2, 8)
     assert ids.shape == (2, 8) and 0xFFFD in ids.view(-1).tolist()
     assert torch.equal(ids[0, :3], torch.tensor([ord("c"), ord("a"), ord("f")]))
 

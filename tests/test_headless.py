@@ -298,20 +298,20 @@ def test_tokenizer_pads_with_an_id_in_the_vocabulary(tmp_path):
 
 
 def test_text_windows_each_carry_the_special_tokens(tmp_path):
-    from probekit.sources import _tokenized, check_checkpoint_folder
+    from probekit.sources import check_checkpoint_folder, text_tokens
 
     folder = sentence_folder(tmp_path, "cls", normalize=False)
     _word_tokenizer(folder, padding_side="left")
     model = probekit.load(folder, device="cpu")
     text = tmp_path / "t.txt"
     text.write_text(" ".join("abcde" * 3))  # 15 words: three windows of four between [CLS] [SEP]
-    ids = _tokenized(folder, model, text, n_sequences=3, seq_len=6)
+    ids = text_tokens(folder, model, text, n_sequences=3, seq_len=6)
     assert ids.shape == (3, 6)
     assert ids[:, 0].tolist() == [2, 2, 2] and ids[:, -1].tolist() == [3, 3, 3]  # [CLS] ... [SEP]
     assert ids[0, 1:5].tolist() == [4, 5, 6, 7] and ids[1, 1:5].tolist() == [8, 4, 5, 6]
-    assert _tokenized(folder, model, text, 2, 6, after=True)[0, 1:5].tolist() == [7, 8, 4, 5]
+    assert text_tokens(folder, model, text, 2, 6, after=True)[0, 1:5].tolist() == [7, 8, 4, 5]
     with pytest.raises(ProbekitError, match="special tokens"):
-        _tokenized(folder, model, text, 3, 2)
+        text_tokens(folder, model, text, 3, 2)
     (folder / "config.json").rename(folder / "moved.json")  # the old layout keeps it in a subfolder
     check_checkpoint_folder(folder)  # modules.json marks the folder as a checkpoint of its own
 

@@ -180,7 +180,8 @@ def token_windows(
     wanted = (skip + n) * body
     ids: list[int] = []
     for text in texts:
-        ids += tokenizer(text, add_special_tokens=not n_special)["input_ids"]
+        plain = tokenizer(text, add_special_tokens=False) if n_special else tokenizer(text)
+        ids += plain["input_ids"]
         if len(ids) >= wanted:
             break
     windows = [prefix + ids[i : i + body] + suffix for i in range(0, len(ids) - body + 1, body)]
