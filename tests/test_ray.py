@@ -281,3 +281,41 @@ def test_the_cli_refuses_ray_settings_before_any_work(tmp_path: Path, capsys) ->
     assert main(["sweep", "--out", str(out), "--ray-address", "10.0.0.1:6379"]) == 2
     assert "--executor ray" in capsys.readouterr().err
     assert not out.exists() and not Path("rel").exists()
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:1", "localhost:1", "127.0.0.1:99999", "256.1.1.1:6379"]
+)
+def test_an_unreachable_ray_address_fails_in_seconds(tmp_path: Path, capsys, address) -> None:
+    from probekit.cli import main
+
+    out = tmp_path / "s"
+    started = time.monotonic()
+    argv = ["sweep", "--out", str(out), "--executor", "ray", "--ray-address", address]
+    assert main([*argv, "--steps", "2"]) == 2
+    assert time.monotonic() - started < 15
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ray start --head" in err
+    assert ("is not a port" in err) if address.endswith("99999") else ("nothing answers" in err)
+    assert not out.exists()
+
+
+def test_a_cluster_without_cpus_says_what_it_lacks() -> None:
+    script = (
+        "import ray\n"
+        "from probekit.errors import ConfigError\n"
+        "from probekit.training import executor\n"
+        "ray.init(num_cpus=0, include_dashboard=False, log_to_driver=False)\n"
+        "executor.PENDING_SECONDS = 2\n"
+        "try:\n"
+        "    executor.run_tasks(abs, [1, -2], executor='ray', progress=False)\n"
+        "except ConfigError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
+    assert "refused: the Ray cluster has 0 CPU(s) in all" in done.stdout, done.stderr[-2000:]
+    assert "2 pending task(s) can never start" in done.stdout
+    assert time.monotonic() - started < 120

@@ -238,12 +238,17 @@ def add_executor(parser: Flags, *, what: str) -> None:
 
 
 def check_executor_flags(args: argparse.Namespace) -> None:
-    """``--ray-address`` only with ``--executor ray``."""
+    """``--ray-address`` only with ``--executor ray``, and a Ray head answers there (or at
+    ``RAY_ADDRESS``), checked in seconds before any work."""
     if args.ray_address is not None and args.executor != "ray":
         raise ConfigError(
             "--ray-address is given but the executor is local",
             fix="add --executor ray, or leave --ray-address out",
         )
+    if args.executor == "ray":
+        from probekit.training.executor import check_ray_address
+
+        check_ray_address(args.ray_address)
 
 
 LIMITS = {

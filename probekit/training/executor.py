@@ -83,6 +83,54 @@ def import_ray() -> Any:
     return ray
 
 
+PROBE_SECONDS = 3.0
+"""How long :func:`check_ray_address` waits for a Ray head to accept a connection."""
+
+PENDING_SECONDS = 20.0
+"""How long Ray tasks may sit unstarted before probekit says what the cluster lacks."""
+
+_FIX_ADDRESS = (
+    "start the head with `ray start --head --port=6379` and pass the address it prints (e.g. "
+    "--ray-address 10.0.0.1:6379), or leave --ray-address out (and RAY_ADDRESS unset) to start "
+    "a local Ray"
+)
+
+
+def check_ray_address(address: str | None) -> None:
+    """Refuse, in seconds, a Ray address nothing answers at: ``address`` (or, without one, the
+    ``RAY_ADDRESS`` that ``ray.init`` would join) must be ``host:port`` with a port in 1..65535
+    whose host resolves and accepts a TCP connection within :data:`PROBE_SECONDS`. Ray itself
+    retries an unreachable address for minutes. ``"auto"``, ``"local"`` and ``ray://``
+    client addresses are left to Ray.
+
+    Example:
+        >>> check_ray_address("127.0.0.1:99999")
+        Traceback (most recent call last):
+        ...
+        probekit.errors.ConfigError: Ray address '127.0.0.1:99999': 99999 is not a port \
+(1..65535). Fix: start the head with `ray start --head --port=6379` and pass the address it \
+prints (e.g. --ray-address 10.0.0.1:6379), or leave --ray-address out (and RAY_ADDRESS unset) \
+to start a local Ray.
+    """
+    import socket
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None or address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port_text = address.rpartition(":")
+    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        what = f"{port_text or 'no port'} is not a port (1..65535)" if host else "no host:port"
+        raise ConfigError(f"Ray address {address!r}: {what}", fix=_FIX_ADDRESS)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), PROBE_SECONDS):
+            return
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(
+            f"nothing answers at the Ray address {address!r} ({reason})", fix=_FIX_ADDRESS
+        ) from err
+
+
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[Any]:
     """Ray, connected: an already initialised Ray is used as it is (and left running);
@@ -92,6 +140,7 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    check_ray_address(address)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     try:
         ray.init(address=address, **kwargs)
@@ -194,7 +243,9 @@ def _run_on_ray(
         )
         pending = {remote.remote(item): i for i, item in enumerate(items)}
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=PENDING_SECONDS)
+            if not done:
+                _say_what_is_missing(ray, resources, len(pending))
             for ref in done:
                 i = pending.pop(ref)
                 try:
@@ -202,6 +253,27 @@ def _run_on_ray(
                 except ray.exceptions.RayError as err:  # retries used up, or unpicklable
                     value = Failed.of(err)
                 finished(i, value)
+
+
+def _say_what_is_missing(ray: Any, resources: dict[str, float], n_pending: int) -> None:
+    """No task finished for :data:`PENDING_SECONDS`: refuse a cluster that can never run one
+    (too few CPUs or GPUs in all), else say what is busy and go on waiting."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    wanted = {"CPU": resources.get("num_cpus", 0), "GPU": resources.get("num_gpus", 0)}
+    for kind, need in wanted.items():
+        if need and total.get(kind, 0) < need:
+            raise ConfigError(
+                f"the Ray cluster has {total.get(kind, 0):g} {kind}(s) in all and each task "
+                f"needs {need:g}: the {n_pending} pending task(s) can never start",
+                fix=f"add nodes with {kind}s (`ray start --address HEAD --num-cpus N`), or run "
+                "with --device cpu / --executor local",
+            )
+    log(
+        f"waiting: {n_pending} task(s) pending for {PENDING_SECONDS:g}+ s; the cluster has "
+        f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} of "
+        f"{total.get('GPU', 0):g} GPUs free (each task needs {wanted['CPU']:g} CPU, "
+        f"{wanted['GPU']:g} GPU)"
+    )
 
 
 def log(line: str) -> None:
