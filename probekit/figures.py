@@ -40,6 +40,8 @@ WORDS = {
     "p_target_delta": "change of the target's probability",
     "accuracy_delta": "change of the accuracy (fraction)",
     "pred_changed": "predictions changed (fraction)",
+    "rel_l2": "relative change of the output (‖z′ − z‖ ÷ ‖z‖)",
+    "cos_dist": "cosine distance from the clean output (1 − cos)",
     # components
     "layer": "whole layer",
     "attn": "attention",
@@ -65,6 +67,35 @@ WORDS = {
     "selectivity": "selectivity over shuffled labels",
 }
 """Words for the keys of probekit's tables, used in legends, axis and colorbar titles."""
+
+
+SWAP_COSTS = {
+    "loss": {
+        "title": "Loss change of swapping layers i and j",
+        "colorbar": "Δ loss (nats)",
+        "unit": "nats of loss",
+        "rises": "raises the loss",
+    },
+    "rel_l2": {
+        "title": "Output change of swapping layers i and j (‖z′ − z‖ ÷ ‖z‖)",
+        "colorbar": "relative output change",
+        "unit": "relative change of the output",
+        "rises": "changes the output",
+    },
+}
+"""Words of the cost a layer order is judged by: the loss with a vocabulary, the relative
+change of the output (final hidden state or embedding) without one."""
+
+
+def swap_cost(measure: str | None) -> dict[str, str]:
+    """The words of :data:`SWAP_COSTS` for a result whose headline ``measure`` is given
+    (``rel_l2`` for models without an LM head, else the loss).
+
+    Example:
+        >>> swap_cost("rel_l2")["colorbar"], swap_cost("prob_l2")["colorbar"]
+        ('relative output change', 'Δ loss (nats)')
+    """
+    return SWAP_COSTS["rel_l2" if measure == "rel_l2" else "loss"]
 
 
 def words(key: str) -> str:

@@ -42,6 +42,7 @@ from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
 from probekit.data import Data
 from probekit.errors import InputError
+from probekit.figures import swap_cost
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
 from probekit.report_text import conclusion, explanation, heading
@@ -361,7 +362,7 @@ def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, lis
         f"The second half of the network accounts for {share:.1%} of the output change under "
         "zero ablation (relative-change share).",
         f"Layers whose removal changes the output by less than {SKIPPABLE_FRACTION:.0%}: {listed}.",
-        _blocks_line(swaps.summary["blocks"], swaps.boundary_confidence()),
+        _blocks_line(swaps.summary["blocks"], swaps.boundary_confidence(), "rel_l2"),
     ]
     return headline, verdict
 
@@ -393,9 +394,11 @@ def _skip_line(n: int, skippable: dict[int, float], clean_loss: float) -> str:
     )
 
 
-def _blocks_line(blocks: list, confidence: Any) -> str:
+def _blocks_line(blocks: list, confidence: Any, measure: str | None = None) -> str:
     """The verdict on permutable blocks ``[(start, stop), ...]`` (half-open) and their
-    boundaries, written for people: "layers 0–7" counts from 0 and includes both ends."""
+    boundaries, written for people: "layers 0–7" counts from 0 and includes both ends; the
+    cost is named by the headline ``measure`` (the loss, or the output of a model without an
+    LM head)."""
     conf_text = ", ".join(
         f"before layer {k}: {confidence[k]:.0%}" for k in [b[0] for b in blocks[1:]]
     )
@@ -403,8 +406,8 @@ def _blocks_line(blocks: list, confidence: Any) -> str:
     wide = [(start, stop) for start, stop in blocks if stop - start > 1]
     if not wide:
         return (
-            "No permutable block: swapping any two layers raises the loss, so every layer "
-            f"stands alone{conf}"
+            f"No permutable block: swapping any two layers {swap_cost(measure)['rises']}, so "
+            f"every layer stands alone{conf}"
         )
     parts = "; ".join(human_layers(start, stop) for start, stop in wide)
     return f"Permutable block(s), whose layers can be reordered at little cost: {parts}{conf}"
@@ -486,8 +489,16 @@ def _section(name: str, result: Result, figure: str) -> str:
         f"<section><h2>{html.escape(heading(name, result))}</h2>"
         + (f"<p class='conclusion'>{html.escape(said)}</p>" if said else "")
         + f"<p class='explain'>{html.escape(explanation(name, result))}</p>{figure}"
-        f"{summary_table(result.summary)}{_details_table(result)}</section>"
+        f"{summary_table(_shown(result.summary))}{_details_table(result)}</section>"
     )
+
+
+def _shown(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary a section shows: a model compared by the relative change of its output
+    (``rel_l2``, no vocabulary) has no loss, so its undefined ``clean_loss`` is left out."""
+    if summary.get("measure") == "rel_l2":
+        return {k: v for k, v in summary.items() if k != "clean_loss"}
+    return summary
 
 
 def write_csv(result: Result, path: Path) -> Path:

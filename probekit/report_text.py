@@ -19,6 +19,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
+from probekit.figures import swap_cost
 from probekit.result import Result, readable_value
 
 TITLES = {
@@ -52,9 +53,10 @@ EXPLAIN = {
     "contributions": "How much the output changes when one layer (or its attention or MLP) is "
     "removed, per layer and measure.",
     "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
-    "writes (relative), and the output change in the last column.",
-    "layer_swaps": "The loss change for swapping each pair of layers; low cells mean the two "
-    "layers can change places, and runs of them form permutable blocks.",
+    "writes (‖D_l − D′_l‖ ÷ ‖D_l‖); the change of the output for each skipped layer is in "
+    "skip_effects.csv (the rows whose target is output).",
+    "layer_swaps": "The {cost} for swapping each pair of layers; low cells mean the two layers "
+    "can change places, and runs of them form permutable blocks.",
     "residual": "Cosine between each block's output and input, and the relative size of the "
     "attention and MLP updates, per layer.",
     "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
@@ -140,7 +142,8 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
     ),
     "layer_swaps": lambda s: (
         f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "
-        f"loss; the largest adjacent-swap loss change is {s['max_adjacent_swap_delta']:.3g}."
+        f"({swap_cost(s.get('measure'))['unit']}); the largest adjacent swap changes it by "
+        f"{s['max_adjacent_swap_delta']:.3g}."
     ),
     "residual": lambda s: (
         "Each block's output keeps a cosine of "
@@ -167,7 +170,9 @@ def heading(name: str, result: Result) -> str:
 
 def explanation(name: str, result: Result) -> str:
     """What the section's figure shows: the result's own ``explain``, else :data:`EXPLAIN`."""
-    return str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
+    said = str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
+    cost = swap_cost(result.summary.get("measure"))["title"].split(" of swapping")[0].lower()
+    return said.replace("{cost}", cost)
 
 
 __all__ = ["EXPLAIN", "TITLES", "conclusion", "explanation", "heading", "own_words"]

@@ -133,15 +133,16 @@ class SwapResult(Result):
     def figure(self) -> go.Figure:
         mat = self.matrix()
         n = mat.shape[0]
+        cost = figures.swap_cost(self.summary.get("measure"))
         fig = figures.heatmap(
             mat.to_numpy(),
             x=list(range(n)),
             y=list(range(n)),
-            title="Loss change of swapping layers i and j; permutable blocks framed, "
-            "bootstrap confidence of each block boundary on top",
+            title=f"{cost['title']}; permutable blocks framed, bootstrap confidence of each "
+            "block boundary on top",
             x_title="layer j",
             y_title="layer i",
-            colorbar="Δ loss (nats)",
+            colorbar=cost["colorbar"],
             signed=True,
         )
         for start, stop in self.summary["blocks"]:
