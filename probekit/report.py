@@ -46,7 +46,7 @@ from probekit.figures import swap_cost
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
 from probekit.report_text import conclusion, explanation, heading
-from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
+from probekit.result import SIDECAR_CELLS, Result, json_ready, layer_ranges, summary_table
 from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
@@ -414,13 +414,14 @@ def _blocks_line(blocks: list, confidence: Any, measure: str | None = None) -> s
 
 
 def human_layers(start: int, stop: int) -> str:
-    """A half-open layer range ``[start, stop)`` for people.
+    """A half-open layer range ``[start, stop)`` for people (:func:`~probekit.result.
+    layer_ranges` of one range).
 
     Example:
         >>> human_layers(0, 8), human_layers(3, 4)
         ('layers 0–7', 'layer 3')
     """
-    return f"layer {start}" if stop - start == 1 else f"layers {start}–{stop - 1}"
+    return layer_ranges([[start, stop]])
 
 
 _PAGE = """<!DOCTYPE html>

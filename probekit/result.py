@@ -250,6 +250,9 @@ _LABELS = {
     "depth_score": "depth score (how much later layers depend on earlier ones)",
     "formed_at_depth": "blocks until the logit lens matches the final prediction",
     "n_layers": "layers",
+    "blocks": "permutable blocks",
+    "permutable_blocks": "permutable blocks",
+    "heldout_diff_mode": "most frequent prediction − target on held-out inputs",
 }
 
 
@@ -284,6 +287,39 @@ def readable_value(value: Any) -> str:
     return str(json_ready(value))
 
 
+def layer_ranges(blocks: Any) -> str:
+    """Half-open layer ranges ``[[start, stop], ...]`` as people write them.
+
+    Example:
+        >>> layer_ranges([[0, 6], [6, 7]]), layer_ranges([])
+        ('layers 0–5; layer 6', 'none')
+    """
+    words = [
+        f"layer {a}" if b - a == 1 else f"layers {a}–{b - 1}"
+        for a, b in (pair for pair in blocks if isinstance(pair, list | tuple) and len(pair) == 2)
+    ]
+    return "; ".join(words) or "none"
+
+
+_VALUE_WORDS = {"blocks": layer_ranges, "permutable_blocks": layer_ranges}
+"""Summary keys whose values read better in their own words than as a flat list."""
+
+
+def _shown_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(label, value)`` per summary key, in words; a ``<key>_<measure>`` that repeats
+    ``<key>`` for the summary's own ``measure`` is shown once."""
+    measure = summary.get("measure")
+    rows = []
+    for key, value in summary.items():
+        base = str(key).removesuffix(f"_{measure}") if measure else str(key)
+        if base != key and base in summary and summary[base] == value:
+            continue
+        own = _VALUE_WORDS.get(key) if isinstance(value, list) else None
+        shown = own(value) if own else readable_value(value)
+        rows.append((readable(str(key)), shown))
+    return rows
+
+
 def summary_table(summary: dict[str, Any], limit: int = 40) -> str:
     """The headline numbers as an HTML table in words; past ``limit`` rows the rest is folded
     into a ``<details>`` element.
@@ -293,9 +329,8 @@ def summary_table(summary: dict[str, Any], limit: int = 40) -> str:
         True
     """
     rows = [
-        f"<tr><th>{html.escape(readable(str(k)))}</th>"
-        f"<td>{html.escape(readable_value(json_ready(v)))}</td></tr>"
-        for k, v in summary.items()
+        f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+        for label, value in _shown_rows(json_ready(summary))
     ]
     head, rest = rows[:limit], rows[limit:]
     more = (
