@@ -202,6 +202,32 @@ def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
     return Windows(out, len(rows), skipped)
 
 
+def plan_run(
+    model: Model,
+    data: Any,
+    batch_size: int | None,
+    convention: str,
+    mode: str,
+    keep_first: bool | None,
+    n_future: int,
+    seed: int,
+    answer_start: Sequence[int] | None,
+) -> tuple[Setup, list[Batch], Windows]:
+    """The checked options (:func:`make_setup`), the batches of ``data`` and the positions t of
+    every prompt (:func:`plan_windows`): what an intervention analyzer does before its loop."""
+    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+    batches = model.prepare(data, batch_size)
+    return setup, batches, plan_windows(setup, batches)
+
+
+def window_meta(setup: Setup, windows: Windows) -> dict:
+    """The ``meta`` entries of the options, and in future mode the positions t that were used."""
+    out = setup.meta()
+    if setup.mode == "future":
+        out["future_t"] = windows.positions()
+    return out
+
+
 def slot_masks(
     batch: Batch, ts: list[list[int | None]], positions: str, keep_first: bool
 ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:
