@@ -160,6 +160,7 @@ def contributions(
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
     """
+    # 64 lines long: 15 are the signature and 26 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
     unknown = set(components) - set(COMPONENTS)
