@@ -145,6 +145,12 @@ def _add_typed(
             group.add_argument(flag, type=kind, default=default, help=help)
 
 
+def _add_switches(group: Flags, flags: tuple[tuple[str, str], ...]) -> None:
+    """Add each ``(flag, help)`` as an on/off switch (off unless given)."""
+    for flag, help in flags:
+        group.add_argument(flag, action="store_true", help=help)
+
+
 def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
     """The model flags (``--n-layers`` and ``--gamma`` only for train: sweep has a grid)."""
     m = p.add_argument_group("model (GPT-2-style decoder)")
@@ -181,17 +187,15 @@ def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
         help="'fan_in': std d_in^-gamma; 'official': the anchor papers' code (d_model fan-in, "
         "output projections / sqrt(2 * layers))",
     )
-    m.add_argument(
-        "--layernorm-scaling",
-        action="store_true",
-        help="LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm output times "
-        "1/sqrt(layer + 1) (default: off)",
+    switches = (
+        (
+            "--layernorm-scaling",
+            "LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm "
+            "output times 1/sqrt(layer + 1) (default: off)",
+        ),
+        ("--tie-embeddings", "share the input and output embedding (default: separate)"),
     )
-    m.add_argument(
-        "--tie-embeddings",
-        action="store_true",
-        help="share the input and output embedding (default: separate)",
-    )
+    _add_switches(m, switches)
 
 
 def _add_task(p: argparse.ArgumentParser) -> None:
@@ -309,15 +313,15 @@ def _add_run(p: argparse.ArgumentParser) -> None:
         help="forward precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32, or bf16 "
         "(autocast on CUDA and CPU); weights and AdamW moments stay float32",
     )
-    r.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="torch.use_deterministic_algorithms(True) while training (on CUDA also export "
-        "CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
+    switches = (
+        (
+            "--deterministic",
+            "torch.use_deterministic_algorithms(True) while training (on CUDA "
+            "also export CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
+        ),
+        ("--no-resume", "start over even if --out holds a checkpoint"),
     )
-    r.add_argument(
-        "--no-resume", action="store_true", help="start over even if --out holds a checkpoint"
-    )
+    _add_switches(r, switches)
     add_quiet(r, help="hide the progress bar", no_progress_alias=True)
 
 

@@ -57,8 +57,9 @@ from probekit.analyses.depth.conventions import (
     Reduction,
     Setup,
     Windows,
+    make_setup,
     masked_ablate_hooks,
-    plan_run,
+    plan_windows_of,
     slot_masks,
     window_meta,
 )
@@ -160,15 +161,14 @@ def contributions(
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
     """
-    # 64 lines long: 15 are the signature and 26 the docstring documenting every parameter.
+    # 63 lines long: 15 are the signature and 26 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    setup, batches, windows = plan_run(
-        model, data, batch_size, convention, mode, keep_first, n_future, seed, answer_start
-    )
+    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+    batches, windows = plan_windows_of(model, data, batch_size, setup)
     reduction, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
     df = _table(model, reduction, components)
     summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}

@@ -202,22 +202,13 @@ def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
     return Windows(out, len(rows), skipped)
 
 
-def plan_run(
-    model: Model,
-    data: Any,
-    batch_size: int | None,
-    convention: str,
-    mode: str,
-    keep_first: bool | None,
-    n_future: int,
-    seed: int,
-    answer_start: Sequence[int] | None,
-) -> tuple[Setup, list[Batch], Windows]:
-    """The checked options (:func:`make_setup`), the batches of ``data`` and the positions t of
-    every prompt (:func:`plan_windows`): what an intervention analyzer does before its loop."""
-    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+def plan_windows_of(
+    model: Model, data: Any, batch_size: int | None, setup: Setup
+) -> tuple[list[Batch], Windows]:
+    """The batches of ``data`` and the positions t of every prompt (:func:`plan_windows`):
+    what an intervention analyzer does, after :func:`make_setup`, before its loop."""
     batches = model.prepare(data, batch_size)
-    return setup, batches, plan_windows(setup, batches)
+    return batches, plan_windows(setup, batches)
 
 
 def window_meta(setup: Setup, windows: Windows) -> dict:

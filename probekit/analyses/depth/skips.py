@@ -56,7 +56,8 @@ from probekit.analyses.depth.conventions import (
     Reduction,
     Setup,
     Windows,
-    plan_run,
+    make_setup,
+    plan_windows_of,
     relative_from_norms,
     slot_masks,
     window_meta,
@@ -157,9 +158,8 @@ def skip_effects(
     """
     model = load(model)
     shared = make_shared(model, cache)
-    setup, batches, windows = plan_run(
-        model, data, batch_size, convention, mode, keep_first, n_future, seed, answer_start
-    )
+    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
+    batches, windows = plan_windows_of(model, data, batch_size, setup)
     reduction = _skip_batches(shared, batches, windows, setup, positions)
     df = _rows(reduction, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
