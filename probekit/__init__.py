@@ -13,9 +13,6 @@ Example:
     True
 """
 
-import importlib
-from typing import Any
-
 from probekit import analyses as _analyses
 from probekit.errors import (
     CheckpointError,
@@ -25,6 +22,7 @@ from probekit.errors import (
     ProbekitError,
     UnsupportedModelError,
 )
+from probekit.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -56,14 +54,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'probekit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

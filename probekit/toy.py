@@ -36,31 +36,24 @@ def toy_hf_model(
     if arch not in _ARCHS:
         raise InputError(f"unknown toy architecture {arch!r}", fix=f"use one of {_ARCHS}")
     common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
+    # the sizes Llama and BERT name alike
+    sizes = dict(
+        hidden_size=d_model,
+        intermediate_size=2 * d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+    )
     if arch == "gpt2":
         config = transformers.GPT2Config(
             n_positions=16, n_embd=d_model, n_layer=n_layers, n_head=4, **common
         )
         klass = transformers.GPT2LMHeadModel
     elif arch == "llama":
-        config = transformers.LlamaConfig(
-            hidden_size=d_model,
-            intermediate_size=2 * d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=16,
-            **common,
-        )
+        config = transformers.LlamaConfig(num_key_value_heads=2, **sizes, **common)
         klass = transformers.LlamaForCausalLM
     else:
-        config = transformers.BertConfig(
-            hidden_size=d_model,
-            intermediate_size=2 * d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=4,
-            max_position_embeddings=16,
-            vocab_size=vocab_size,
-        )
+        config = transformers.BertConfig(vocab_size=vocab_size, **sizes)
         klass = transformers.BertForMaskedLM
     config._attn_implementation = "eager"
     torch.manual_seed(seed)

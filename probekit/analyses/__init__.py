@@ -29,8 +29,7 @@ Names are imported from their modules on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from probekit.lazy import lazy_exports
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "depth.contributions": ("ContributionResult", "contributions"),
@@ -65,14 +64,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'probekit.analyses' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -24,13 +24,11 @@ Example:
     1.0
 """
 
-import importlib
-from typing import Any
-
 from probekit.anchor.config import PRESETS, TrainConfig, anchor_cpu_config
 from probekit.anchor.data import AnchorData
 from probekit.anchor.solutions import CATEGORIES, WORDING
 from probekit.anchor.task import KEY_SPLITS, SPECIAL_FORMS, SPLITS, AnchorTask
+from probekit.lazy import lazy_exports
 
 _TRAINING: dict[str, str] = {
     "RunOutput": "probekit.anchor.training",
@@ -63,14 +61,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _TRAINING.get(name)
-    if module is None:
-        raise AttributeError(f"module 'probekit.anchor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _TRAINING)

@@ -478,6 +478,18 @@ def _run_line(row: dict[str, Any]) -> str:
     )
 
 
+def _rows_finished_before(groups: list, progress: bool) -> dict[str, list[dict[str, Any]]]:
+    """The rows of the groups a previous call finished, by group name (these are skipped)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for group in groups:
+        finished = _finished_rows(group)
+        if finished is not None:
+            rows[group.name] = finished
+    if progress and rows:
+        log(f"{sum(len(r) for r in rows.values())} run(s) already finished, skipped")
+    return rows
+
+
 def run_sweep(
     sweep: SweepConfig,
     out_dir: str | os.PathLike,
@@ -507,15 +519,9 @@ def run_sweep(
         (check_stack_fits if executor == "local" else check_stack)(group.runs)
     if not resume:
         _start_over_all(groups)
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for group in groups:
-        finished = _finished_rows(group)
-        if finished is not None:
-            rows[group.name] = finished
+    rows = _rows_finished_before(groups, progress)
     todo = [g for g in groups if g.name not in rows]
     info: dict[str, Any] = {g: {"skipped": True} for g in rows}
-    if progress and rows:
-        log(f"{sum(len(r) for r in rows.values())} run(s) already finished, skipped")
 
     def done(i: int, value: Any) -> None:
         group = todo[i]

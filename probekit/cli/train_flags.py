@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.anchor import KEY_SPLITS, PRESETS, SPECIAL_FORMS, AnchorTask, TrainConfig
-from probekit.cli.common import add_device, add_quiet
+from probekit.cli.common import Flags, add_device, add_quiet
 from probekit.errors import ConfigError, check_known_keys
 from probekit.training.checks import check_mapping, is_int
 from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
@@ -130,39 +130,56 @@ def add_settings_flags(parser: argparse.ArgumentParser, sweep: bool) -> None:
     _add_run(parser)
 
 
+_GRID_FLAGS = ("--n-layers", "--gamma", "--seed", "--weight-decay")
+"""The flags ``probekit sweep`` does not take: its grid sets them."""
+
+
+def _add_typed(
+    group: Flags,
+    flags: tuple[tuple[str, Any, Any, str], ...],
+    sweep: bool = False,
+) -> None:
+    """Add each ``(flag, type, default, help)`` (for ``sweep``, without the grid's flags)."""
+    for flag, kind, default, help in flags:
+        if not (sweep and flag in _GRID_FLAGS):
+            group.add_argument(flag, type=kind, default=default, help=help)
+
+
+def _add_switches(group: Flags, flags: tuple[tuple[str, str], ...]) -> None:
+    """Add each ``(flag, help)`` as an on/off switch (off unless given)."""
+    for flag, help in flags:
+        group.add_argument(flag, action="store_true", help=help)
+
+
 def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
     """The model flags (``--n-layers`` and ``--gamma`` only for train: sweep has a grid)."""
     m = p.add_argument_group("model (GPT-2-style decoder)")
-    if not sweep:
-        m.add_argument(
-            "--n-layers", type=int, default=DEFAULT_MODEL.n_layers, help="number of blocks"
-        )
-    m.add_argument("--d-model", type=int, default=DEFAULT_MODEL.d_model, help="residual width")
-    m.add_argument("--n-heads", type=int, default=DEFAULT_MODEL.n_heads, help="attention heads")
-    m.add_argument("--d-mlp", type=int, default=None, help="MLP width (default 4 * d-model)")
+    sizes = (
+        ("--n-layers", int, DEFAULT_MODEL.n_layers, "number of blocks"),
+        ("--d-model", int, DEFAULT_MODEL.d_model, "residual width"),
+        ("--n-heads", int, DEFAULT_MODEL.n_heads, "attention heads"),
+        ("--d-mlp", int, None, "MLP width (default 4 * d-model)"),
+    )
+    _add_typed(m, sizes, sweep)
     m.add_argument(
         "--activation", choices=ACTIVATIONS, default=DEFAULT_MODEL.activation, help="MLP activation"
     )
-    if not sweep:
-        m.add_argument(
-            "--gamma",
-            type=float,
-            default=DEFAULT_MODEL.gamma,
-            help="initialization rate: every weight matrix has std d_in^-gamma "
-            "(larger = smaller init)",
-        )
-    for part, what in (
-        ("emb", "token/position/output embeddings"),
-        ("qk", "attention query and key weights"),
-        ("vo", "attention value and output weights"),
-        ("mlp", "MLP weights"),
-    ):
-        m.add_argument(
+    gamma = "initialization rate: every weight matrix has std d_in^-gamma (larger = smaller init)"
+    rates = (("--gamma", float, DEFAULT_MODEL.gamma, gamma),) + tuple(
+        (
             f"--gamma-{part}",
-            type=float,
-            default=None,
-            help=f"separate initialization rate of the {what} (default: --gamma)",
+            float,
+            None,
+            f"separate initialization rate of the {what} (default: --gamma)",
         )
+        for part, what in (
+            ("emb", "token/position/output embeddings"),
+            ("qk", "attention query and key weights"),
+            ("vo", "attention value and output weights"),
+            ("mlp", "MLP weights"),
+        )
+    )
+    _add_typed(m, rates, sweep)
     m.add_argument(
         "--init-scheme",
         choices=list(INIT_SCHEMES),
@@ -170,35 +187,39 @@ def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
         help="'fan_in': std d_in^-gamma; 'official': the anchor papers' code (d_model fan-in, "
         "output projections / sqrt(2 * layers))",
     )
-    m.add_argument(
-        "--layernorm-scaling",
-        action="store_true",
-        help="LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm output times "
-        "1/sqrt(layer + 1) (default: off)",
+    switches = (
+        (
+            "--layernorm-scaling",
+            "LayerNorm Scaling (Sun et al. 2025): each layer's LayerNorm "
+            "output times 1/sqrt(layer + 1) (default: off)",
+        ),
+        ("--tie-embeddings", "share the input and output embedding (default: separate)"),
     )
-    m.add_argument(
-        "--tie-embeddings",
-        action="store_true",
-        help="share the input and output embedding (default: separate)",
-    )
+    _add_switches(m, switches)
 
 
 def _add_task(p: argparse.ArgumentParser) -> None:
     """The anchor-task flags."""
     t = p.add_argument_group("task (anchor functions)")
-    t.add_argument(
-        "--anchors",
-        type=_anchors,
-        default=DEFAULT_TASK.anchors,
-        help="anchor ids and their shifts, ID:SHIFT,... "
-        f"(default {_fmt_anchors(DEFAULT_TASK.anchors)})",
-    )
-    t.add_argument(
-        "--special-targets",
-        type=_special,
-        default=DEFAULT_TASK.special_targets,
-        help="pairs trained on a non-inferential target, A1,A2:OFFSET;... with OFFSET added "
-        "to the composite (see --special-form; default 3,4:4, the papers' +4; 'none' for none)",
+    anchors = f"(default {_fmt_anchors(DEFAULT_TASK.anchors)})"
+    _add_typed(
+        t,
+        (
+            (
+                "--anchors",
+                _anchors,
+                DEFAULT_TASK.anchors,
+                f"anchor ids and their shifts, ID:SHIFT,... {anchors}",
+            ),
+            (
+                "--special-targets",
+                _special,
+                DEFAULT_TASK.special_targets,
+                "pairs trained on a "
+                "non-inferential target, A1,A2:OFFSET;... with OFFSET added to the composite (see "
+                "--special-form; default 3,4:4, the papers' +4; 'none' for none)",
+            ),
+        ),
     )
     t.add_argument(
         "--special-form",
@@ -207,100 +228,75 @@ def _add_task(p: argparse.ArgumentParser) -> None:
         help="'offset': a special target is its composite + OFFSET (the official code); "
         "'shift': key + OFFSET (probekit's old form)",
     )
-    t.add_argument(
-        "--key-split",
-        type=_key_split,
-        default=DEFAULT_TASK.key_split,
-        help=f"which keys are test keys at each position: {', '.join(KEY_SPLITS)} or a modulus",
+    keys = f"which keys are test keys at each position: {', '.join(KEY_SPLITS)} or a modulus"
+    items = [DEFAULT_TASK.item_low, DEFAULT_TASK.item_high]
+    _add_typed(
+        t,
+        (
+            ("--key-split", _key_split, DEFAULT_TASK.key_split, keys),
+            (
+                "--heldout",
+                _pairs,
+                DEFAULT_TASK.heldout_pairs,
+                "pairs never trained, A1,A2;... (default 4,3)",
+            ),
+            (
+                "--item-range",
+                parse_ints,
+                items,
+                "keys and noise are drawn from [LOW, HIGH), written LOW,HIGH",
+            ),
+            ("--seq-len", int, DEFAULT_TASK.seq_len, "tokens per input"),
+            ("--vocab-size", int, DEFAULT_TASK.vocab_size, "vocabulary size (token 0 is padding)"),
+            ("--n-train", int, DEFAULT_TASK.n_train, "training sequences"),
+            ("--n-test", int, DEFAULT_TASK.n_test, "sequences per test split"),
+            ("--task-seed", int, DEFAULT_TASK.seed, "seed of the data"),
+        ),
     )
-    t.add_argument(
-        "--heldout",
-        type=_pairs,
-        default=DEFAULT_TASK.heldout_pairs,
-        help="pairs never trained, A1,A2;... (default 4,3)",
-    )
-    t.add_argument(
-        "--item-range",
-        type=parse_ints,
-        default=[DEFAULT_TASK.item_low, DEFAULT_TASK.item_high],
-        help="keys and noise are drawn from [LOW, HIGH), written LOW,HIGH",
-    )
-    t.add_argument("--seq-len", type=int, default=DEFAULT_TASK.seq_len, help="tokens per input")
-    t.add_argument(
-        "--vocab-size",
-        type=int,
-        default=DEFAULT_TASK.vocab_size,
-        help="vocabulary size (token 0 is padding)",
-    )
-    t.add_argument("--n-train", type=int, default=DEFAULT_TASK.n_train, help="training sequences")
-    t.add_argument(
-        "--n-test", type=int, default=DEFAULT_TASK.n_test, help="sequences per test split"
-    )
-    t.add_argument("--task-seed", type=int, default=DEFAULT_TASK.seed, help="seed of the data")
 
 
 def _add_optimization(p: argparse.ArgumentParser, sweep: bool) -> None:
     """The optimizer flags (``--seed`` and ``--weight-decay`` only for train)."""
     o = p.add_argument_group("optimization")
-    if not sweep:
-        o.add_argument(
-            "--seed",
-            type=int,
-            default=DEFAULT_RUN.seed,
-            help="seed of the initialization and the batch order",
-        )
-        o.add_argument(
+    run = DEFAULT_RUN
+    flags = (
+        ("--seed", int, run.seed, "seed of the initialization and the batch order"),
+        (
             "--weight-decay",
-            type=float,
-            default=DEFAULT_RUN.weight_decay,
-            help="AdamW decoupled weight decay (weight matrices and embeddings)",
-        )
-    o.add_argument("--steps", type=int, default=DEFAULT_RUN.steps, help="optimizer steps")
-    o.add_argument(
-        "--batch-size", type=int, default=DEFAULT_RUN.batch_size, help="sequences per step"
+            float,
+            run.weight_decay,
+            "AdamW decoupled weight decay (weight matrices and embeddings)",
+        ),
+        ("--steps", int, run.steps, "optimizer steps"),
+        ("--batch-size", int, run.batch_size, "sequences per step"),
+        ("--lr", float, run.lr, "peak learning rate"),
+        ("--warmup-steps", int, run.warmup_steps, "linear warmup steps before the cosine decay"),
+        ("--min-lr-ratio", float, run.min_lr_ratio, "final learning rate as a fraction of --lr"),
+        ("--grad-clip", float, run.grad_clip, "clip each run's gradient norm to this (0 = off)"),
     )
-    o.add_argument("--lr", type=float, default=DEFAULT_RUN.lr, help="peak learning rate")
-    o.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=DEFAULT_RUN.warmup_steps,
-        help="linear warmup steps before the cosine decay",
-    )
-    o.add_argument(
-        "--min-lr-ratio",
-        type=float,
-        default=DEFAULT_RUN.min_lr_ratio,
-        help="final learning rate as a fraction of --lr",
-    )
-    o.add_argument(
-        "--grad-clip",
-        type=float,
-        default=DEFAULT_RUN.grad_clip,
-        help="clip each run's gradient norm to this (0 = off)",
-    )
+    _add_typed(o, flags, sweep)
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
     """Evaluation, checkpoints, device, resuming and the progress bar."""
     r = p.add_argument_group("evaluation, checkpoints, device")
-    r.add_argument(
-        "--eval-every",
-        type=int,
-        default=DEFAULT_RUN.eval_every,
-        help="evaluate every split every N steps (metrics.jsonl)",
+    run = DEFAULT_RUN
+    flags = (
+        ("--eval-every", int, run.eval_every, "evaluate every split every N steps (metrics.jsonl)"),
+        (
+            "--checkpoint-every",
+            int,
+            run.checkpoint_every,
+            "write a Hugging Face checkpoint every N steps (and at the end)",
+        ),
+        (
+            "--eval-train-samples",
+            int,
+            run.eval_train_samples,
+            "training sequences used to evaluate the train split",
+        ),
     )
-    r.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=DEFAULT_RUN.checkpoint_every,
-        help="write a Hugging Face checkpoint every N steps (and at the end)",
-    )
-    r.add_argument(
-        "--eval-train-samples",
-        type=int,
-        default=DEFAULT_RUN.eval_train_samples,
-        help="training sequences used to evaluate the train split",
-    )
+    _add_typed(r, flags)
     r.add_argument(
         "--no-eval-at-start",
         dest="eval_at_start",
@@ -317,15 +313,15 @@ def _add_run(p: argparse.ArgumentParser) -> None:
         help="forward precision: auto (bf16 autocast on CUDA, fp32 on CPU), fp32, or bf16 "
         "(autocast on CUDA and CPU); weights and AdamW moments stay float32",
     )
-    r.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="torch.use_deterministic_algorithms(True) while training (on CUDA also export "
-        "CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
+    switches = (
+        (
+            "--deterministic",
+            "torch.use_deterministic_algorithms(True) while training (on CUDA "
+            "also export CUBLAS_WORKSPACE_CONFIG=:4096:8); CPU runs are deterministic without it",
+        ),
+        ("--no-resume", "start over even if --out holds a checkpoint"),
     )
-    r.add_argument(
-        "--no-resume", action="store_true", help="start over even if --out holds a checkpoint"
-    )
+    _add_switches(r, switches)
     add_quiet(r, help="hide the progress bar", no_progress_alias=True)
 
 

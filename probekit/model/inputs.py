@@ -166,35 +166,30 @@ def default_labels(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool
 def check_layer(layer: Any, n_layers: int, what: str = "layer") -> int:
     """``layer`` as an int in ``0..n_layers-1``, or :class:`InputError` naming the problem
     (other types, ``True``/``False`` and floats included)."""
-    n = n_layers
-    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
-        raise InputError(
-            f"{what} {layer!r} is a {type(layer).__name__}, not an integer",
-            fix=f"pass a {what} index in 0..{n - 1}",
-        )
-    if not 0 <= int(layer) < n:
-        raise InputError(
-            f"{what} {layer!r} is outside the model's {n} layers",
-            fix=f"use a {what} index in 0..{n - 1}",
-        )
-    return int(layer)
+    return _check_index(layer, n_layers, what, "layers")
 
 
 def check_head(head: Any, n_heads: int) -> int | None:
     """``head`` as an int in ``0..n_heads-1``, ``None`` (all heads), or :class:`InputError`."""
     if head is None:
         return None
-    if isinstance(head, bool) or not hasattr(head, "__index__"):
+    return _check_index(head, n_heads, "head", "heads", ", or head=None for all heads")
+
+
+def _check_index(value: Any, n: int, what: str, unit: str, alternative: str = "") -> int:
+    """``value`` as an int in ``0..n-1`` (the model has ``n`` ``unit``), else :class:`InputError`
+    naming the problem; ``alternative`` ends the fix (another accepted value)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InputError(
-            f"head {head!r} is a {type(head).__name__}, not an integer",
-            fix=f"pass a head index in 0..{n_heads - 1}, or head=None for all heads",
+            f"{what} {value!r} is a {type(value).__name__}, not an integer",
+            fix=f"pass a {what} index in 0..{n - 1}{alternative}",
         )
-    if not 0 <= int(head) < n_heads:
+    if not 0 <= int(value) < n:
         raise InputError(
-            f"head {head} is outside the model's {n_heads} heads",
-            fix=f"use a head index in 0..{n_heads - 1}, or head=None for all heads",
+            f"{what} {value!r} is outside the model's {n} {unit}",
+            fix=f"use a {what} index in 0..{n - 1}{alternative}",
         )
-    return int(head)
+    return int(value)
 
 
 def probe_batch(n_ctx: int, d_vocab: int, device: torch.device) -> Batch:

@@ -68,17 +68,29 @@ def read_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(folder) / RUN_CONFIG
     if not path.is_file():
         return None
+    return read_json_object(
+        path,
+        unreadable=f"{path} is unreadable",
+        fix="delete the folder and train again, or pass an intact checkpoint",
+        holding="the settings of a run",
+        fix_holding="pass a checkpoint written by probekit train",
+    )
+
+
+def read_json_object(
+    path: Path, *, unreadable: str, fix: str, holding: str, fix_holding: str | None = None
+) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`CheckpointError` when the file cannot be read or
+    parsed (``unreadable``, then the error, and ``fix``) or holds something else than an object
+    (which should have been ``holding``; ``fix_holding``, default ``fix``)."""
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{path} is unreadable ({err})",
-            fix="delete the folder and train again, or pass an intact checkpoint",
-        ) from err
+        raise CheckpointError(f"{unreadable} ({err})", fix=fix) from err
     if not isinstance(stored, dict):
         raise CheckpointError(
-            f"{path} holds {type(stored).__name__}, not the settings of a run",
-            fix="pass a checkpoint written by probekit train",
+            f"{path} holds {type(stored).__name__}, not {holding}",
+            fix=fix if fix_holding is None else fix_holding,
         )
     return stored
 

