@@ -176,82 +176,74 @@ def headline_table(table: DiagnosesResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _depth_axis(results: Mapping[str, Mapping[str, Result]], analysis: str) -> bool:
-    """Whether models of different depths are drawn (then over relative depth)."""
-    depths = {
-        len(r[analysis].df["layer" if analysis == "contributions" else "depth"].unique())
-        for r in results.values()
-        if analysis in r
-    }
-    return len(depths) > 1
+def _headline_measure(result: Result) -> str:
+    """The measure a contributions result leads with (its summary's), else its first."""
+    return str(result.summary.get("measure") or result.df["measure"].iloc[0])
+
+
+def _contribution_profile(result: Result) -> tuple[Any, Any, int, float]:
+    """Whole-layer contributions of the headline measure: layers, values, layer count, and
+    the offset of a layer's point on a relative-depth axis (its middle)."""
+    df = result.df
+    part = df[(df["component"] == "layer") & (df["measure"] == _headline_measure(result))]
+    return part["layer"].to_numpy(), part["value"], part["layer"].nunique(), 0.5
+
+
+def _lens_profile(result: Result) -> tuple[Any, Any, int, float]:
+    """The logit lens's KL per depth: depths, values, layer count (the deepest depth), 0."""
+    part = result.df[result.df["measure"] == "kl"].sort_values("depth")
+    return part["depth"].to_numpy(), part["value"], max(int(part["depth"].max()), 1), 0.0
+
+
+def _overlay(
+    results: Mapping[str, Mapping[str, Result]],
+    analysis: str,
+    profile: Any,
+    title: str,
+    x_titles: tuple[str, str],
+    y_title: str,
+) -> go.Figure:
+    """One line per checkpoint of ``profile(result)`` (index, values, layers, offset) of its
+    ``analysis``; over relative depth ((index + offset) ÷ layers, ``x_titles[1]``) when the
+    checkpoints differ in depth, else over the index (``x_titles[0]``)."""
+    profiles = {n: profile(found[analysis]) for n, found in results.items() if analysis in found}
+    relative = len({profile[2] for profile in profiles.values()}) > 1
+    fig = go.Figure()
+    for i, (name, (x, y, n_layers, offset)) in enumerate(profiles.items()):
+        x = (x + offset) / n_layers if relative else x
+        color = figures.PALETTE[i % len(figures.PALETTE)]
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers", line={"color": color}))
+    figures.base_layout(fig, title, x_titles[relative], y_title)
+    if not relative:
+        most = max((profile[2] for profile in profiles.values()), default=1)
+        figures.integer_axis(fig, "x", n=most)
+    return fig
 
 
 def contribution_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
     """Each checkpoint's zero-ablation contribution of whole layers, one line each."""
-    relative = _depth_axis(results, "contributions")
-    fig = go.Figure()
-    for i, (name, found) in enumerate(results.items()):
-        if "contributions" not in found:
-            continue
-        res = found["contributions"]
-        measure = res.meta.get("measure") or res.df["measure"].iloc[0]
-        part = res.df[(res.df["component"] == "layer") & (res.df["measure"] == measure)]
-        layers, n = part["layer"].to_numpy(), part["layer"].nunique()
-        x = (layers + 0.5) / n if relative else layers
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=part["value"],
-                name=name,
-                mode="lines+markers",
-                line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
-            )
-        )
-    x_title = "relative depth ((layer + ½) ÷ layers)" if relative else "layer"
-    figures.base_layout(
-        fig,
-        "Zero-ablation contribution of each layer, per checkpoint",
-        x_title,
-        figures.words(_measure_of(results)),
+    measure = next(
+        (_headline_measure(f["contributions"]) for f in results.values() if "contributions" in f),
+        "value",
     )
-    if not relative:
-        figures.integer_axis(fig, "x", n=max((len(trace.x) for trace in fig.data), default=1))
-    return fig
-
-
-def _measure_of(results: Mapping[str, Mapping[str, Result]]) -> str:
-    for found in results.values():
-        if "contributions" in found:
-            res = found["contributions"]
-            return res.meta.get("measure") or str(res.df["measure"].iloc[0])
-    return "value"
+    return _overlay(
+        results,
+        "contributions",
+        _contribution_profile,
+        "Zero-ablation contribution of each layer, per checkpoint",
+        ("layer", "relative depth ((layer + ½) ÷ layers)"),
+        figures.words(measure),
+    )
 
 
 def lens_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
     """Each checkpoint's logit-lens KL from the final prediction per depth, one line each."""
-    relative = _depth_axis(results, "logit_lens")
-    fig = go.Figure()
-    for i, (name, found) in enumerate(results.items()):
-        if "logit_lens" not in found:
-            continue
-        df = found["logit_lens"].df
-        part = df[df["measure"] == "kl"].sort_values("depth")
-        depth, n = part["depth"].to_numpy(), max(int(part["depth"].max()), 1)
-        x = depth / n if relative else depth
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=part["value"],
-                name=name,
-                mode="lines+markers",
-                line={"color": figures.PALETTE[i % len(figures.PALETTE)]},
-            )
-        )
-    x_title = "relative depth (blocks read ÷ layers)" if relative else "blocks read (depth)"
-    return figures.base_layout(
-        fig,
+    return _overlay(
+        results,
+        "logit_lens",
+        _lens_profile,
         "Logit lens: KL divergence from the final prediction",
-        x_title,
+        ("blocks read (depth)", "relative depth (blocks read ÷ layers)"),
         "KL(final ‖ lens) (nats)",
     )
 
