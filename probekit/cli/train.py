@@ -64,9 +64,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=list(PRESETS),
         default=None,
         help="start from these settings (flags given on the command line override them): "
-        "cpu-reference is the README's CPU reference run, anchor_cpu_config (2 layers, d_model "
-        "64, 4 heads, 1500 steps of batch 256, lr 2.5e-3, weight decay 0.1); default: the "
-        "defaults shown below",
+        "cpu-reference is the documented CPU reference run (docs/results.md), "
+        "anchor_cpu_config (2 layers, d_model 64, 4 heads, 1500 steps of batch 256, lr 2.5e-3, "
+        "weight decay 0.1); default: the defaults shown below",
     )
     add_out(p, type=Path, help="output folder (created; an existing run there is resumed)")
     add_settings_flags(p, sweep=False)

@@ -43,7 +43,9 @@ BLOCK_KINDS = ("sum", "sandwich", "stream")
 UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(POST_NORM_SITES)}
 """The sites holding the attention and MLP updates of the block kinds that have them."""
 
-UNREADABLE_FIX = "use an architecture listed as supported in the README's architecture table"
+UNREADABLE_FIX = (
+    "use an architecture listed as supported in the architecture table (docs/architectures.md)"
+)
 """The fix every refusal of an unreadable block structure names."""
 
 
