@@ -41,6 +41,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
+from probekit.analyses._common import DataOrTask, result_meta
 from probekit.data import SolutionWording, TaskData, category_shares, task_data
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
 from probekit.model import Model, load
@@ -226,9 +227,13 @@ def _last_token_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict(model: Model, data: TaskData, batch_size: int = 1024) -> torch.Tensor:
-    """Argmax next-token predictions of ``model`` (a probekit ``Model``) on ``data``."""
+def predict(model: Model, data: TaskData, batch_size: int | None = None) -> torch.Tensor:
+    """Argmax next-token predictions of ``model`` (a probekit ``Model``) on ``data``, in
+    batches of ``batch_size`` sequences (``None``: the model's memory-bounded choice,
+    :meth:`~probekit.Model.default_batch_size`)."""
     out = []
+    if batch_size is None:
+        batch_size = model.default_batch_size(int(data.tokens.shape[-1]))
     for i in range(0, len(data), batch_size):
         tokens = data.tokens[i : i + batch_size].to(model.device)
         out.append(_last_token_logits(model, tokens).float().argmax(-1).cpu())
@@ -237,11 +242,11 @@ def predict(model: Model, data: TaskData, batch_size: int = 1024) -> torch.Tenso
 
 @torch.no_grad()
 def solution_types(
-    model: Any,
-    data: Any,
+    model: Model,
+    data: DataOrTask,
     *,
     memorizing_threshold: float = 0.9,
-    batch_size: int = 1024,
+    batch_size: int | None = None,
 ) -> SolutionResult:
     """Classify the solution a model found on a compositional task (see module docstring).
 
@@ -250,7 +255,10 @@ def solution_types(
         data: task data holding the seen and the held-out groups (e.g. the anchor task's
             ``task.solution_data()``), or a list of task data sets (concatenated).
         memorizing_threshold: seen-group accuracy below which the model is memorizing.
-        batch_size: sequences per forward.
+        batch_size: sequences per forward (``None``: the automatic, memory-bounded choice).
+
+    It reads the answer at the last position of each sequence (``positions="last"`` in its
+    meta), where a compositional task's answer is predicted; it takes no ``positions``.
     """
     task = _check_data(data, memorizing_threshold)
     handle = load(model)
@@ -264,7 +272,8 @@ def solution_types(
     rows = _group_rows(task, pred, held, classified) + _diff_rows(task, pred, held, reference)
     summary = _summary(task, pred, held, classified, memorizing_threshold)
     df = pd.DataFrame(rows, columns=["pair", "heldout", "n", "metric", "diff", "value"])
-    meta = {
+    meta = result_meta(handle, positions="last", batch_size=batch_size)
+    meta |= {
         "answer_offsets": _answer_offsets(task, held, reference),
         "memorizing_threshold": memorizing_threshold,
         "n_seen": int((~held).sum()),
