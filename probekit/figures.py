@@ -146,9 +146,30 @@ def log_axis(
         v = np.asarray(values, dtype=float)
         v = v[np.isfinite(v) & (v > 0)]
         if len(v) and np.log10(v.max() / v.min()) < 1.5:
-            ticks = {"nticks": 6, "tickformat": ".2~g", "dtick": None}
+            chosen = narrow_log_ticks(float(v.min()), float(v.max()))
+            text = [_short(t) for t in chosen]
+            ticks = {"tickmode": "array", "tickvals": chosen, "ticktext": text, "dtick": None}
+            ticks["tickformat"] = ".2~g"  # the labels above, written out the same way
     update(type="log", exponentformat="power", minor={"showgrid": True}, row=row, col=col, **ticks)
     return fig
+
+
+def _short(value: float) -> str:
+    """A tick label of two significant digits, written out (0.00025, 1.5, 120)."""
+    return np.format_float_positional(float(f"{value:.2g}"), trim="-")
+
+
+def narrow_log_ticks(low: float, high: float, n: int = 5) -> list[float]:
+    """About ``n`` ticks of two significant digits spread evenly in log space over
+    ``[low, high]`` (a range of less than a decade and a half, where plotly's own ticks crowd
+    their labels).
+
+    Example:
+        >>> narrow_log_ticks(0.7, 1.0)
+        [0.7, 0.77, 0.84, 0.91, 1.0]
+    """
+    spread = np.logspace(np.log10(low), np.log10(high), n)
+    return sorted({float(f"{t:.2g}") for t in spread})
 
 
 def _legend_entries(fig: go.Figure) -> list[str]:
@@ -445,6 +466,30 @@ def bars(
     )
     fig.update_layout(barmode="group")
     return base_layout(fig, title, x_title, y_title)
+
+
+def readable_labels(
+    x: Sequence[float], y: Sequence[float], labels: Sequence[str], gap: float = 0.04
+) -> list[str]:
+    """``labels`` thinned so that no two shown ones overlap: a label is kept (in the given
+    order) only when no kept label lies within ``gap`` of the plot's width and height of it;
+    the others are ``""`` (the point stays, its hover still names it).
+
+    Example:
+        >>> readable_labels([0.0, 0.001, 1.0], [0.0, 0.0, 1.0], ["a", "b", "c"])
+        ['a', '', 'c']
+    """
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    span_x = float(np.ptp(xs)) or 1.0
+    span_y = float(np.ptp(ys)) or 1.0
+    kept: list[tuple[float, float]] = []
+    shown = []
+    for px, py, label in zip(xs / span_x, ys / span_y, labels, strict=True):
+        free = all(abs(px - qx) > gap or abs(py - qy) > 1.25 * gap for qx, qy in kept)
+        shown.append(str(label) if free else "")
+        if free:
+            kept.append((px, py))
+    return shown
 
 
 def shade_second_half(fig: go.Figure, n_layers: int) -> go.Figure:

@@ -321,8 +321,7 @@ def _verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]
         ),
         _skip_line(n, {layer: loss_delta[layer] for layer in skippable}, clean_loss),
         _blocks_line(blocks, confidence),
-        f"The logit lens reaches the final prediction (KL < {lens.summary['kl_threshold']}) "
-        f"after {lens.summary['formed_at_depth']} of {n} blocks.",
+        _lens_line(lens, n),
     ]
     if "tuned_lens" in results:
         tuned = results["tuned_lens"].summary
@@ -365,6 +364,27 @@ def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, lis
         _blocks_line(swaps.summary["blocks"], swaps.boundary_confidence(), "rel_l2"),
     ]
     return headline, verdict
+
+
+def _lens_line(lens: Result, n: int) -> str:
+    """The logit-lens verdict by its stated criterion (the first depth whose mean KL from the
+    final prediction is below the threshold), with the top-k overlap the table shows there,
+    so a near-uniform model whose read-outs are close in KL but not in their top tokens is
+    not said to have formed its prediction early without that number beside it."""
+    s = lens.summary
+    formed, threshold, k = s["formed_at_depth"], s["kl_threshold"], s["k"]
+    if formed is None or (isinstance(formed, float) and math.isnan(formed)):
+        return (
+            f"The logit lens does not come within KL {threshold} of the final prediction "
+            f"before the last of {n} blocks."
+        )
+    part = lens.df[(lens.df["measure"] == "topk_overlap") & (lens.df["depth"] == formed)]
+    overlap = f"{float(part['value'].iloc[0]):.0%}" if len(part) else "n/a"
+    return (
+        f"The logit lens comes within KL {threshold} of the final prediction (mean over tokens) "
+        f"after {formed} of {n} blocks; there its top-{k} tokens overlap the final top-{k} by "
+        f"{overlap}."
+    )
 
 
 def _chance_warning(clean_loss: float, d_vocab: int) -> list[str]:

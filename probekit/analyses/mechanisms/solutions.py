@@ -117,7 +117,9 @@ class SolutionResult(Result):
         self._group_bars(fig, words)
         self._diff_bars(fig, words)
         figures.base_layout(fig, self._title(words), width=1150, height=440)
-        fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="normal")
+        # one column per legend group (seen, held-out, the difference), each under its title
+        fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="grouped")
+        fig.update_layout(legend_entrywidth=None, legend_tracegroupgap=40)
         fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
         fig.update_yaxes(title_text="fraction of held-out outputs", row=1, col=2)
         fig.update_xaxes(title_text=f"{words['group']} (seen, then held-out)", row=1, col=1)
@@ -175,6 +177,8 @@ class SolutionResult(Result):
                     y=list(counts.values),
                     name=f"held-out {words['group']} {group}",
                     marker_color=DIFF_COLORS[k % len(DIFF_COLORS)],
+                    legendgroup="difference",
+                    legendgrouptitle_text=f"prediction − {words['reference']}",
                     width=0.8,
                 ),
                 row=1,

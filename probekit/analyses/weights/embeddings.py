@@ -44,16 +44,17 @@ class EmbeddingMapResult(Result):
                 x=self.df.x,
                 y=self.df.y,
                 mode="markers+text",
-                text=self.df.token.astype(str),
+                text=figures.readable_labels(self.df.x, self.df.y, self.df.token.astype(str)),
+                customdata=self.df.token,
                 textposition="top center",
-                textfont={"size": 8},
+                textfont={"size": 9},
                 marker={
                     "color": self.df.token,
                     "colorscale": figures.SEQUENTIAL,
                     "size": 8,
                     "colorbar": {"title": {"text": "token id"}},
                 },
-                hovertemplate="token %{text}<extra></extra>",
+                hovertemplate="token %{customdata}<extra></extra>",
             )
         )
         s = self.summary
