@@ -254,7 +254,7 @@ def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
         result = analyse(
             run.checkpoint,
             out / run.name,
-            f"probekit demo: {run.name} model" + (" (smoke run)" if quick else ""),
+            f"probekit demo: {model_label(run.name)}" + (" (smoke run)" if quick else ""),
             n_bootstrap=10 if quick else 100,
             phases=phases,
             banner=QUICK_BANNER if quick else "",
@@ -281,6 +281,18 @@ _HEADLINE_ROWS = (
 )
 
 
+def model_label(name: str) -> str:
+    """A reference model named by what it is (its initialization), not by the solution it
+    is expected to find, which a short run may not reach.
+
+    Example:
+        >>> model_label("symmetric")
+        'γ 0.5 model (large initial weights)'
+    """
+    gamma = REFERENCE[name]
+    return f"γ {gamma} model ({'large' if gamma < 0.65 else 'small'} initial weights)"
+
+
 def _card(name: str, result: dict[str, Any]) -> str:
     """One model's column of the index: γ, headline numbers, key figure, verdict."""
     head = result["headline"]
@@ -298,9 +310,9 @@ def _card(name: str, result: dict[str, Any]) -> str:
     )
     items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
     return (
-        f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(name)} model</a></h2>"
-        f"<p>initialization rate γ = {REFERENCE[name]} "
-        f"({'large' if REFERENCE[name] < 0.65 else 'small'} initial weights)</p>"
+        f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(model_label(name))}"
+        f"</a></h2><p>found: <strong>{html.escape(str(head.get('solution')))}</strong> "
+        f"(the paper's reference model of this γ is {html.escape(name)}; folder {name}/)</p>"
         f"<table>{rows}</table><h3>Attention-edge knockout: the answer's probability when "
         f"the query position cannot attend to one role</h3>{plot}"
         f"<details><summary>Verdict</summary><ul>{items}</ul></details>"

@@ -21,9 +21,12 @@ from probekit.sources import check_path_names
 
 def print_demo_verdicts(summary: os.PathLike) -> None:
     """Print each demo model's verdict lines from the demo's summary.json."""
+    from probekit.demo import model_label  # after the demo ran: no import cost before it
+
     for name, value in json.loads(open(summary, encoding="utf-8").read()).items():
         if isinstance(value, dict) and "verdict" in value:
-            print(f"{name} model:")
+            found = value.get("solution", "see the verdict")
+            print(f"{name} model: {model_label(name)}, found {found}:")
             for line in value["verdict"]:
                 print(f"- {line}")
 
