@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.io import atomic_write_text, swapped_directory
+from probekit.progress import phase
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
 """Run name -> initialization rate gamma of the two reference models."""
@@ -82,9 +83,11 @@ class Phases:
         self.prefix, self.quiet = prefix, quiet
 
     def __call__(self, what: str, call: Callable[[], Any]) -> Any:
-        """Run ``call``, then print ``what`` and the seconds it took."""
+        """Run ``call`` under a live line naming ``what`` (its block passes counted), then
+        print ``what`` and the seconds it took."""
         start = time.perf_counter()
-        value = call()
+        with phase(f"{self.prefix}{what}", enabled=not self.quiet):
+            value = call()
         self.say(f"{what} ({time.perf_counter() - start:.1f} s)")
         return value
 

@@ -45,6 +45,7 @@ from probekit.errors import InputError
 from probekit.figures import swap_cost
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
+from probekit.progress import phase
 from probekit.report_text import conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, json_ready, layer_ranges, summary_table
 from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
@@ -271,7 +272,8 @@ def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Re
         for name, step in steps.items():
             if bar is not None:
                 bar.set_postfix_str(name)
-            results[name] = step()
+            with phase(name, enabled=progress):  # a live line of its block passes
+                results[name] = step()
             if bar is not None:
                 bar.update()
     finally:

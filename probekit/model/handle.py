@@ -45,6 +45,7 @@ from probekit.model.sites import (
 from probekit.model.structure import BlockStructure
 from probekit.model.trace import Trace, record_trace
 from probekit.numerics import all_finite
+from probekit.progress import advance
 
 
 class Model:
@@ -451,6 +452,7 @@ class Model:
 
     def forward(self, batch: Batch, fwd_hooks: HookList = ()) -> torch.Tensor:
         """Full forward of one prepared batch through the bridge; returns logits ``[B, T, V]``."""
+        advance(self.n_layers)  # its block passes, on a command's live progress line
         with self.hooks(fwd_hooks):
             return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
 
@@ -488,6 +490,7 @@ class Model:
         The returned :class:`Trace` resumes the forward from any layer without recomputing the
         blocks before it (see :meth:`Trace.resume`).
         """
+        advance(self.n_layers)  # its block passes, on a command's live progress line
         return record_trace(self, batch, fwd_hooks)
 
     # ---- the Hugging Face block path of hook-free resumes (probekit.model.hf_blocks) -----

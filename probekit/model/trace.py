@@ -23,6 +23,7 @@ from probekit.data import Batch
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model.sites import HookList, hook_name
 from probekit.numerics import all_finite
+from probekit.progress import advance
 
 if TYPE_CHECKING:
     from probekit.model.handle import Model
@@ -65,6 +66,7 @@ class Trace:
     ) -> list[torch.Tensor]:
         """``module`` run once on ``residuals`` stacked along the batch dimension with the
         clean ``call`` (its batch-sized tensors repeated); each variant's output."""
+        advance(len(residuals))  # the live progress line of a command, if one is open
         args, kwargs = call if len(residuals) == 1 else self._stacked(call, len(residuals))
         stacked = residuals[0] if len(residuals) == 1 else torch.cat(list(residuals))
         if args:
