@@ -56,7 +56,13 @@ _OPEN: ContextVar[Line | None] = ContextVar("probekit_progress_line", default=No
 def phase(
     what: str, *, unit: str = "block passes", enabled: bool = True, total: int | None = None
 ) -> Iterator[Line]:
-    """Show a live line naming ``what`` while the block runs; :func:`advance` counts on it."""
+    """Show a live line naming ``what`` while the block runs; :func:`advance` counts on it.
+    A phase that is not shown inside one that is counts on the outer line (the demo's
+    "depth diagnosis" line counts the passes of the quiet diagnosis inside it)."""
+    outer = _OPEN.get()
+    if not enabled and outer is not None:
+        yield outer
+        return
     line = Line(what, unit, enabled, total)
     token = _OPEN.set(line)
     try:
