@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -372,20 +373,54 @@ def write_image(
     """Write ``fig`` as PNG/SVG/PDF (by the suffix) with nothing clipped: at its own size, or
     laid out again (:func:`resize`) for a paper ``preset`` (``"one-column"``: 3.5 in,
     ``"two-column"``: 7 in wide) and rendered at ``dpi`` dots per inch, the height sized to
-    the content. Needs kaleido and a Chrome/Chromium.
-    """
+    the content. Needs kaleido and a Chrome/Chromium; :func:`write_images` writes several in
+    one browser session."""
+    return write_images([fig], [path], preset=preset, dpi=dpi)[0]
+
+
+def write_images(
+    figs: Sequence[go.Figure],
+    paths: Sequence[str | os.PathLike],
+    preset: str | None = None,
+    dpi: int = 300,
+) -> list[Path]:
+    """:func:`write_image` of each figure to its path, all in one browser session (the
+    caller's figures keep their sizes)."""
     import plotly.io as pio
 
-    fig = go.Figure(fig)  # a copy: the caller's figure keeps its size
-    scale = 1.0
-    if preset is not None:
-        width, _ = paper_size(preset)
-        resize(fig, width, aspect=PAPER_ASPECT)
-        # exactly inches x dpi pixels wide (a quarter pixel over, as the renderer rounds down)
-        scale = (PAPER_WIDTHS[preset] * dpi + 0.25) / width
-    width, height = int(fig.layout.width or 1000), int(fig.layout.height or 600)
-    pio.write_image(fig, str(path), width=width, height=height, scale=scale)
-    return Path(path)
+    copies, widths, heights, scales = [], [], [], []
+    for fig in figs:
+        fig = go.Figure(fig)
+        scale = 1.0
+        if preset is not None:
+            width, _ = paper_size(preset)
+            resize(fig, width, aspect=PAPER_ASPECT)
+            # exactly inches x dpi pixels wide (a quarter pixel over: the renderer rounds down)
+            scale = (PAPER_WIDTHS[preset] * dpi + 0.25) / width
+        copies.append(fig)
+        widths.append(int(fig.layout.width or 1000))
+        heights.append(int(fig.layout.height or 600))
+        scales.append(scale)
+    files = [str(p) for p in paths]
+    _retried(lambda: pio.write_images(copies, files, width=widths, height=heights, scale=scales))
+    return [Path(p) for p in paths]
+
+
+KALEIDO_TRIES = 3
+"""Attempts of one image export: kaleido's browser page can be asked to render before its
+scripts have loaded on a loaded machine ("kaleido_scopes is not defined"), a start-up race
+that a fresh attempt does not meet."""
+
+
+def _retried(export: Any) -> None:
+    """Run ``export``, again after kaleido's start-up race (see :data:`KALEIDO_TRIES`)."""
+    for attempt in range(KALEIDO_TRIES):
+        try:
+            export()
+            return
+        except Exception as err:  # kaleido's error classes are private to it
+            if "kaleido_scopes" not in str(err) or attempt == KALEIDO_TRIES - 1:
+                raise
 
 
 def heatmap(

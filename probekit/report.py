@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from probekit import figures
 from probekit.analyses import (
     contributions,
     gradient_norms,
@@ -798,21 +799,13 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
     """
     import tempfile
 
-    import plotly.io as pio
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = [f"{name}.{suffix}" for name in diagnosis.results for suffix in ("png", "svg")]
     figs = [_figure(name, diagnosis.results) for name in diagnosis.results for _ in ("png", "svg")]
-    # each figure's own size (kaleido renders at 700 x 500 unless told, clipping titles)
-    sizes = [(int(f.layout.width or 1000), int(f.layout.height or 600)) for f in figs]
+    # each figure at its own size (kaleido renders at 700 x 500 unless told, clipping titles)
     with tempfile.TemporaryDirectory(dir=out, prefix=".images.") as tmp:
-        pio.write_images(
-            fig=figs,
-            file=[Path(tmp) / name for name in names],
-            width=[w for w, _ in sizes],
-            height=[h for _, h in sizes],
-        )
+        figures.write_images(figs, [Path(tmp) / name for name in names])
         written = []
         for name in names:
             os.replace(Path(tmp) / name, out / name)

@@ -52,9 +52,10 @@ def test_paper_presets_fit_every_title(gpt2_report, tmp_path, preset):
     folder = gpt2_report.parent
     paper_width, _ = figures.paper_size(preset)
     parts = []
-    for name in ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens"):
-        fig = Result.load(folder / f"{name}.json").figure()
-        png = figures.write_image(fig, tmp_path / f"{name}.png", preset=preset, dpi=300)
+    names = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens")
+    loaded = [Result.load(folder / f"{name}.json").figure() for name in names]
+    pngs = figures.write_images(loaded, [tmp_path / f"{n}.png" for n in names], preset, dpi=300)
+    for fig, png in zip(loaded, pngs, strict=True):
         width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG header
         assert width == round(figures.PAPER_WIDTHS[preset] * 300)
         assert width * figures.PAPER_ASPECT / 2 < height < width * 1.6
@@ -64,3 +65,28 @@ def test_paper_presets_fit_every_title(gpt2_report, tmp_path, preset):
     figs, errors = open_page(tmp_path / "figures.html")
     assert errors == [] and len(figs) == 5
     assert figure_problems(figs) == []
+
+
+def test_an_export_retries_kaleidos_start_up_race_only(monkeypatch, tmp_path):
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from probekit import figures
+
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("ReferenceError: kaleido_scopes is not defined")
+
+    monkeypatch.setattr(pio, "write_images", flaky)
+    figures.write_image(go.Figure(go.Bar(x=[0], y=[1])), tmp_path / "a.png")
+    assert len(calls) == 2
+
+    def broken(*args, **kwargs):
+        raise ValueError("another problem")
+
+    monkeypatch.setattr(pio, "write_images", broken)
+    with pytest.raises(ValueError, match="another problem"):
+        figures.write_image(go.Figure(go.Bar(x=[0], y=[1])), tmp_path / "b.png")
