@@ -38,7 +38,7 @@ from probekit.errors import InputError
 from probekit.io import atomic_write_text
 from probekit.report import human_layers
 from probekit.result import Result
-from probekit.sources import data_source, default_data, steps_of
+from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
 
 HEADLINES = (
     ("second_half_share", "second-half share of the output change", "{:.1%}"),
@@ -97,8 +97,8 @@ def compare_checkpoints(
     text: str | None = None,
     dataset: Any = None,
     random_tokens: bool = False,
-    n_sequences: int = 32,
-    seq_len: int = 128,
+    n_sequences: int = N_SEQUENCES,
+    seq_len: int = SEQ_LEN,
     **options: Any,
 ) -> Path:
     """``probekit compare``/``timeline``'s work: the data :func:`~probekit.sources.
