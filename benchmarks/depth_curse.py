@@ -17,7 +17,7 @@ on half of the tokens). Writes ``results.json`` (all numbers, per-layer profiles
 ``contributions.png`` and ``lens.png`` into ``--out`` and prints the table.
 
 Usage:
-    python benchmarks/depth_curse.py --out runs/depth-curse --threads 1      # the README's run
+    python benchmarks/depth_curse.py --out runs/depth-curse --threads 1      # the docs' run
     python benchmarks/depth_curse.py --device cuda --layers 48 --d-model 256 --steps 20000 \\
         --batch-size 64 --seq-len 256 --out runs/depth-curse-gpu             # full size
     python benchmarks/depth_curse.py --quick --out /tmp/curse                # tiny smoke run

@@ -7,7 +7,7 @@ checkpoint every ``--save-every`` steps). Writes ``results.json`` and ``timeline
 ``--out``.
 
 Usage:
-    python benchmarks/growth_comparison.py --out runs/growth          # the README's comparison
+    python benchmarks/growth_comparison.py --out runs/growth          # the docs' comparison
     python benchmarks/growth_comparison.py --quick --out /tmp/g       # a shortened version
 """
 

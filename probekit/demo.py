@@ -7,7 +7,8 @@ pair, runs the mechanism analyses (attention-edge knockout by role, condensation
 the token-embedding map) and the depth-use diagnosis, and writes one report per model plus an
 index page to ``out`` (default ``./probekit-demo/``).
 
-From a shell: ``probekit demo`` (minutes on 2 CPU cores; see the README), or ``probekit demo
+From a shell: ``probekit demo`` (minutes on 2 CPU cores; docs/getting-started.md), or
+``probekit demo
 --quick``, a smoke run of the same pipeline on briefly trained models (its pages say so).
 
 Example:
@@ -53,7 +54,7 @@ QUICK_STEPS = 300
 
 
 def reference_configs(quick: bool = False) -> list[Any]:
-    """The trainer configs of the two reference models: ``anchor_cpu_config`` (README) at
+    """The trainer configs of the two reference models: ``anchor_cpu_config`` (docs/results.md) at
     gamma 0.5 and 0.8, seed 0; ``quick`` shrinks everything to a smoke run."""
     from probekit.anchor import AnchorTask, anchor_cpu_config
     from probekit.training.models import ModelConfig

@@ -335,7 +335,8 @@ REFUSED = {
     ),
     "granite_multipliers": ("Granite", _decoder(residual_multiplier=0.22, logits_scaling=8.0)),
 }
-"""Families the TransformerLens 4 bridge lists but probekit refuses at load (see the README)."""
+"""Families the TransformerLens 4 bridge lists but probekit refuses at load
+(docs/architectures.md)."""
 
 _HEADS = ("ForCausalLM", "ForMaskedLM", "LMHeadModel")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")

@@ -40,7 +40,7 @@ def anchor_model(n_layers: int, seed: int = 0) -> transformers.GPT2LMHeadModel:
 
 
 def _sweep() -> probekit.Result:
-    """A sweep table like `probekit sweep` writes (the README's phase-diagram grid)."""
+    """A sweep table like `probekit sweep` writes (the docs' phase-diagram grid)."""
     from probekit.anchor.sweep import SweepResult
 
     rows = []

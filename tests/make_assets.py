@@ -1,10 +1,10 @@
-"""Redraw the README's images (assets/*.png) with the current figure code.
+"""Redraw the docs' images (assets/*.png) with the current figure code.
 
     probekit demo --out runs/demo --no-images        # the two anchor models (saved results)
     python -m tests.make_assets --demo runs/demo     # redraws the images below
 
 Sources: the demo folder's saved results (``<model>/<analysis>.json``) for the anchor images,
-``assets/phase-sweep-results.csv`` (the README's sweep) for the phase diagram and
+``assets/phase-sweep-results.csv`` (the docs' sweep) for the phase diagram and
 ``assets/growth-comparison.json`` (benchmarks/growth_comparison.py) for the second-half share
 along training. ``--growth DIR`` (a growth_comparison ``--out`` folder, with its checkpoints)
 redraws the language-model contribution and swap images as well.

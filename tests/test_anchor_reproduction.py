@@ -1,9 +1,9 @@
-"""The CPU reproductions of the README: large init -> symmetric, small init -> inferential.
+"""The CPU reproductions of docs/results.md: large init -> symmetric, small init -> inferential.
 
 Slow: ``pytest -m slow tests/test_anchor_reproduction.py``. The first test is the seed-0 table
 (two ~5 minute runs on one free core), measured with the task rules before ``key_split``
 existed (``probekit_v1``: bit-identical to that data). The second trains three seeds, each
-resampling data and init (``task_seed`` follows the seed), with setting 0 of the README's
+resampling data and init (``task_seed`` follows the seed), with setting 0 of the docs'
 seed search (about 17 minutes a seed on one free core).
 """
 
@@ -54,7 +54,7 @@ def test_large_init_is_symmetric_small_init_is_inferential(tmp_path: Path) -> No
     assert rs.summary["heldout_inferential"] == pytest.approx(fs["test_task_inferential"])
 
 
-#: setting 0 of the README's seed search (``benchmarks/anchor_seeds.py`` with
+#: setting 0 of the docs' seed search (``benchmarks/anchor_seeds.py`` with
 #: ``--n-heads 1 --init-scheme official --steps 2000``): official split and init, one head
 SEED_GAMMAS = (0.3, 0.8)  # large, small init
 SEEDS = (0, 1, 2)
@@ -77,7 +77,7 @@ def seed_configs(seed: int) -> list:
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="documented negative result (README, seed search): no "
+    reason="documented negative result (docs, seed search): no "
     "CPU setting tried makes small init inferential in 3/3 seeds",
 )
 def test_three_seeds_large_symmetric_small_inferential(tmp_path: Path) -> None:

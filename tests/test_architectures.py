@@ -1,7 +1,7 @@
 """Every architecture family TransformerLens 4 and transformers 5 both support, built offline
 from a tiny config (3 layers, d_model 32, vocabulary 64, 8 tokens), checked against independent
 plain Hugging Face references (tests/reference.py: layers physically deleted / reordered /
-truncated, sublayers silenced with torch hooks). The README's architecture table states what
+truncated, sublayers silenced with torch hooks). The docs' architecture table states what
 these tests show; families probekit cannot read correctly must be refused at load.
 """
 
@@ -237,7 +237,7 @@ REFUSED_BECAUSE = {
     "opt_projected": "cannot run a OPTForCausalLM forward .*ln_final",
     "granite_multipliers": "do not write to the residual stream",
 }
-"""Why each family is refused (the README's architecture table)."""
+"""Why each family is refused (the docs' architecture table)."""
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -2,7 +2,7 @@
 needs: a title, every axis titled, layer axes on integer ticks, legends and colour bars in
 words, the legend below the axes (never over a subplot title), readable log axes, at most
 1200 pixels wide. To look at the figures themselves: ``python -m tests.figure_gallery --out
-DIR`` (PNGs); the README's images: ``python -m tests.make_assets``.
+DIR`` (PNGs); the docs' images: ``python -m tests.make_assets``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Half precision: checkpoints load in their stored dtype, measures accumulate in float64 and
-agree with the float32 copy within the README's stated tolerance, nothing overflows to NaN."""
+agree with the float32 copy within the docs' stated tolerance, nothing overflows to NaN."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.conftest import family_tokens, make_family
 HALF = (torch.bfloat16, torch.float16)
 TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.01}
 """Largest difference to the float32 copy, as a fraction of the measure's largest value over
-layers, or for loss differences of 1% of the clean loss where that is larger (README, "Half
+layers, or for loss differences of 1% of the clean loss where that is larger (docs, "Half
 precision"); post-norm models (BERT) get twice as much."""
 
 

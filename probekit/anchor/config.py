@@ -207,7 +207,7 @@ def anchor_cpu_config(gamma: float, seed: int = 0, **overrides: Any) -> TrainCon
     steps, cosine to 0, weight decay 0.1), 20000 training sequences. ``overrides`` replace
     any TrainConfig field.
 
-    The task keeps the key split these settings were tuned and the README's demo measured
+    The task keeps the key split these settings were tuned and the docs' demo measured
     with, ``key_split="probekit_v1"`` (test keys x mod 7 == p): with the official split
     (``"complexity_control"``, x mod 9 == p) the large-initialization model of this size
     answers inferentially too (73.6% inferential at gamma 0.5, seed 0), so the demo would show
