@@ -8,8 +8,8 @@ the token-embedding map) and the depth-use diagnosis, and writes one report per 
 index page to ``out`` (default ``./probekit-demo/``).
 
 From a shell: ``probekit demo`` (minutes on 2 CPU cores; docs/getting-started.md), or
-``probekit demo
---quick``, a smoke run of the same pipeline on briefly trained models (its pages say so).
+``probekit demo --quick``, a smoke run of the same pipeline on briefly trained models (its
+pages say so).
 
 Example:
     >>> [(config.name, config.model.gamma) for config in reference_configs(quick=True)]
