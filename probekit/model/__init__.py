@@ -29,10 +29,9 @@ Example:
     (2, 32, True)
 """
 
-import importlib
-from typing import Any
+from probekit.lazy import lazy_exports
 
-_EXPORTS: dict[str, str] = {
+_MODULES: dict[str, str] = {
     "estimate_parameters": "checkpoint",
     "from_pretrained_complete": "checkpoint",
     "stored_dtype": "checkpoint",
@@ -52,25 +51,19 @@ _EXPORTS: dict[str, str] = {
     "BlockStructure": "structure",
     "Trace": "trace",
 }
-"""Public name -> the module of this package it lives in, imported on first use: importing
-one light module (:mod:`~probekit.model.hub`, whose Hub names the command line resolves before
-torch loads) does not import torch and transformers."""
 
-# General numerics live in probekit.numerics; these two names are kept here for callers that
-# imported them from probekit.model before it became a package.
-_NUMERICS = ("all_finite", "available_memory")
+_EXPORTS: dict[str, str] = {
+    **{name: f"probekit.model.{module}" for name, module in _MODULES.items()},
+    # general numerics live in probekit.numerics; kept here for callers that imported them
+    # from probekit.model before it became a package
+    "all_finite": "probekit.numerics",
+    "available_memory": "probekit.numerics",
+}
+"""Public name -> the module it lives in, imported on first use: importing one light module
+(:mod:`~probekit.model.hub`, whose Hub names the command line resolves before torch loads)
+does not import torch and transformers."""
 
-
-def __getattr__(name: str) -> Any:
-    if name in _NUMERICS:
-        value = getattr(importlib.import_module("probekit.numerics"), name)
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(f"probekit.model.{_EXPORTS[name]}"), name)
-    else:
-        raise AttributeError(f"module 'probekit.model' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "BLOCK_KINDS",
