@@ -36,8 +36,7 @@ from probekit import figures
 from probekit.cluster import DiagnosesResult, diagnose_many
 from probekit.errors import InputError
 from probekit.io import atomic_write_text
-from probekit.report import human_layers
-from probekit.result import Result
+from probekit.result import Result, layer_ranges
 from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
 
 HEADLINES = (
@@ -309,7 +308,7 @@ def _blocks(found: Mapping[str, Result]) -> str:
     swaps = found.get("layer_swaps")
     if swaps is None:
         return "n/a"
-    return "; ".join(human_layers(a, b) for a, b in swaps.summary["blocks"]) or "none"
+    return layer_ranges(swaps.summary["blocks"])
 
 
 __all__ = ["compare", "compare_checkpoints", "comparison_page", "headline_table"]

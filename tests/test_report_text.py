@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from probekit.report import _blocks_line, diagnose, write_report
+from probekit.report import diagnose, write_report
 from probekit.toy import toy_model, toy_tokens
+from probekit.verdict import blocks_line
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +29,9 @@ def test_reference_range_for_deeper_pre_ln_models():
 
 
 def test_block_wording():
-    alone = _blocks_line([(0, 1), (1, 2)], {1: 1.0})
+    alone = blocks_line([(0, 1), (1, 2)], {1: 1.0})
     assert alone.startswith("No permutable block") and "0; 1" not in alone
-    wide = _blocks_line([(0, 8), (8, 12)], {8: 0.9})
+    wide = blocks_line([(0, 8), (8, 12)], {8: 0.9})
     assert "layers 0–7; layers 8–11" in wide and "before layer 8: 90%" in wide
 
 
