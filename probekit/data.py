@@ -112,11 +112,31 @@ def _opt(x: Any) -> torch.Tensor | None:
     return None if x is None else _tensor(x)
 
 
+def check_batch_size(batch_size: Any) -> None:
+    """``batch_size`` must be ``None`` (the automatic choice) or a whole count of at least 1.
+
+    Example:
+        >>> check_batch_size(2.5)
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: batch_size=2.5 is not a whole count of sequences. Fix: \
+pass batch_size=None (the automatic choice) or an integer of at least 1.
+    """
+    if batch_size is None:
+        return
+    if isinstance(batch_size, bool) or not hasattr(batch_size, "__index__") or batch_size < 1:
+        raise InputError(
+            f"batch_size={batch_size!r} is not a whole count of sequences",
+            fix="pass batch_size=None (the automatic choice) or an integer of at least 1",
+        )
+
+
 def as_batches(data: Data, batch_size: int | None = None) -> list[Batch]:
     """Normalise any accepted data form into a list of :class:`Batch`.
 
     ``batch_size`` splits each batch further into chunks of at most that many sequences.
     """
+    check_batch_size(batch_size)
     if isinstance(data, list) or (
         isinstance(data, Iterable) and not isinstance(data, torch.Tensor | Mapping | tuple | Batch)
     ):

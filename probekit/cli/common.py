@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from typing import Any
 
 from probekit.errors import ConfigError, InputError
@@ -97,6 +98,10 @@ def add_threads(parser: Flags) -> None:
     )
 
 
+MAX_THREADS = 4096
+"""The most CPU threads ``--threads`` takes (torch overflows on absurd counts)."""
+
+
 def set_threads(threads: int | None) -> None:
     """Apply ``--threads`` (None: leave torch's choice); torch is imported only to set it."""
     if threads is None:
@@ -104,6 +109,11 @@ def set_threads(threads: int | None) -> None:
     if threads < 1:
         raise InputError(
             f"--threads {threads} is not a positive count", fix="pass --threads 1 or more"
+        )
+    if threads > MAX_THREADS:
+        raise InputError(
+            f"--threads {threads} is more than {MAX_THREADS}",
+            fix=f"pass at most {MAX_THREADS} (this machine has {os.cpu_count()} CPUs)",
         )
     import torch
 

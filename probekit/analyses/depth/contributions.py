@@ -164,6 +164,8 @@ def contributions(
     # 63 lines long: 15 are the signature and 26 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
+    if not list(components):
+        raise InputError("components=[] asks for no component", fix=f"use some of {COMPONENTS}")
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")

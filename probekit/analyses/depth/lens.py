@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 import torch
@@ -153,6 +155,13 @@ def logit_lens(
     shared = make_shared(model, cache)
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
+    if not (isinstance(kl_threshold, int | float) and math.isfinite(kl_threshold)) or not (
+        kl_threshold > 0
+    ):
+        raise InputError(
+            f"kl_threshold={kl_threshold!r} is not a positive finite KL (nats)",
+            fix="pass e.g. kl_threshold=0.1",
+        )
     check_convention(convention)
     reduction = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
     first = 0

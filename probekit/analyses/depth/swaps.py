@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from itertools import combinations
@@ -293,6 +294,33 @@ def _bootstrap(
     return boundary_counts, (np.array(replicates) if n_bootstrap else None)
 
 
+def _check_swap_settings(blocks: object, tolerance: object, n_layers: int) -> None:
+    """Given blocks must be ranges inside the model's layers; a tolerance finite and >= 0."""
+    if tolerance is not None and (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, int | float)
+        or not math.isfinite(tolerance)
+        or tolerance < 0
+    ):
+        raise InputError(
+            f"tolerance={tolerance!r} is not a finite cost change of at least 0",
+            fix="pass None (2% of the clean cost) or a number such as 0.05",
+        )
+    if blocks is None or isinstance(blocks, str):
+        return
+    for block in blocks:
+        pair = tuple(block) if isinstance(block, list | tuple) else ()
+        whole = len(pair) == 2 and all(
+            hasattr(v, "__index__") and not isinstance(v, bool) for v in pair
+        )
+        if not whole or not 0 <= pair[0] < pair[1] <= n_layers:
+            raise InputError(
+                f"block {block!r} is not a half-open layer range [start, stop) of the model's "
+                f"{n_layers} layers",
+                fix=f"give ranges with 0 <= start < stop <= {n_layers}, e.g. (0, 2)",
+            )
+
+
 def _check_swap_options(bootstrap_unit: str, blocks: object, n_bootstrap: int) -> None:
     if bootstrap_unit not in ("sequence", "batch"):
         raise InputError(
@@ -363,6 +391,7 @@ def layer_swaps(
     # the body is one pipeline (check, measure, bootstrap, table).
     model = load(model)
     _check_swap_options(bootstrap_unit, blocks, n_bootstrap)
+    _check_swap_settings(blocks, tolerance, model.n_layers)
     variants = _variant_orders(model.n_layers, pairs)
     shared = make_shared(model, cache)
     batches = model.prepare(data, batch_size)

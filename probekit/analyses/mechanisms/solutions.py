@@ -42,7 +42,13 @@ from plotly.subplots import make_subplots
 
 from probekit import figures
 from probekit.analyses._common import DataOrTask, result_meta
-from probekit.data import SolutionWording, TaskData, category_shares, task_data
+from probekit.data import (
+    SolutionWording,
+    TaskData,
+    category_shares,
+    check_batch_size,
+    task_data,
+)
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
 from probekit.model import Model, load
 from probekit.result import Result
@@ -236,6 +242,7 @@ def predict(model: Model, data: TaskData, batch_size: int | None = None) -> torc
     batches of ``batch_size`` sequences (``None``: the model's memory-bounded choice,
     :meth:`~probekit.Model.default_batch_size`)."""
     out = []
+    check_batch_size(batch_size)
     if batch_size is None:
         batch_size = model.default_batch_size(int(data.tokens.shape[-1]))
     for i in range(0, len(data), batch_size):

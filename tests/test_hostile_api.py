@@ -1,0 +1,60 @@
+"""Hostile arguments to the analyzers and the command line end as one ProbekitError naming the
+problem and the fix, before any work: no raw error, no clamped range, no NaN in a summary."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import probekit
+from probekit.cli import main
+from probekit.errors import InputError
+from probekit.toy import toy_hf_model, toy_tokens
+
+
+@pytest.fixture(scope="module")
+def model():
+    return probekit.load(toy_hf_model("gpt2", n_layers=3))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, t: probekit.logit_lens(m, t, kl_threshold=math.nan), "kl_threshold=nan"),
+        (lambda m, t: probekit.logit_lens(m, t, kl_threshold=-1.0), "positive finite KL"),
+        (lambda m, t: probekit.contributions(m, t, components=[]), "asks for no component"),
+        (lambda m, t: probekit.layer_swaps(m, t, blocks=[(0, 5)]), "block (0, 5) is not"),
+        (lambda m, t: probekit.layer_swaps(m, t, blocks=[(2, 2)]), "block (2, 2) is not"),
+        (lambda m, t: probekit.layer_swaps(m, t, tolerance=math.nan), "tolerance=nan"),
+        (lambda m, t: probekit.layer_swaps(m, t, tolerance=-1), "tolerance=-1"),
+        (lambda m, t: probekit.contributions(m, t, batch_size=0), "batch_size=0"),
+        (lambda m, t: probekit.contributions(m, t, batch_size=2.5), "batch_size=2.5"),
+        (lambda m, t: probekit.residual_stats(m, t, batch_size=True), "batch_size=True"),
+    ],
+)
+def test_bad_arguments_are_named_with_their_fix(model, call, message):
+    with pytest.raises(InputError, match="Fix:") as info:
+        call(model, toy_tokens())
+    assert message in str(info.value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(start=st.integers(-2, 5), stop=st.integers(-2, 5))
+def test_a_given_block_is_a_range_inside_the_model_or_refused(model, start, stop):
+    if 0 <= start < stop <= model.n_layers:
+        res = probekit.layer_swaps(model, toy_tokens(), blocks=[(start, stop)], n_bootstrap=0)
+        assert res.df is not None
+    else:
+        with pytest.raises(InputError, match="half-open layer range"):
+            probekit.layer_swaps(model, toy_tokens(), blocks=[(start, stop)], n_bootstrap=0)
+
+
+@pytest.mark.parametrize("threads", ["0", "1000000000000", "-3"])
+def test_absurd_thread_counts_are_one_line(capsys, tmp_path, threads):
+    argv = ["diagnose", str(tmp_path), "--out", str(tmp_path / "r"), "--threads", threads]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--threads" in err and "Traceback" not in err
