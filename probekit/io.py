@@ -18,6 +18,40 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def read_regular_file(path: str | os.PathLike, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (after links), refusing a pipe, device or
+    directory (reading one would block or never end) and a file over ``limit`` bytes, each
+    with one :class:`~probekit.errors.CheckpointError` naming ``what`` the file should be.
+
+    Example:
+        >>> read_regular_file("/dev/zero", 10, "a result file")
+        Traceback (most recent call last):
+        ...
+        probekit.errors.CheckpointError: /dev/zero is not a regular file (a pipe, device or \
+folder), so it cannot be a result file. Fix: pass the file itself.
+    """
+    import stat
+
+    from probekit.errors import CheckpointError
+
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise CheckpointError(f"cannot read {path} ({err.strerror or err})") from err
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(
+            f"{path} is not a regular file (a pipe, device or folder), so it cannot be {what}",
+            fix="pass the file itself",
+        )
+    if info.st_size > limit:
+        raise CheckpointError(
+            f"{path} holds {info.st_size} bytes, more than {what} of probekit's can ({limit})",
+            fix="pass the file probekit wrote",
+        )
+    with open(path, "rb") as handle:
+        return handle.read(limit + 1)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)

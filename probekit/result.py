@@ -22,12 +22,13 @@ import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar
+from zipfile import BadZipFile
 
 import numpy as np
 import pandas as pd
 
 from probekit.errors import CheckpointError
-from probekit.io import atomic_write_bytes, atomic_write_text
+from probekit.io import atomic_write_bytes, atomic_write_text, read_regular_file
 
 SIDECAR_CELLS = 20_000
 """A table with more cells than this keeps its numeric columns in a ``.npz`` beside the JSON."""
@@ -153,15 +154,14 @@ class Result:
     def load(cls, path: str | os.PathLike) -> Result:
         """Read a result saved by :meth:`save`, returning an instance of the saved class."""
         path = Path(path)
+        raw = read_regular_file(path, RESULT_FILE_BYTES, "a probekit result file")
         try:
-            payload = json.loads(path.read_text())
-            if not isinstance(payload, dict):
-                raise ValueError(f"the file holds a JSON {type(payload).__name__}, not an object")
+            payload = _checked_payload(json.loads(raw))
             kind = payload["kind"]
             df = _read_table(payload["df"], path)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, BadZipFile) as err:
             raise CheckpointError(
-                f"cannot read a probekit result from {path} ({err})",
+                f"cannot read a probekit result from {path} ({str(err)[:300]})",
                 fix="pass a file written by Result.save()",
             ) from err
         klass = result_class(kind, path)
@@ -200,6 +200,44 @@ def result_class(kind: Any, path: str | os.PathLike = "the file") -> type[Result
     return klass
 
 
+RESULT_FILE_BYTES = 1 << 30
+"""The largest result JSON (or its .npz) :meth:`Result.load` reads: far above what probekit
+writes, and a bound that a device file or a runaway file cannot pass."""
+
+
+def _checked_payload(payload: Any) -> dict[str, Any]:
+    """The saved object, checked against the shape :meth:`Result.save` writes: ``summary`` and
+    ``meta`` objects, a ``df`` whose ``columns`` list names each column's ``dtypes`` string
+    and, for columns kept in the JSON, a list of ``data`` values of one common length."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"the file holds a JSON {type(payload).__name__}, not an object")
+    for key in ("kind", "summary", "meta", "df"):
+        if key not in payload:
+            raise ValueError(f"it has no {key!r} entry")
+    for key in ("summary", "meta", "df"):
+        if not isinstance(payload[key], dict):
+            raise ValueError(f"its {key!r} is a {type(payload[key]).__name__}, not an object")
+    table = payload["df"]
+    if "schema" in table:  # the older pandas table JSON, read by pandas
+        return payload
+    columns, dtypes, data = table.get("columns"), table.get("dtypes"), table.get("data")
+    if not isinstance(columns, list) or not isinstance(dtypes, dict) or not isinstance(data, dict):
+        raise ValueError("its 'df' lacks the columns list, dtypes object or data object")
+    lengths = set()
+    for name in columns:
+        if not isinstance(dtypes.get(name), str):
+            raise ValueError(f"column {name!r} has no dtype string")
+        if name in data:
+            if not isinstance(data[name], list):
+                raise ValueError(f"column {name!r} is not a list of values")
+            lengths.add(len(data[name]))
+        elif "npz" not in table:
+            raise ValueError(f"column {name!r} has no values")
+    if len(lengths) > 1:
+        raise ValueError(f"its columns have different lengths {sorted(lengths)} (a cut file?)")
+    return payload
+
+
 def _numeric_columns(df: pd.DataFrame) -> list[Any]:
     """The columns of ``df`` a ``.npz`` holds exactly: plain numpy numbers and booleans."""
     return [
@@ -229,8 +267,14 @@ def _read_table(table: dict[str, Any], path: Path) -> pd.DataFrame:
     columns: dict[str, Any] = {}
     arrays = {}
     if "npz" in table:
-        with np.load(path.parent / table["npz"], allow_pickle=False) as npz:
+        if not isinstance(table["npz"], str) or Path(table["npz"]).name != table["npz"]:
+            raise ValueError(f"its npz entry {table['npz']!r} is not a file name beside it")
+        binary = read_regular_file(path.parent / table["npz"], RESULT_FILE_BYTES, "an .npz")
+        with np.load(io.BytesIO(binary), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
+        lengths = {len(a) for a in arrays.values()} | {len(v) for v in table["data"].values()}
+        if len(lengths) > 1:
+            raise ValueError(f"the JSON and its .npz hold columns of lengths {sorted(lengths)}")
     for name in table["columns"]:
         dtype = table["dtypes"][name]
         if name in arrays:

@@ -58,3 +58,64 @@ def test_absurd_thread_counts_are_one_line(capsys, tmp_path, threads):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--threads" in err and "Traceback" not in err
+
+
+def _saved(tmp_path, n: int = 30_000) -> tuple:
+    """A real result saved with its .npz sidecar (a large table) and its JSON payload."""
+    import json
+
+    import pandas as pd
+
+    from probekit.result import Result
+
+    table = pd.DataFrame({"layer": range(n), "value": [0.5] * n, "name": ["x"] * n})
+    path = Result(table, {"total": 1.0}).save(tmp_path / "r.json")
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: p.update(summary=[1, 2]), "'summary' is a list"),
+        (lambda p: p.pop("summary"), "no 'summary' entry"),
+        (lambda p: p.update(meta="text"), "'meta' is a str"),
+        (lambda p: p["df"]["dtypes"].update(name=5), "column 'name' has no dtype string"),
+        (lambda p: p["df"]["data"].update(name=["x"]), "lengths"),
+        (lambda p: p["df"].update(npz="../elsewhere.npz"), "not a file name beside it"),
+    ],
+)
+def test_a_hand_edited_result_file_is_refused_by_name(tmp_path, damage, message):
+    import json
+
+    from probekit.errors import CheckpointError
+    from probekit.result import Result
+
+    path, payload = _saved(tmp_path)
+    damage(payload)
+    path.write_text(json.dumps(payload))
+    with pytest.raises(CheckpointError, match="cannot read a probekit result") as info:
+        Result.load(path)
+    assert message in str(info.value)
+
+
+def test_deep_truncated_fifo_and_device_result_files_are_refused(tmp_path):
+    import os
+
+    from probekit.errors import CheckpointError
+    from probekit.result import Result
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    path, _ = _saved(tmp_path)
+    npz = path.with_suffix(".npz")
+    npz.write_bytes(npz.read_bytes()[:100])  # a truncated sidecar
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for bad, message in (
+        (deep, "cannot read a probekit result"),
+        (path, "cannot read a probekit result"),
+        (fifo, "not a regular file"),
+        ("/dev/zero", "not a regular file"),
+    ):
+        with pytest.raises(CheckpointError, match=message):
+            Result.load(bad)

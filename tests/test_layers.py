@@ -46,9 +46,10 @@ def _lint_imports() -> Path:
 
 @pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_holds(contract):
-    """The layers (cli > demo > report > sources > run_folders > anchor > training > tasks >
-    analyses > interventions > toy > model > data | result | figures > io | errors) and no
-    cycles between siblings."""
+    """The layers (cli > demo | compare > cluster > report > report_text | verdict > sources >
+    run_folders > anchor > training > tasks > analyses > interventions > toy > model > data |
+    result | figures > numerics > io | lazy | progress > errors) and no cycles between
+    siblings."""
     done = subprocess.run(
         [str(_lint_imports()), "--no-cache", "--no-logo", "--contract", contract],
         cwd=ROOT,
