@@ -37,7 +37,10 @@ folder), so it cannot be a result file. Fix: pass the file itself.
     try:
         info = os.stat(path)
     except OSError as err:
-        raise CheckpointError(f"cannot read {path} ({err.strerror or err})") from err
+        raise CheckpointError(
+            f"cannot read {path} ({err.strerror or err})",
+            fix=f"check the path; it should be {what}",
+        ) from err
     if not stat.S_ISREG(info.st_mode):
         raise CheckpointError(
             f"{path} is not a regular file (a pipe, device or folder), so it cannot be {what}",
