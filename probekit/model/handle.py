@@ -8,12 +8,11 @@ inputs, output head, Hugging Face block path, trace); the methods here are the p
 over them. Analyzers only use the handle's methods and the canonical hook names it returns.
 
 Example:
-    >>> import probekit, transformers
-    >>> hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-    ...     vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4))
-    >>> model = probekit.load(hf)
-    >>> model.n_layers, model.d_model, model.is_causal
-    (2, 32, True)
+    >>> from probekit.toy import toy_model, toy_tokens
+    >>> model = toy_model("llama", n_layers=2)
+    >>> [batch] = model.prepare(toy_tokens(2, 5))
+    >>> model.architecture, model.forward(batch).shape[-1] == model.d_vocab
+    ('LlamaForCausalLM', True)
 """
 
 from __future__ import annotations
