@@ -166,7 +166,7 @@ class SwapResult(Result):
                     showarrow=False,
                     font={"size": 10},
                 )
-        return fig
+        return figures.fit_top(fig)  # room above the plot for the confidences and the title
 
 
 def _variant_orders(
