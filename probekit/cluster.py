@@ -187,6 +187,8 @@ def diagnose_many(
             if written is not None:
                 headlines[name] = written
     todo = [n for n in names if n not in headlines]
+    if executor == "local":  # each diagnosis's analyses get their live lines here
+        options = {"progress": progress, **options}
     jobs = [(n, checkpoints[n], data, out / n, options) for n in todo]
 
     def done(i: int, value: Any) -> None:

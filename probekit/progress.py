@@ -1,33 +1,47 @@
-"""A live line for long work: what runs now and how far it is, on stderr.
+"""A live line for long work: what runs now, how far it is and when it ends, on stderr.
 
 A command opens a :func:`phase` around each piece of work (an analysis of ``probekit
-diagnose``, a phase of the demo); the work counts its steps with :func:`advance`, which costs
-one context-variable read when no phase is open. Every intervention's resumed blocks pass
-through :meth:`probekit.model.Trace.run_module`, which advances by the block passes it runs, so
-each analysis shows how many block passes it has done and at what rate while it runs, without
-an analyzer knowing about progress. ``enabled=False`` (``--quiet``) shows nothing.
+diagnose``, a phase of the demo). Two counts feed its line:
+
+- **block passes**: every intervention's resumed blocks pass through
+  :meth:`probekit.model.Trace.run_module`, which calls :func:`advance`, so each phase shows how
+  many block passes it has done and at what rate, without an analyzer knowing about progress;
+- **variants**: an analyzer that knows how much it will run says so once with :func:`expect`
+  (``expect(30, "variants")``: 10 layers x 3 components) and counts each one done with
+  :func:`step`; the line then reads ``12/30 variants [00:10<00:15 ...]``, that is done / total,
+  the time so far and the estimated time left, with the block passes beside it.
+
+Both cost one context-variable read when no phase is open. ``enabled=False`` (``--quiet``)
+shows nothing.
 
 Example:
     >>> with phase("counting", enabled=False) as line:
+    ...     expect(2, "variants")
     ...     advance(3)
-    ...     advance()
-    >>> line.done
-    4
+    ...     step()
+    >>> line.done, line.steps, line.total
+    (3, 1, 2)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Line:
-    """One phase's live line (a tqdm bar without a total unless one is known)."""
+    """One phase's live line: a tqdm bar of block passes, or of variants once a total is
+    expected (the block passes then stand beside it)."""
 
     def __init__(self, what: str, unit: str, enabled: bool, total: int | None) -> None:
-        self.done = 0
+        self.done = 0  # block passes (or the phase's own unit)
+        self.steps = 0  # variants, once expected
+        self.total: int | None = None
+        self.unit = unit
         self.bar: Any = None
         if enabled:
             from tqdm.auto import tqdm
@@ -38,9 +52,27 @@ class Line:
             )  # fmt: skip
 
     def advance(self, n: int) -> None:
-        """Count ``n`` more steps."""
+        """Count ``n`` more block passes."""
         self.done += n
+        if self.bar is None:
+            return
+        if self.total is None:
+            self.bar.update(n)
+        else:
+            self.bar.set_postfix_str(f"{self.done:,} {self.unit}", refresh=False)
+
+    def expect(self, total: int, unit: str) -> None:
+        """From now on the line counts ``total`` ``unit`` (done / total and the time left)."""
+        self.total, self.steps = int(total), 0
         if self.bar is not None:
+            self.bar.unit = f" {unit}"
+            self.bar.reset(total=self.total)
+            self.bar.set_postfix_str(f"{self.done:,} {self.unit}", refresh=False)
+
+    def step(self, n: int) -> None:
+        """Count ``n`` more of the expected variants."""
+        self.steps += n
+        if self.bar is not None and self.total is not None:
             self.bar.update(n)
 
     def close(self) -> None:
@@ -50,33 +82,73 @@ class Line:
 
 
 _OPEN: ContextVar[Line | None] = ContextVar("probekit_progress_line", default=None)
+# whether the open line belongs to the innermost phase (a quiet phase inside a shown one counts
+# its block passes on the outer line but must not set that line's total)
+_OWNED: ContextVar[bool] = ContextVar("probekit_progress_owned", default=True)
 
 
 @contextmanager
 def phase(
     what: str, *, unit: str = "block passes", enabled: bool = True, total: int | None = None
 ) -> Iterator[Line]:
-    """Show a live line naming ``what`` while the block runs; :func:`advance` counts on it.
-    A phase that is not shown inside one that is counts on the outer line (the demo's
-    "depth diagnosis" line counts the passes of the quiet diagnosis inside it)."""
+    """Show a live line naming ``what`` while the block runs; :func:`advance`, :func:`expect`
+    and :func:`step` count on it. A phase that is not shown inside one that is counts its block
+    passes on the outer line (the demo's "depth diagnosis" line counts the passes of the quiet
+    diagnosis inside it) and leaves that line's total alone."""
     outer = _OPEN.get()
     if not enabled and outer is not None:
-        yield outer
+        token = _OWNED.set(False)
+        try:
+            yield outer
+        finally:
+            _OWNED.reset(token)
         return
     line = Line(what, unit, enabled, total)
-    token = _OPEN.set(line)
+    token, owned = _OPEN.set(line), _OWNED.set(True)
     try:
         yield line
     finally:
+        _OWNED.reset(owned)
         _OPEN.reset(token)
         line.close()
 
 
 def advance(n: int = 1) -> None:
-    """Count ``n`` steps on the open phase's line (nothing when none is open)."""
+    """Count ``n`` block passes on the open phase's line (nothing when none is open)."""
     line = _OPEN.get()
     if line is not None:
         line.advance(n)
 
 
-__all__ = ["Line", "advance", "phase"]
+def expect(total: int, unit: str = "variants") -> None:
+    """Say that the open phase will run ``total`` ``unit`` (nothing when none is open or the
+    line belongs to an outer phase)."""
+    line = _OPEN.get()
+    if line is not None and _OWNED.get():
+        line.expect(total, unit)
+
+
+def step(n: int = 1) -> None:
+    """Count ``n`` of the expected variants done (nothing when none is open or expected)."""
+    line = _OPEN.get()
+    if line is not None and _OWNED.get():
+        line.step(n)
+
+
+def counted(items: Sequence[T], unit: str = "batches") -> Iterator[T]:
+    """Iterate over ``items``, expecting ``len(items)`` ``unit`` on the open line and counting
+    each one when the loop body has run (``for batch in counted(batches): ...``).
+
+    Example:
+        >>> with phase("batches", enabled=False) as line:
+        ...     _ = [batch for batch in counted(["a", "b"])]
+        >>> line.steps, line.total
+        (2, 2)
+    """
+    expect(len(items), unit)
+    for item in items:
+        yield item
+        step()
+
+
+__all__ = ["Line", "advance", "counted", "expect", "phase", "step"]

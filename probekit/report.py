@@ -44,7 +44,7 @@ from probekit.data import Data
 from probekit.errors import InputError
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
-from probekit.progress import phase
+from probekit.progress import expect, phase, step
 from probekit.report_text import conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
 from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
@@ -264,12 +264,14 @@ def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Re
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(steps), desc="diagnose", unit="analysis")
+    expect(len(steps), "analyses")  # on the line of a phase around the diagnosis (the demo's)
     try:
-        for name, step in steps.items():
+        for name, call in steps.items():
             if bar is not None:
                 bar.set_postfix_str(name)
-            with phase(name, enabled=progress):  # a live line of its block passes
-                results[name] = step()
+            with phase(name, enabled=progress):  # a live line of its variants and block passes
+                results[name] = call()
+            step()
             if bar is not None:
                 bar.update()
     finally:

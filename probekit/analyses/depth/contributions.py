@@ -59,6 +59,7 @@ from probekit.analyses.depth.conventions import (
     Windows,
     make_setup,
     masked_ablate_hooks,
+    n_slots,
     plan_windows_of,
     slot_masks,
     window_meta,
@@ -68,6 +69,7 @@ from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import ablate_hooks
 from probekit.model import Model, load
+from probekit.progress import expect, step
 from probekit.result import Result
 
 COMPONENTS = ("layer", "attn", "mlp")
@@ -218,6 +220,7 @@ def _ablation_means(
     clean loss (token mean over the selected positions)."""
     reduction, clean = Reduction(setup.reduction), TokenMeans()
     n_layers, first = shared.model.n_layers, 0
+    expect(n_slots(windows) * n_layers * len(components))  # the live line's variants
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
@@ -234,6 +237,7 @@ def _ablation_means(
                         values = _sublayer_ablated(shared, batch, layer, component, intervene_at)
                     key = (layer, component)
                     _add_change(reduction, shared.model, key, values, batch.labels, measure, ids)
+                    step()
     return reduction, clean.mean("clean_loss")
 
 

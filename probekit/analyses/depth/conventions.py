@@ -238,6 +238,12 @@ def slot_masks(
         yield (None if bool(intervene_at.all()) else intervene_at), measure
 
 
+def n_slots(windows: Windows) -> int:
+    """How many :func:`slot_masks` all batches of ``windows`` give (the variants of a live
+    progress line are counted per slot)."""
+    return sum(max(len(row) for row in ts) for ts in windows.ts)
+
+
 def merge(mask: torch.Tensor | None, intervened: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """``intervened`` where ``mask`` (everywhere when ``None``), ``clean`` elsewhere."""
     if mask is None:

@@ -45,6 +45,7 @@ from probekit.analyses._common import (
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.progress import counted
 from probekit.result import Result
 
 GRADIENT_MEASURES = ("mean_param_grad_norm", "grad_norm", "resid_grad_norm")
@@ -163,7 +164,7 @@ def gradient_norms(
     acc = TokenMeans()
     loss_value = 0.0
     with _own_gradients(model):
-        for batch, mask, chosen in zip(batches, masks, selected, strict=True):
+        for batch, mask, chosen in counted(list(zip(batches, masks, selected, strict=True))):
             kept: dict[int, torch.Tensor] = {}
             with torch.enable_grad(), model.hooks(_keep_inputs(model, kept)):
                 logits = model.forward(batch)

@@ -38,6 +38,7 @@ from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.progress import counted
 from probekit.result import Result
 
 
@@ -165,7 +166,7 @@ def logit_lens(
     check_convention(convention)
     reduction = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
     first = 0
-    for batch in model.prepare(data, batch_size):
+    for batch in counted(model.prepare(data, batch_size)):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
         trace, side = shared.trace(batch), shared.side(batch)

@@ -25,6 +25,7 @@ from probekit import figures
 from probekit.analyses._common import TokenMeans, loss_mask, result_meta, token_loss
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
+from probekit.progress import counted
 from probekit.result import Result
 
 
@@ -70,7 +71,7 @@ def model_loss(
     total = TokenMeans()
     sums: list[float] = []
     counts: list[int] = []
-    for batch in model.prepare(data, batch_size):
+    for batch in counted(model.prepare(data, batch_size)):
         losses = token_loss(model.forward(batch), batch.labels)
         mask = loss_mask(batch.labels, position_mask(batch, positions))
         total.add("loss", losses, mask)

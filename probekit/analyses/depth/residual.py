@@ -43,6 +43,7 @@ from probekit.analyses._common import (
 from probekit.analyses.depth.conventions import check_convention
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
+from probekit.progress import counted
 from probekit.result import Result
 
 RESIDUAL_MEASURES = (
@@ -135,7 +136,7 @@ def residual_stats(
     model = load(model)
     check_convention(convention)
     acc = TokenMeans()
-    for batch in model.prepare(data, batch_size):
+    for batch in counted(model.prepare(data, batch_size)):
         mask = position_mask(batch, positions)
 
         def reduce(layer: int, mask: torch.Tensor = mask) -> Any:

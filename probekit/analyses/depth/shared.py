@@ -53,6 +53,7 @@ from probekit.data import Batch
 from probekit.errors import InputError
 from probekit.model import Model, Trace
 from probekit.numerics import available_memory
+from probekit.progress import step as count_variants
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -250,6 +251,7 @@ class Shared:
         vocabulary) of each full layer order (resumed at its start)."""
         key = _batch_key(batch)
         todo = [i for i, o in enumerate(orders) if (key, tuple(o)) not in self.swaps]
+        count_variants(len(orders) - len(todo))  # cached ones are done (live progress line)
         if not todo:
             return [self.swaps[(key, tuple(o))] for o in orders]
         self._load(batch)
@@ -270,6 +272,7 @@ class Shared:
                 change = self.measure(batch, logits, (cost,))[cost]
                 self.swaps[(key, tuple(orders[i]))] = change
                 self.runs["swaps"] += 1
+            count_variants(len(group))
         return [self.swaps[(key, tuple(o))] for o in orders]
 
 

@@ -57,6 +57,7 @@ from probekit.analyses.depth.conventions import (
     Setup,
     Windows,
     make_setup,
+    n_slots,
     plan_windows_of,
     relative_from_norms,
     slot_masks,
@@ -65,6 +66,7 @@ from probekit.analyses.depth.conventions import (
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Batch, Data
 from probekit.model import Model, load
+from probekit.progress import expect, step
 from probekit.result import Result
 
 
@@ -180,6 +182,7 @@ def _skip_batches(
     """Skip every layer in every batch and window; the relative changes, reduced per prompt."""
     reduction = Reduction(setup.reduction)
     first = 0
+    expect(n_slots(windows) * shared.model.n_layers)  # the live line's variants
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
@@ -209,6 +212,7 @@ def _skip_all(
         headline = headline_measure(model)
         where = measure_positions(model, headline, batch.labels, measure)
         reduction.add((skipped, "output"), record.measures[headline], where, ids)
+        step()
 
 
 def _rows(reduction: Reduction, n: int, over_prompts: str = "default") -> pd.DataFrame:

@@ -49,6 +49,7 @@ from probekit.data import Data, position_mask
 from probekit.errors import InputError
 from probekit.interventions import swapped_order
 from probekit.model import Model, load
+from probekit.progress import expect
 from probekit.result import Result
 
 Range = tuple[int, int]
@@ -232,6 +233,7 @@ class _SequenceLosses:
         orders = [swapped_order(n, first, second) for first, second in pairs]
         starts = [min(first[0], second[0]) for first, second in pairs]
         per_batch = []
+        expect(len(pairs) * len(self.batches))  # the live line's variants
         for batch in self.batches:
             clean, mask = self.shared.clean_cost(batch), self._mask(batch)
             changes = self.shared.swap_costs(batch, orders, starts)

@@ -57,6 +57,7 @@ from probekit.analyses._common import DataOrTask, result_meta
 from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.progress import counted
 from probekit.result import Result
 
 PROBE_SITES = ("resid", "attn_out", "mlp_out")
@@ -389,7 +390,7 @@ def linear_probes(
     split = _Split.draw(n, n_test, variables, seed)
     fit = _Fit(var_kinds, probe, max_iter)
     rows = []
-    for site, layer, hook in _site_hooks(model, sites):
+    for site, layer, hook in counted(_site_hooks(model, sites), "layers"):
         if progress is not None:
             progress(f"{site} layer {layer}")
         acts, valid = gather(model, batches, hook)  # one site at a time
