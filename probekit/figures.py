@@ -22,6 +22,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit.errors import InputError
+from probekit.words import WORDS as WORDS  # re-exported: figures.WORDS, figures.words
+from probekit.words import words as words
 
 TEMPLATE = "plotly_white"
 SEQUENTIAL = "Viridis"
@@ -31,43 +33,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 MAX_WIDTH = 1200
 """Every figure fits a page of this many pixels (reports, papers)."""
-
-WORDS = {
-    # output-change measures (depth and mechanism analyses)
-    "prob_l2": "change of the output probabilities (L2)",
-    "logit_l2": "change of the logits (L2)",
-    "kl": "KL divergence from the clean output (nats)",
-    "loss_delta": "change of the loss (nats)",
-    "p_target_delta": "change of the target's probability",
-    "accuracy_delta": "change of the accuracy (fraction)",
-    "pred_changed": "predictions changed (fraction)",
-    "rel_l2": "relative change of the output (‖z′ − z‖ ÷ ‖z‖)",
-    "cos_dist": "cosine distance from the clean output (1 − cos)",
-    # components
-    "layer": "whole layer",
-    "attn": "attention",
-    "mlp": "MLP",
-    # residual stream
-    "cos_out_in": "cos(layer output, layer input)",
-    "cos_attn_in": "cos(attention update, layer input)",
-    "cos_mlp_mid": "cos(MLP update, MLP input)",
-    "cos_update_in": "cos(layer update, layer input)",
-    "attn_rel": "attention update ÷ input norm",
-    "mlp_rel": "MLP update ÷ input norm",
-    "update_rel": "layer update ÷ input norm",
-    # gradients
-    "mean_param_grad_norm": "mean over the layer's weights",
-    "grad_norm": "all the layer's weights",
-    "resid_grad_norm": "residual stream at the layer's output",
-    # timelines
-    "second_half_share": "second-half share of the output change (fraction)",
-    "depth_score_normalized": "skip-effect depth score (÷ layers − 1)",
-    "depth_score": "skip-effect depth score (layers)",
-    # probes
-    "score": "probe score (accuracy or R²)",
-    "selectivity": "selectivity over shuffled labels",
-}
-"""Words for the keys of probekit's tables, used in legends, axis and colorbar titles."""
 
 
 SWAP_COSTS = {
@@ -97,16 +62,6 @@ def swap_cost(measure: str | None) -> dict[str, str]:
         ('relative output change', 'Δ loss (nats)')
     """
     return SWAP_COSTS["rel_l2" if measure == "rel_l2" else "loss"]
-
-
-def words(key: str) -> str:
-    """``key`` (a measure, component, ...) in words for a figure.
-
-    Example:
-        >>> words("cos_out_in"), words("some_new_measure")
-        ('cos(layer output, layer input)', 'some new measure')
-    """
-    return WORDS.get(str(key), str(key).replace("_", " "))
 
 
 def integer_axis(

@@ -346,7 +346,8 @@ def _section(name: str, result: Result, figure: str) -> str:
         f"<section><h2>{html.escape(heading(name, result))}</h2>"
         + (f"<p class='conclusion'>{html.escape(said)}</p>" if said else "")
         + f"<p class='explain'>{html.escape(explanation(name, result))}</p>{figure}"
-        f"{summary_table(_shown(result.summary))}{_details_table(result)}</section>"
+        f"{summary_table(_shown(result.summary), kind=result.kind)}{_details_table(result)}"
+        "</section>"
     )
 
 

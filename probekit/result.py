@@ -29,6 +29,8 @@ import pandas as pd
 
 from probekit.errors import CheckpointError
 from probekit.io import atomic_write_bytes, atomic_write_text, read_regular_file
+from probekit.words import VALUE_WORDS
+from probekit.words import label as key_label
 
 SIDECAR_CELLS = 20_000
 """A table with more cells than this keeps its numeric columns in a ``.npz`` beside the JSON."""
@@ -119,7 +121,7 @@ class Result:
         return (
             f"<div><strong>{html.escape(type(self).__name__)}</strong> "
             f"<span style='color:#666'>({len(self.df)} rows in <code>.df</code>; draw it with "
-            f"<code>.figure()</code>)</span>{summary_table(self.summary)}</div>"
+            f"<code>.figure()</code>)</span>{summary_table(self.summary, kind=self.kind)}</div>"
         )
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -288,26 +290,15 @@ def _read_table(table: dict[str, Any], path: Path) -> pd.DataFrame:
     return pd.DataFrame(columns, columns=table["columns"])
 
 
-_LABELS = {
-    "second_half_share": "share of the output change from the second half",
-    "clean_loss": "loss of the unmodified model",
-    "depth_score": "depth score (how much later layers depend on earlier ones)",
-    "formed_at_depth": "blocks until the logit lens matches the final prediction",
-    "n_layers": "layers",
-    "blocks": "permutable blocks",
-    "permutable_blocks": "permutable blocks",
-    "heldout_diff_mode": "most frequent prediction − target on held-out inputs",
-}
-
-
-def readable(key: str) -> str:
-    """A summary key in words: ``second_half_share`` -> ``share of the output change ...``.
+def readable(key: str, kind: str | None = None) -> str:
+    """A summary key in words (:func:`probekit.words.label`): ``second_half_share`` -> ``share
+    of the output change ...``.
 
     Example:
         >>> readable("seen_test_accuracy")
-        'seen test accuracy'
+        'accuracy on seen pairs (test inputs)'
     """
-    return _LABELS.get(key, key.replace("_", " "))
+    return key_label(key, kind)
 
 
 def readable_value(value: Any) -> str:
@@ -349,7 +340,7 @@ _VALUE_WORDS = {"blocks": layer_ranges, "permutable_blocks": layer_ranges}
 """Summary keys whose values read better in their own words than as a flat list."""
 
 
-def _shown_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _shown_rows(summary: dict[str, Any], kind: str | None = None) -> list[tuple[str, str]]:
     """``(label, value)`` per summary key, in words; a ``<key>_<measure>`` that repeats
     ``<key>`` for the summary's own ``measure`` is shown once."""
     measure = summary.get("measure")
@@ -359,12 +350,15 @@ def _shown_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         if base != key and base in summary and summary[base] == value:
             continue
         own = _VALUE_WORDS.get(key) if isinstance(value, list) else None
-        shown = own(value) if own else readable_value(value)
-        rows.append((readable(str(key)), shown))
+        if isinstance(value, str) and key in VALUE_WORDS:
+            shown = VALUE_WORDS[key](value)
+        else:
+            shown = own(value) if own else readable_value(value)
+        rows.append((readable(str(key), kind), shown))
     return rows
 
 
-def summary_table(summary: dict[str, Any], limit: int = 40) -> str:
+def summary_table(summary: dict[str, Any], limit: int = 40, kind: str | None = None) -> str:
     """The headline numbers as an HTML table in words; past ``limit`` rows the rest is folded
     into a ``<details>`` element.
 
@@ -374,7 +368,7 @@ def summary_table(summary: dict[str, Any], limit: int = 40) -> str:
     """
     rows = [
         f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
-        for label, value in _shown_rows(json_ready(summary))
+        for label, value in _shown_rows(json_ready(summary), kind)
     ]
     head, rest = rows[:limit], rows[limit:]
     more = (

@@ -46,3 +46,23 @@ def test_a_language_model_keeps_its_loss_words(tmp_path):
     diagnosis = diagnose(model, sample_tokens(), n_bootstrap=5)
     swaps = _words_of(diagnosis.results["layer_swaps"].figure())
     assert "Loss change of swapping" in swaps and "Δ loss (nats)" in swaps
+
+
+def test_summary_tables_speak_in_words_for_a_language_and_an_embedding_model(tmp_path):
+    from probekit.result import _shown_rows, json_ready, readable
+    from probekit.toy import toy_hf_model
+
+    for model in (
+        probekit.load(toy_hf_model("gpt2", n_layers=3)),
+        probekit.load(sentence_folder(tmp_path, "mean")),
+    ):
+        diagnosis = diagnose(model, sample_tokens(), n_bootstrap=5)
+        for name, result in diagnosis.results.items():
+            rows = _shown_rows(json_ready(result.summary), result.kind)
+            shown = {label: value for label, value in rows}
+            labels = {readable(str(key), result.kind) for key in result.summary}
+            raw = [k for k in result.summary if "_" in k and k.replace("_", " ") in labels]
+            assert not raw, (name, raw)  # a key of several words, shown as its key
+            assert len(shown) == len(rows), name  # no label twice
+            if "output change measured by" in shown:  # the measure in words, not its key
+                assert "_" not in shown["output change measured by"], name
