@@ -156,9 +156,11 @@ def attention_knockout(
         layers: layers to knock out at (default all).
         head: one head, or None for every head.
         mode: 'pattern' (zero the weight, default) or 'scores' (-inf, renormalised).
-        targets, positions, batch_size: as in
-            :func:`~probekit.analyses.mechanisms.masking.token_masking` (``positions``: the
-            one query position per sequence, default 'last').
+        targets: one target token per sequence (default: the task data's targets, else the
+            clean prediction), as in :func:`~probekit.analyses.mechanisms.masking.token_masking`.
+        positions: the one query position per sequence the effect is read at: 'last' real
+            token (default) or a position index.
+        batch_size: sequences per forward (None: the automatic, memory-bounded choice).
         include_all: also block every source at once (source 'all'; pattern mode only).
     """
     model = load(model)

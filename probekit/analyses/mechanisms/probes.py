@@ -364,7 +364,10 @@ def linear_probes(
         probe: 'logistic' (default) or 'ridge' (RidgeClassifier, much faster for many classes)
             for class variables; value variables always use ridge regression.
         test_size: held-out share of the sequences.
-        threshold, min_selectivity: what counts as decodable (see module docstring).
+        threshold: the score (accuracy, or R² for value variables) a probe needs to count
+            as decodable.
+        min_selectivity: the selectivity (its score minus that of a probe on shuffled labels)
+            it needs too.
         batch_size: sequences per forward (None: the automatic, memory-bounded choice).
         seed: seeds the train/test split and the control permutation; ``progress`` is called
             with a short text before each site and layer.
