@@ -146,7 +146,8 @@ def skip_effects(
             at positions >= t).
         keep_first: never skip position 0 (default: when the tokenizer adds a BOS token, and
             always under 'csordas2025').
-        n_future, seed: how many positions t per prompt future mode draws, and its seed.
+        n_future: how many positions t per prompt future mode draws.
+        seed: the seed of future mode's draws.
         answer_start: future mode at one given position per prompt (e.g. the answer start).
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (the
             skips ``contributions`` ran are reused, not run again).
