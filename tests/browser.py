@@ -1,5 +1,6 @@
 """Open an HTML page in headless Chromium (Selenium with Debian's chromium and chromedriver) and
-measure every plotly figure on it: what rendered, where its title is, what covers it."""
+measure every plotly figure on it: what rendered, where its title is, what covers it, and
+whether it fits its box on the page (a report section, a demo card) and the page."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ return Array.from(document.querySelectorAll('.js-plotly-plot')).map(p => ({
   title_text: (p.querySelector('.gtitle') || {}).textContent || '',
   toolbar: box(p.querySelector('.modebar')),
   plot_area: box(p.querySelector('.draglayer .nsewdrag')),
+  container: box(p.closest('section, .card') || p.parentElement),
+  page_width: document.documentElement.clientWidth,
   n_traces: (p.data || []).length,
   drawn: p.querySelectorAll('.trace, .hm, .heatmaplayer image').length,
 }));
@@ -81,6 +84,11 @@ def _inside(inner: dict, outer: dict, slack: float = 0.5) -> bool:
     )
 
 
+def _inside_across(inner: dict, outer: dict, slack: float = 0.5) -> bool:
+    """Whether ``inner`` lies within ``outer`` from left to right (a page box grows down)."""
+    return inner["left"] >= outer["left"] - slack and inner["right"] <= outer["right"] + slack
+
+
 def figure_problems(figures: list[dict[str, Any]]) -> list[str]:
     """What is wrong with the measured figures, one line each (empty: nothing)."""
     problems = []
@@ -89,6 +97,10 @@ def figure_problems(figures: list[dict[str, Any]]) -> list[str]:
         if fig["svg"] is None or fig["n_traces"] == 0 or fig["drawn"] == 0:
             problems.append(f"{name} did not render")
             continue
+        if fig["svg"]["right"] > fig["page_width"] + 0.5:
+            problems.append(f"{name}: wider than the page ({fig['svg']} past {fig['page_width']})")
+        elif fig["container"] is not None and not _inside_across(fig["svg"], fig["container"]):
+            problems.append(f"{name}: runs out of its box ({fig['svg']} not in {fig['container']})")
         if fig["title"] is None:
             continue  # a figure whose page heading carries its title
         if not _inside(fig["title"], fig["svg"]):

@@ -1,5 +1,6 @@
 """The HTML reports in a real browser (headless Chromium): no console error, every figure
-rendered, no figure title clipped, covered by the toolbar or run into its plot."""
+rendered, no figure title clipped, covered by the toolbar or run into its plot, no figure
+wider than its section or the page."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ def test_the_checker_sees_a_covered_and_a_clipped_title(tmp_path):
         pages.append(" ".join(figure_problems(open_page(tmp_path / f"{name}.html")[0])))
     assert "the toolbar covers the title" in pages[0]
     assert "the title is clipped" in pages[1]
+
+
+def test_the_checker_sees_a_figure_wider_than_its_box_or_the_page(tmp_path):
+    import plotly.graph_objects as go
+
+    found = []
+    for name, width in (("box", 900), ("page", 1700)):
+        fig = go.Figure(go.Bar(x=[0, 1], y=[1, 2]))
+        fig.update_layout(title="short", width=width, height=300, margin_t=80)
+        plot = fig.to_html(full_html=False, include_plotlyjs=True)
+        page = f"<html><body><section style='width: 600px'>{plot}</section></body></html>"
+        (tmp_path / f"{name}.html").write_text(page)
+        found.append(" ".join(figure_problems(open_page(tmp_path / f"{name}.html")[0])))
+    assert "runs out of its box" in found[0] and "wider than the page" not in found[0]
+    assert "wider than the page" in found[1]
 
 
 @pytest.mark.parametrize("preset", ["one-column", "two-column"])
