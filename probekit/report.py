@@ -285,7 +285,7 @@ _PAGE = """<!DOCTYPE html>
 {plotly}
 <style>
 body {{ font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
-       max-width: 1100px; color: #222; line-height: 1.5; }}
+       max-width: {page_width}px; color: #222; line-height: 1.5; }}
 h1 {{ font-size: 1.7rem; margin-bottom: .2rem; }}
 .sub {{ color: #666; margin-top: 0; }}
 .banner {{ background: #fff4e0; border-left: 4px solid #e08a00; padding: .6rem 1.2rem; }}
@@ -402,6 +402,7 @@ def write_report(
         else f'<script src="{html.escape(plotly_src)}"></script>'
     )
     page = _PAGE.format(
+        page_width=figures.MAX_WIDTH,  # the widest figure fits the page's column
         title=html.escape(title),
         model=html.escape(diagnosis.model),
         data=_data_line(diagnosis.meta),

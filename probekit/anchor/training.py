@@ -277,10 +277,14 @@ class AnchorStack(Trainer):
         mean training loss since the evaluation before."""
         return _postfix(self.metrics[-self.M :])
 
+    def checkpoint_due(self) -> bool:
+        """Every ``checkpoint_every`` steps and at the end."""
+        s = self.step
+        return s % self.settings.checkpoint_every == 0 or s == self.settings.steps
+
     def save_if_due(self) -> None:
         """Checkpoint every ``checkpoint_every`` steps and at the end."""
-        s = self.step
-        if s % self.settings.checkpoint_every == 0 or s == self.settings.steps:
+        if self.checkpoint_due():
             save_stack(self)
 
     def after_step(self) -> None:

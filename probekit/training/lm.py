@@ -673,12 +673,16 @@ class LMTrainer(Trainer):
             loss=f"{row['train_loss']:.3f}", val_loss=f"{row['val_loss']:.3f}", depth=row["depth"]
         )
 
-    def save_if_due(self) -> None:
-        """Save ``step{n}`` every ``save_every`` steps (if set) before the end (the end's
-        checkpoint is ``final``, written by :meth:`finish`)."""
+    def checkpoint_due(self) -> bool:
+        """Every ``save_every`` steps (if set) before the end (the end's checkpoint is
+        ``final``, written by :meth:`finish`)."""
         cfg, step = self.cfg, self.step
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-            self.checkpoints.append(self.save(self.out / f"step{step}"))
+        return bool(cfg.save_every) and step % cfg.save_every == 0 and step < cfg.steps
+
+    def save_if_due(self) -> None:
+        """Save ``step{n}`` when :meth:`checkpoint_due`."""
+        if self.checkpoint_due():
+            self.checkpoints.append(self.save(self.out / f"step{self.step}"))
 
     def after_step(self) -> None:
         _after_step(self)

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -293,10 +295,30 @@ class Trainer(ABC):
         room = max(1, MAX_PREPARED // self.elements_per_step())
         return min(sync, s + room), s + room >= sync
 
+    def checkpoint_due(self) -> bool:
+        """Whether :meth:`save_if_due` writes a checkpoint at ``self.step`` (a trainer that
+        saves on its own schedule says when)."""
+        return False
+
     def evaluation_due(self) -> bool:
         """Whether ``self.step`` is an evaluation step (every ``eval_every`` and the end)."""
         step, settings = self.step, self.settings
         return step % settings.eval_every == 0 or step == settings.steps
+
+
+@contextmanager
+def _saying(bar: Any, what: str) -> Iterator[None]:
+    """Name ``what`` the loop does on its live line while it does it (an evaluation, a
+    checkpoint: seconds in which no step is counted)."""
+    if not what or bar.disable:
+        yield
+        return
+    desc = bar.desc
+    bar.set_description_str(f"{desc}: {what}", refresh=True)
+    try:
+        yield
+    finally:
+        bar.set_description_str(desc, refresh=False)
 
 
 def run_loop(trainer: Trainer, progress: bool = True) -> None:
@@ -334,11 +356,13 @@ def run_loop(trainer: Trainer, progress: bool = True) -> None:
                 trainer.check()
             trainer.trained_for(time.perf_counter() - start)
             if sync and trainer.evaluation_due():
-                trainer.evaluate()
+                with _saying(bar, "evaluating"):
+                    trainer.evaluate()
                 bar.set_postfix(**trainer.progress_numbers(), refresh=False)
             each()
             if sync:
-                trainer.save_if_due()
+                with _saying(bar, "saving a checkpoint" if trainer.checkpoint_due() else ""):
+                    trainer.save_if_due()
     finally:
         bar.close()
         trainer.end()
