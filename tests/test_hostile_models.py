@@ -444,3 +444,20 @@ def test_twin_models_share_the_fingerprint():
     hf = make_hf("gpt2", n_layers=2)
     a, b = probekit.load(hf), probekit.load(twin(hf))
     assert model_identity(a)["fingerprint"] == model_identity(b)["fingerprint"]
+
+
+def test_the_train_cli_refuses_to_resume_nan_weights_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--n-layers", "1", "--d-model", "16", "--n-heads", "2"]
+    argv += ["--n-train", "128", "--n-test", "32", "--steps", "2", "--batch-size", "16"]
+    argv += ["--warmup-steps", "1", "--eval-every", "2", "--checkpoint-every", "2"]
+    argv += ["--device", "cpu", "--quiet"]
+    code, _, err = run_cli(argv)
+    assert code == 0, err
+    for folder in ("checkpoint", "checkpoint.previous"):
+        if (out / folder / "model.safetensors").exists():
+            key = _poison(out / folder / "model.safetensors")
+    line = assert_one_error(*run_cli(argv)[::2])
+    assert f"NaN or infinite values in {key}" in line and "--no-resume" in line
+    code, _, err = run_cli([*argv, "--no-resume"])
+    assert code == 0, err
