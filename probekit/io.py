@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def read_regular_file(path: str | os.PathLike, limit: int, what: str) -> bytes:
@@ -53,6 +54,42 @@ folder), so it cannot be a result file. Fix: pass the file itself.
         )
     with open(path, "rb") as handle:
         return handle.read(limit + 1)
+
+
+def read_json(
+    path: str | os.PathLike, limit: int, what: str, fix: str = "pass the file probekit wrote"
+) -> Any:
+    """The JSON value of the regular file ``path`` (read by :func:`read_regular_file`, so a
+    pipe, device or oversized file is refused first). Text that does not parse, and JSON
+    nested deeper than Python's parser recurses (``[[[...]]]`` 200,000 deep: a
+    RecursionError), is one :class:`~probekit.errors.CheckpointError` naming the file, ``what``
+    it should be and ``fix``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "deep.json"
+        >>> _ = p.write_text("[" * 200_000 + "]" * 200_000)
+        >>> read_json(p, 1 << 20, "a config")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        probekit.errors.CheckpointError: ... is not valid JSON (nested too deep...
+    """
+    import json
+
+    from probekit.errors import CheckpointError
+
+    raw = read_regular_file(path, limit, what)
+    try:
+        return json.loads(raw)
+    except RecursionError as err:
+        reason = "nested too deep for a JSON reader"
+        raise CheckpointError(
+            f"{path} is not valid JSON ({reason}), so it cannot be {what}", fix=fix
+        ) from err
+    except ValueError as err:  # UnicodeDecodeError is a ValueError too
+        raise CheckpointError(
+            f"{path} is not valid JSON ({str(err)[:200]}), so it cannot be {what}", fix=fix
+        ) from err
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

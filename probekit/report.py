@@ -39,19 +39,25 @@ from probekit.analyses import (
     skip_effects,
 )
 from probekit.analyses.depth.shared import Shared
-from probekit.analyses.depth.tuned_lens import TunedLens, compare_lenses, tuned_lens
+from probekit.analyses.depth.tuned_lens import TunedLens, as_lens, compare_lenses, tuned_lens
 from probekit.data import Data
-from probekit.errors import InputError
+from probekit.errors import InputError, NumericalError
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
 from probekit.progress import expect, phase, step
-from probekit.report_text import conclusion, explanation, heading
+from probekit.report_text import TITLES, conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
 from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
 from probekit.verdict import headline_and_verdict
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 """The analyses of a diagnosis, in the order they run and appear in the report."""
+
+MAY_BE_UNDEFINED = ("residual", "gradients")
+"""Analyses the verdict does not read: one that raises
+:class:`~probekit.errors.NumericalError` (e.g. gradients that overflow in the backward of a
+finite forward) is reported as not defined, with the reason, and the diagnosis goes on. A
+NumericalError anywhere else stops the diagnosis (its numbers would all be meaningless)."""
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Diagnosis:
     meta: dict[str, Any] = field(default_factory=dict)
     """What was measured: data size, positions, bootstrap, versions, device, date; callers add
     ``checkpoint`` and ``data_source``."""
+    not_defined: dict[str, str] = field(default_factory=dict)
+    """Analyses of :data:`MAY_BE_UNDEFINED` that have no numbers, and why."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,8 @@ def diagnose(
     model = load(model)
     if lens is not None or lens_data is not None:
         model.require_vocabulary("the tuned lens")
+    if lens is not None:  # checked against the model before any analysis runs
+        lens = as_lens(lens, model)
     shared = Shared(model, variants_per_pass=variants_per_pass, autocast=autocast)
     if lens is None and lens_data is not None:
         lens = TunedLens.fit(
@@ -119,12 +129,12 @@ def diagnose(
     steps = _steps(
         model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens, shared
     )
-    results = _run(steps, progress)
+    results, not_defined = _run(steps, progress)
     headline, verdict = headline_and_verdict(model, results)
     meta = measured(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
     )
-    return Diagnosis(repr(model), results, verdict, headline, meta)
+    return Diagnosis(repr(model), results, verdict, headline, meta, not_defined)
 
 
 def diagnose_checkpoint(
@@ -256,9 +266,14 @@ def _steps(
     }
 
 
-def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Result]:
-    """Make every call of ``steps``, with a progress bar when asked."""
+def _run(
+    steps: dict[str, Callable[[], Result]], progress: bool
+) -> tuple[dict[str, Result], dict[str, str]]:
+    """Make every call of ``steps``, with a progress bar when asked; returns the results and,
+    for an analysis of :data:`MAY_BE_UNDEFINED` that raised :class:`NumericalError`, why it
+    has none."""
     results: dict[str, Result] = {}
+    not_defined: dict[str, str] = {}
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -270,14 +285,19 @@ def _run(steps: dict[str, Callable[[], Result]], progress: bool) -> dict[str, Re
             if bar is not None:
                 bar.set_postfix_str(name)
             with phase(name, enabled=progress):  # a live line of its variants and block passes
-                results[name] = call()
+                try:
+                    results[name] = call()
+                except NumericalError as err:
+                    if name not in MAY_BE_UNDEFINED:
+                        raise
+                    not_defined[name] = str(err)
             step()
             if bar is not None:
                 bar.update()
     finally:
         if bar is not None:
             bar.close()
-    return results
+    return results, not_defined
 
 
 _PAGE = """<!DOCTYPE html>
@@ -351,6 +371,14 @@ def _section(name: str, result: Result, figure: str) -> str:
     )
 
 
+def _undefined_section(name: str, why: str) -> str:
+    """The section of an analysis that has no numbers: its heading and why."""
+    return (
+        f"<section><h2>{html.escape(TITLES.get(name, name))}</h2>"
+        f"<p class='conclusion'>Not defined: {html.escape(why)}</p></section>"
+    )
+
+
 def _shown(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary a section shows: a model compared by the relative change of its output
     (``rel_l2``, no vocabulary) has no loss, so its undefined ``clean_loss`` is left out."""
@@ -396,6 +424,7 @@ def write_report(
         write_csv(result, out / f"{name}.csv")
         figure = _figure(name, diagnosis.results).to_html(full_html=False, include_plotlyjs=False)
         sections.append(_section(name, result, figure))
+    sections += [_undefined_section(name, why) for name, why in diagnosis.not_defined.items()]
     script = (
         f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
         if plotly_src is None
@@ -418,6 +447,8 @@ def write_report(
         "headline": diagnosis.headline,
         "measured": diagnosis.meta,
     }
+    if diagnosis.not_defined:
+        summary["not_defined"] = diagnosis.not_defined
     write_json(out / "summary.json", summary)
     return atomic_write_text(out / "report.html", page)
 
@@ -444,7 +475,7 @@ def is_report_folder(path: str | os.PathLike) -> bool:
         if not summary.resolve().is_file() or summary.stat().st_size > 2**26:
             return False
         value = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
         return False
     return isinstance(value, dict) and {"model", "verdict", "headline"} <= set(value)
 

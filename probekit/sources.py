@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
@@ -64,6 +65,12 @@ def checkpoint_of(path: str | os.PathLike) -> str:
     return str(run.path)
 
 
+TEXT_CHECK_BYTES = 1 << 20
+"""The bytes at the start of a ``--text`` file :func:`check_text_file` reads: a file of any size
+costs this much before the model loads (the rest is read only as far as the sequences need,
+by :func:`probekit.tasks.text.file_texts`, which refuses a NUL byte there too)."""
+
+
 def check_text_file(text: str | os.PathLike) -> str | None:
     """Refuse a ``--text`` that is not a readable regular file of text; say how it decodes.
 
@@ -71,7 +78,8 @@ def check_text_file(text: str | os.PathLike) -> str | None:
     an unreadable file, and a binary file (one holding NUL bytes, which UTF-8 text never does:
     UTF-16 text counts as binary). Text that is not valid UTF-8 is accepted: its undecodable
     bytes become U+FFFD replacement characters, and the returned line says so (None when the
-    file is valid UTF-8).
+    file is valid UTF-8). Only the first :data:`TEXT_CHECK_BYTES` are read here, so a file of
+    hundreds of megabytes costs a megabyte.
 
     Example:
         >>> import tempfile
@@ -89,7 +97,8 @@ def check_text_file(text: str | os.PathLike) -> str | None:
             fix="pass a UTF-8 text file",
         )
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            data = handle.read(TEXT_CHECK_BYTES)
     except OSError as err:
         raise InputError(
             f"cannot read text file {text} ({err.strerror or err})", fix="pass a readable file"
@@ -100,7 +109,7 @@ def check_text_file(text: str | os.PathLike) -> str | None:
             fix="pass a UTF-8 text file (convert UTF-16 text with iconv -t UTF-8)",
         )
     try:
-        data.decode("utf-8")
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=len(data) < TEXT_CHECK_BYTES)
     except UnicodeDecodeError as err:
         return (
             f"{text} is not valid UTF-8 (first bad byte at offset {err.start}); its "
@@ -325,7 +334,7 @@ def _small_json(path: Path) -> Any:
         if not path.resolve().is_file() or path.stat().st_size > 16 * 2**20:
             return None
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
         return None
 
 

@@ -35,6 +35,7 @@ from probekit.io import atomic_write_text
 from probekit.training.checkpoint import (
     FIX,
     RUN_CONFIG,
+    check_finite_tensors,
     check_moments,
     check_same_settings,
     check_tensors,
@@ -205,6 +206,7 @@ def _read_files(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
     shapes = {k: tuple(v.shape[1:]) for k, v in stack.params.items()}
     tied = ("lm_head.weight",) if "lm_head.weight" not in weights else ()
     check_tensors(d / "model.safetensors", weights, shapes, optional=tied)
+    check_finite_tensors(d / "model.safetensors", weights)
     optimizer = load_moments(d / "optimizer.safetensors", _load_tensors)
     check_moments(d / "optimizer.safetensors", optimizer, shapes)
     _check_unscaled(stack, d, weights, optimizer[2])

@@ -98,6 +98,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
         lens_steps=args.lens_steps,
         label=None if os.path.lexists(args.model) else args.model,  # a Hub name
     )
+    for name, why in diagnosis.not_defined.items():
+        print(f"probekit: warning: {name} not defined: {why}", file=sys.stderr)
     missing = None if args.no_images else report.missing_for_images()
     if missing:
         print(

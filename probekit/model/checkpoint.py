@@ -23,7 +23,11 @@ import torch
 from torch import nn
 
 from probekit.errors import CheckpointError
+from probekit.io import read_json
 from probekit.numerics import available_memory
+
+CONFIG_BYTES = 16 * 2**20
+"""The largest config.json read (a Hugging Face config is a few kilobytes)."""
 
 
 def check_safetensors(path: Path) -> int:
@@ -67,12 +71,9 @@ def check_checkpoint_dir(path: Path) -> tuple[dict, int]:
             fix="pass a directory written by save_pretrained() (config.json + safetensors)",
         )
     check_regular_file(config_path)
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{config_path} is not valid JSON ({err})", fix="re-save the model's config"
-        ) from err
+    config = read_json(
+        config_path, CONFIG_BYTES, "a model config", fix="re-save the model's config"
+    )
     if not isinstance(config, dict):
         raise CheckpointError(
             f"{config_path} holds a JSON {type(config).__name__}, not an object",

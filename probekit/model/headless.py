@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from probekit.errors import CheckpointError, UnsupportedModelError
+from probekit.io import read_json
 from probekit.model.bridge import supported_architectures
 from probekit.model.checkpoint import check_regular_file
 
@@ -146,16 +146,19 @@ _ST_POOLING_KEYS = {
 _ST_OTHER_MODES = ("max", "mean_sqrt_len_tokens", "weightedmean")
 
 
+ST_JSON_BYTES = 16 * 2**20
+"""The largest ``modules.json`` or pooling config read (sentence-transformers writes a few
+hundred bytes)."""
+
+
 def _read_json(path: Path, what: str) -> Any:
-    """The JSON file ``path`` of a sentence-transformers folder (``what`` names it in errors)."""
+    """The JSON file ``path`` of a sentence-transformers folder (``what`` names it in errors):
+    a pipe, device, file over :data:`ST_JSON_BYTES`, text that does not parse or JSON nested
+    past the parser's recursion limit is one :class:`CheckpointError`."""
     check_regular_file(path)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{what} {path} is not valid JSON ({err})",
-            fix="re-save the model with sentence-transformers' save()",
-        ) from err
+    return read_json(
+        path, ST_JSON_BYTES, what, fix="re-save the model with sentence-transformers' save()"
+    )
 
 
 def _pooling_mode(config: Any, path: Path) -> str:

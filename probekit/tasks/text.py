@@ -60,10 +60,18 @@ def stdlib_texts(split: str = "validation") -> Iterator[str]:
 
 def file_texts(path: str | os.PathLike, chunk_chars: int = CHUNK_CHARS) -> Iterator[str]:
     """The text file at ``path`` in chunks of about ``chunk_chars`` characters, each cut after
-    a line end (undecodable bytes become U+FFFD); a file under one chunk is one text."""
+    a line end (undecodable bytes become U+FFFD); a file under one chunk is one text. It is
+    read one chunk at a time, as far as the caller iterates (:func:`token_windows` stops when
+    it has its windows); a chunk holding a NUL byte (a binary file) is an
+    :class:`InputError`."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         rest = ""
         while chunk := handle.read(chunk_chars):
+            if "\0" in chunk:
+                raise InputError(
+                    f"{path} is a binary file (it holds NUL bytes), not text",
+                    fix="pass a UTF-8 text file (convert UTF-16 text with iconv -t UTF-8)",
+                )
             chunk = rest + chunk
             cut = chunk.rfind("\n") + 1 or len(chunk)
             rest = chunk[cut:]

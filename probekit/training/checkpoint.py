@@ -32,6 +32,7 @@ import torch
 
 from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_write_text, umask_mode
+from probekit.numerics import all_finite
 
 RUN_CONFIG = "run_config.json"
 #: the ``kind`` values a run_config.json may hold: which trainer wrote the run
@@ -282,6 +283,19 @@ def check_tensors(
         parts = [f"missing {missing[:6]}"] if missing else []
         parts += [f"wrong shapes {wrong[:6]}"] if wrong else []
         raise CheckpointError(f"{path} does not match the run: {'; '.join(parts)}", fix=FIX)
+
+
+def check_finite_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse a checkpoint file whose tensors hold NaN or infinite values, naming the first
+    one: probekit never saves such a checkpoint (a diverging run stops before it saves), so
+    resuming it could only train on NaN. (A resume then falls back to the previous checkpoint
+    when it is sound.)"""
+    for name, tensor in tensors.items():
+        if not all_finite(tensor):
+            raise CheckpointError(
+                f"{path} holds NaN or infinite values in {name}, so the run cannot resume from it",
+                fix="delete that checkpoint to resume from the one before it, or " + FIX,
+            )
 
 
 def check_moments(path: Path, moments: tuple[dict, dict, dict], shapes: dict) -> None:

@@ -68,6 +68,7 @@ from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
 from probekit.training.checkpoint import (
     FIX,
     RUN_CONFIG,
+    check_finite_tensors,
     check_same_settings,
     check_tensors,
     load_moments,
@@ -322,6 +323,7 @@ def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
     from probekit.model import from_pretrained_complete
 
     model = from_pretrained_complete(transformers.GPT2LMHeadModel, path)
+    check_finite_tensors(path / "model.safetensors", dict(model.named_parameters()))
     if cfg.layernorm_scaling:
         _scale_layernorms(model, _read_unscaled(path, model))
     model = model.to(device).train()

@@ -13,7 +13,10 @@ inside the selected positions, over all batches together (token-weighted). Per l
 Only the blocks' parameters get gradients (the embedding, unembedding and final norm are frozen
 for the call: their gradients are not measured and at a real vocabulary they are the largest);
 the per-token cross-entropy is taken in float32 and summed in float64. The model's parameters
-keep their ``.grad`` and ``requires_grad`` as they were before the call.
+keep their ``.grad`` and ``requires_grad`` as they were before the call. A backward that
+overflows although the forward is finite (huge weights, float16) raises
+:class:`~probekit.errors.NumericalError` naming the first layer whose gradients are not finite,
+as a forward that overflows does (no NaN norm is returned).
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -43,8 +46,9 @@ from probekit.analyses._common import (
     second_half,
 )
 from probekit.data import Data, position_mask
-from probekit.errors import InputError
+from probekit.errors import InputError, NumericalError
 from probekit.model import Model, load
+from probekit.numerics import all_finite
 from probekit.progress import counted
 from probekit.result import Result
 
@@ -128,6 +132,31 @@ def _layer_rows(model: Model, layer: int, resid_grad_norm: float) -> list[dict]:
     return [{"layer": layer, "measure": m, "value": v} for m, v in values.items()]
 
 
+def check_gradients_finite(model: Model, kept: dict[int, torch.Tensor]) -> None:
+    """Raise :class:`NumericalError` naming the first layer (from layer 0 up) whose weight
+    gradients or residual-input gradient hold NaN or infinite values."""
+    for layer in range(model.n_layers):
+        names = [
+            name.replace("_original_component.", "")
+            for name, p in model.blocks[layer].named_parameters()
+            if p.grad is not None and not all_finite(p.grad)
+        ]
+        resid = kept.get(layer)
+        if resid is not None and resid.grad is not None and not all_finite(resid.grad):
+            names.append("the residual at its input")
+        if names:
+            dtype = str(model.dtype).removeprefix("torch.")
+            fix = f"check the weights of layer {layer} (too large weights overflow)"
+            if torch.finfo(model.dtype).bits < 32:
+                fix = f"load the model in float32 (--dtype float32), or {fix}"
+            raise NumericalError(
+                f"the gradients of layer {layer} ({', '.join(names[:3])}) hold NaN or infinite "
+                f"values although the forward is finite: the backward overflows in {dtype}, "
+                "so no gradient norm is defined",
+                fix=fix,
+            )
+
+
 def _loss_masks(batches: list, positions: str) -> tuple[list, list, int]:
     selected = [position_mask(b, positions) for b in batches]
     masks = [loss_mask(b.labels, s) for b, s in zip(batches, selected, strict=True)]
@@ -180,6 +209,7 @@ def gradient_norms(
                 loss = tokens.double()[mask].sum() / total
                 del logits, tokens
                 loss.backward()
+            check_gradients_finite(model, kept)
             for layer, tensor in kept.items():
                 acc.add(layer, tensor.grad.detach().double().norm(dim=-1), chosen)
             loss_value += float(loss.detach())

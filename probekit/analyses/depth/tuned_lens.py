@@ -46,9 +46,10 @@ from probekit import figures
 from probekit.analyses._common import TokenMeans, check_outputs_finite, result_meta
 from probekit.analyses.depth.lens import LogitLensResult, lens_measures
 from probekit.data import Batch, Data, position_mask
-from probekit.errors import CheckpointError, InputError, UnsupportedModelError
-from probekit.io import atomic_write_text, swapped_directory
+from probekit.errors import CheckpointError, InputError, NumericalError, UnsupportedModelError
+from probekit.io import atomic_write_text, read_json, swapped_directory
 from probekit.model import Model, Trace, load
+from probekit.numerics import all_finite, available_memory, tolerance, within_tolerance
 from probekit.result import json_ready
 
 OPTIMIZERS = ("sgd", "adam")
@@ -61,6 +62,15 @@ DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3}
 
 FORMAT = "probekit.tuned_lens"
 WEIGHTS_FILE, CONFIG_FILE = "lens.safetensors", "config.json"
+VERSION = 2
+"""Version 2 records the identity of the model a lens was fit on (:func:`model_identity`);
+version 1 lenses have none (see :meth:`TunedLens.check_model`)."""
+
+CONFIG_BYTES = 1 << 30
+"""The largest lens config.json read (its loss history holds one number per step)."""
+
+FINGERPRINT_SAMPLES = 16
+"""Values sampled from each fingerprinted weight tensor (:func:`model_identity`)."""
 
 
 @dataclass
@@ -180,6 +190,161 @@ def _check_head(model: Model) -> None:
         )
 
 
+def _sampled(weight: torch.Tensor) -> list[float] | None:
+    """:data:`FINGERPRINT_SAMPLES` values of ``weight`` at positions drawn from its size (the
+    same positions for every model of that shape); None for a weight with no values here
+    (offloaded to the meta device)."""
+    if weight.device.type == "meta" or weight.numel() == 0:
+        return None
+    g = torch.Generator().manual_seed(weight.numel())
+    flat = torch.randint(weight.numel(), (FINGERPRINT_SAMPLES,), generator=g)
+    index = tuple(i.to(weight.device) for i in torch.unravel_index(flat, weight.shape))
+    return [float(v) for v in weight.detach()[index].float().cpu()]
+
+
+def _largest(model: Model, layer: int) -> torch.Tensor:
+    """The largest weight tensor of block ``layer`` (not a norm's gain, which starts at 1)."""
+    return max((group[0] for group in model.layer_weights(layer)), key=lambda p: p.numel())
+
+
+def model_identity(model: Model) -> dict[str, Any]:
+    """What a lens records of the model it is fit on: architecture, shapes, dtype, where it
+    was loaded from, and a weight fingerprint (:data:`FINGERPRINT_SAMPLES` values each of the
+    embedding, the unembedding and the largest weight of the first and the last block).
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> identity = model_identity(load(toy_model(n_layers=2)))
+        >>> identity["n_layers"], sorted(identity["fingerprint"])
+        (2, ['embedding', 'first block', 'last block', 'unembedding'])
+    """
+    hf = model.hf_model
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    weights = {
+        "embedding": hf.get_input_embeddings().weight,
+        "unembedding": None if head is None else head.weight,
+        "first block": _largest(model, 0),
+        "last block": _largest(model, model.n_layers - 1),
+    }
+    return {
+        "architecture": model.architecture,
+        "n_layers": model.n_layers,
+        "d_model": model.d_model,
+        "d_vocab": model.d_vocab,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "source": str(getattr(hf.config, "_name_or_path", "") or ""),
+        "fingerprint": {k: None if w is None else _sampled(w) for k, w in weights.items()},
+    }
+
+
+def describe_identity(identity: dict[str, Any]) -> str:
+    """A model identity in words (architecture, shapes and where it was loaded from)."""
+    source = identity.get("source")
+    return (
+        f"{identity.get('architecture')} (n_layers={identity.get('n_layers')}, "
+        f"d_model={identity.get('d_model')}, d_vocab={identity.get('d_vocab')}"
+        + (f", from {source}" if source else "")
+        + ")"
+    )
+
+
+def _dtype_tolerance(name: Any) -> float:
+    dtype = getattr(torch, str(name), None)
+    return tolerance(dtype) if isinstance(dtype, torch.dtype) else tolerance(torch.float16)
+
+
+def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How the model identity ``current`` differs from the ``saved`` one, or None when they
+    are the same model: the same architecture and shapes, and every fingerprinted weight equal
+    to the tolerance of the coarser of the two dtypes (:func:`~probekit.numerics.tolerance`:
+    the same checkpoint loaded in bfloat16 matches its float32 self; another model does not)."""
+    for key in ("architecture", "n_layers", "d_model", "d_vocab"):
+        if saved.get(key) != current.get(key):
+            return f"its {key} is {saved.get(key)!r}, this model's {current.get(key)!r}"
+    tol = max(_dtype_tolerance(saved.get("dtype")), _dtype_tolerance(current.get("dtype")))
+    theirs = saved.get("fingerprint")
+    mine = current.get("fingerprint") or {}
+    if not isinstance(theirs, dict):
+        return "its weight fingerprint is unreadable"
+    for name, values in theirs.items():
+        if values is None or mine.get(name) is None:
+            continue
+        try:
+            want = torch.tensor(values, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            return f"its {name} fingerprint is unreadable"
+        got = torch.tensor(mine[name], dtype=torch.float64)
+        if want.shape != got.shape or not within_tolerance(got, want, tol):
+            return f"the {name} weights differ"
+    return None
+
+
+def check_translators_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Raise :class:`NumericalError` naming the first translator tensor (of the lens
+    ``where``) holding NaN or infinite values."""
+    for name, tensor in tensors.items():
+        if not all_finite(tensor):
+            raise NumericalError(
+                f"the tuned lens {where} holds NaN or infinite values in {name}",
+                fix="refit the lens (a lower lr, or grad_clip, keeps the fit finite)",
+            )
+
+
+def check_fit_sequences(hashes: Any, where: str) -> None:
+    """Refuse ``fit_sequences`` that are not one int64 hash per sequence (a float copy
+    cannot hold the hashes, so the overlap would silently be 0)."""
+    ok = isinstance(hashes, torch.Tensor) and hashes.dtype == torch.int64 and hashes.ndim == 1
+    if not ok:
+        kind = (
+            f"a {hashes.dtype} tensor of shape {tuple(hashes.shape)}"
+            if isinstance(hashes, torch.Tensor)
+            else type(hashes).__name__
+        )
+        raise CheckpointError(
+            f"the fit_sequences of the tuned lens {where} are {kind}, not one int64 hash per "
+            "sequence, so the overlap of fit and evaluation data cannot be counted",
+            fix="refit the lens, or keep fit_sequences as TunedLens.fit writes them (int64)",
+        )
+
+
+def check_lens_shape(mine: tuple[int, int, int | None], model: Model) -> None:
+    """Raise :class:`InputError` unless ``model`` has the lens shape ``mine`` (n_layers,
+    d_model, d_vocab; a d_vocab of None is not compared)."""
+    theirs = (model.n_layers, model.d_model, model.d_vocab)
+    if mine[:2] != theirs[:2] or (mine[2] is not None and mine[2] != theirs[2]):
+        raise InputError(
+            f"the tuned lens was fit on a model with n_layers={mine[0]}, d_model={mine[1]}, "
+            f"d_vocab={mine[2]}; this model has n_layers={theirs[0]}, d_model={theirs[1]}, "
+            f"d_vocab={theirs[2]}",
+            fix="fit a lens on this model (TunedLens.fit) or load the lens made for it",
+        )
+
+
+def check_identity(saved: Any, current: dict[str, Any], where: str) -> None:
+    """Raise :class:`InputError` naming both models unless the lens ``where``, which records
+    the model identity ``saved``, was fit on the model of identity ``current``. A lens that
+    records none (saved before lenses did) is refused too, with the way to record it."""
+    refit = (
+        "fit a lens on this model (probekit diagnose --tuned-lens, or TunedLens.fit(model, "
+        "data)) or pass the model the lens was fit on"
+    )
+    if not isinstance(saved, dict):
+        raise InputError(
+            f"the tuned lens {where} records no identity of the model it was fit on (it was "
+            f"saved before lenses did), so it cannot be checked against this model, "
+            f"{describe_identity(current)}",
+            fix=f"{refit}; if it was fit on this very model, record that: lens = "
+            "TunedLens.load(path); lens.identify(model); lens.save(path)",
+        )
+    reason = identity_mismatch(saved, current)
+    if reason is not None:
+        raise InputError(
+            f"the tuned lens {where} was fit on {describe_identity(saved)}, not on this model, "
+            f"{describe_identity(current)}: {reason}",
+            fix=refit,
+        )
+
+
 class TunedLens(nn.Module):
     """One affine translator per depth 0 .. n_layers-1 (``translators[d]``, an ``nn.Linear``
     ``d_model -> d_model``); ``T_d(h) = h + translators[d](h)``.
@@ -213,7 +378,19 @@ class TunedLens(nn.Module):
         _check_head(model)
         lens = cls(model.n_layers, model.d_model, model.d_vocab).to(model.device)
         lens.fit_info = {"model": repr(model), "architecture": model.architecture}
+        lens.identify(model)
         return lens
+
+    def identify(self, model: Model) -> TunedLens:
+        """Record ``model`` as the model this lens belongs to (:func:`model_identity`; done by
+        :meth:`zeros` and :meth:`fit`). Call it only on a lens you know was fit on ``model``:
+        a lens saved before lenses recorded their model (version 1) is refused by
+        :meth:`check_model` until then (``lens = TunedLens.load(path); lens.identify(model);
+        lens.save(path)``)."""
+        model = load(model)
+        self.check_shape(model)
+        self.fit_info["model_identity"] = model_identity(model)
+        return self
 
     def transform(self, depth: int, residual: torch.Tensor) -> torch.Tensor:
         """``T_depth(residual)`` in float32 (the final residual, depth n_layers, unchanged)."""
@@ -226,17 +403,22 @@ class TunedLens(nn.Module):
         """The lens's logits at ``depth`` for ``residual`` ``[..., d_model]``."""
         return model.head(self.transform(depth, residual).to(model.dtype))
 
-    def check_model(self, model: Model) -> None:
+    def check_model(self, model: Model, where: str = "") -> None:
+        """Refuse to read ``model`` through this lens unless it is the model the lens was fit
+        on: :class:`InputError` for another shape (:meth:`check_shape`), another architecture
+        or other weights (:func:`identity_mismatch`), and for a lens that records no model (a
+        version-1 lens: refused rather than trusted, see :meth:`identify`);
+        :class:`NumericalError` for a NaN or infinite translator; :class:`CheckpointError` for
+        ``fit_sequences`` that are not int64 hashes. ``where`` names the lens's folder."""
+        self.check_shape(model)
+        where = where or "in memory"
+        check_translators_finite(self.state_dict(), where)
+        check_fit_sequences(self.fit_sequences, where)
+        check_identity(self.fit_info.get("model_identity"), model_identity(model), where)
+
+    def check_shape(self, model: Model) -> None:
         """Raise :class:`InputError` unless ``model`` has this lens's shape."""
-        mine = (self.n_layers, self.d_model, self.d_vocab)
-        theirs = (model.n_layers, model.d_model, model.d_vocab)
-        if mine[:2] != theirs[:2] or (self.d_vocab is not None and mine[2] != theirs[2]):
-            raise InputError(
-                f"the tuned lens was fit on a model with n_layers={mine[0]}, d_model={mine[1]}, "
-                f"d_vocab={mine[2]}; this model has n_layers={theirs[0]}, d_model={theirs[1]}, "
-                f"d_vocab={theirs[2]}",
-                fix="fit a lens on this model (TunedLens.fit) or load the lens made for it",
-            )
+        check_lens_shape((self.n_layers, self.d_model, self.d_vocab), model)
 
     @classmethod
     def fit(
@@ -295,6 +477,7 @@ class TunedLens(nn.Module):
         _check_settings(settings, tokens)
         lens = cls.zeros(model)
         losses = lens._train(model, batches, order, settings, progress)
+        check_translators_finite(lens.state_dict(), "just fit")
         lens._record(batches, settings, losses, data_label)
         return lens
 
@@ -359,7 +542,7 @@ class TunedLens(nn.Module):
         tensors["fit_sequences"] = self.fit_sequences.cpu().contiguous()
         config = {
             "format": FORMAT,
-            "version": 1,
+            "version": VERSION,
             "n_layers": self.n_layers,
             "d_model": self.d_model,
             "d_vocab": self.d_vocab,
@@ -372,10 +555,19 @@ class TunedLens(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike, model: Model | None = None) -> TunedLens:
-        """Read a lens written by :meth:`save` (never unpickles); with ``model``, refuse a lens
-        made for another shape and put it on the model's device."""
-        config, tensors = _read_lens_files(Path(path))
-        lens = cls(config["n_layers"], config["d_model"], config.get("d_vocab"))
+        """Read a lens written by :meth:`save` (never unpickles). Before anything is built,
+        the folder's files are checked: regular files (a pipe would block), a config of the
+        format whose shapes fit the weights file and the free memory, ``fit_info`` an object,
+        ``fit_sequences`` int64 hashes, every translator finite. With ``model``, the config's
+        shapes are compared with it first and the lens is refused unless it was fit on that
+        model (:meth:`check_model`); it is then put on the model's device."""
+        path = Path(path)
+        config = _read_lens_config(path)
+        if model is not None:
+            model = load(model)
+            check_lens_shape((config["n_layers"], config["d_model"], config["d_vocab"]), model)
+        tensors = _read_lens_tensors(path, config)
+        lens = cls(config["n_layers"], config["d_model"], config["d_vocab"])
         lens.fit_sequences = tensors.pop("fit_sequences", torch.zeros(0, dtype=torch.int64))
         expected = {k: tuple(v.shape) for k, v in lens.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in tensors.items()}
@@ -386,37 +578,96 @@ class TunedLens(nn.Module):
                 fix="re-save the lens with TunedLens.save()",
             )
         lens.load_state_dict(tensors)
-        lens.fit_info = config.get("fit_info", {})
+        lens.fit_info = config["fit_info"]
         if model is not None:
-            model = load(model)
-            lens.check_model(model)
+            lens.check_model(model, where=f"in {path}")
             lens.to(model.device)
         return lens
 
 
-def _read_lens_files(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The config and tensors of a saved lens, or :class:`CheckpointError`."""
+_READ_FIX = "pass a folder written by TunedLens.save()"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _read_lens_config(path: Path) -> dict[str, Any]:
+    """The checked config.json of the lens folder ``path``: a regular file of the format, with
+    whole-number ``n_layers`` and ``d_model`` (and ``d_vocab`` or null) and an object
+    ``fit_info``; anything else is one :class:`CheckpointError`."""
+    if not path.is_dir():
+        raise CheckpointError(f"cannot read a tuned lens from {path} (not a folder)", fix=_READ_FIX)
+    config = read_json(path / CONFIG_FILE, CONFIG_BYTES, "a tuned lens's config", fix=_READ_FIX)
+    problem = None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        problem = f"{CONFIG_FILE} is not a {FORMAT} config"
+    elif not all(_is_count(config.get(k)) for k in ("n_layers", "d_model")):
+        problem = f"n_layers {config.get('n_layers')!r} or d_model {config.get('d_model')!r}"
+        problem += " is not a whole number >= 1"
+    elif config.get("d_vocab") is not None and not _is_count(config["d_vocab"]):
+        problem = f"d_vocab {config['d_vocab']!r} is not a whole number >= 1"
+    elif not isinstance(config.get("fit_info", {}), dict):
+        problem = f"fit_info is a JSON {type(config['fit_info']).__name__}, not an object"
+    if problem is not None:
+        raise CheckpointError(f"cannot read a tuned lens from {path} ({problem})", fix=_READ_FIX)
+    return {**config, "d_vocab": config.get("d_vocab"), "fit_info": config.get("fit_info", {})}
+
+
+def _check_lens_size(path: Path, config: dict[str, Any]) -> None:
+    """Refuse a weights file that is not a regular file, and a config whose translators
+    (float32) need more bytes than the weights file holds or than the free memory, before
+    anything is built."""
+    import stat
+
+    weights = path / WEIGHTS_FILE
+    try:
+        info = os.stat(weights)
+    except OSError as err:
+        raise CheckpointError(
+            f"cannot read a tuned lens from {path} ({err.strerror or err})", fix=_READ_FIX
+        ) from err
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(
+            f"{weights} is not a regular file (a pipe, device or folder), so it cannot be a "
+            "tuned lens's weights",
+            fix=_READ_FIX,
+        )
+    n, d = config["n_layers"], config["d_model"]
+    need = 4 * n * d * (d + 1)
+    if need > info.st_size:
+        raise CheckpointError(
+            f"cannot read a tuned lens from {path} (its config declares {n} translators of "
+            f"d_model {d}, {need} bytes, more than its {WEIGHTS_FILE} holds: {info.st_size})",
+            fix="re-save the lens with TunedLens.save()",
+        )
+    free = available_memory("cpu")
+    if free is not None and 2 * need > free:
+        raise CheckpointError(
+            f"the tuned lens in {path} needs about {2 * need / 2**30:.1f} GiB to load, more "
+            f"than the {free / 2**30:.1f} GiB of memory available",
+            fix="load it on a machine with more memory",
+        )
+
+
+def _read_lens_tensors(path: Path, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of a saved lens (checked in size first), with finite translators and int64
+    ``fit_sequences``, or :class:`CheckpointError` / :class:`NumericalError`."""
     from safetensors.torch import load_file
 
+    _check_lens_size(path, config)
     try:
-        config = json.loads((path / CONFIG_FILE).read_text())
-        if not isinstance(config, dict) or config.get("format") != FORMAT:
-            raise ValueError(f"{CONFIG_FILE} is not a {FORMAT} config")
-        for key in ("n_layers", "d_model"):
-            if not isinstance(config.get(key), int) or config[key] < 1:
-                raise ValueError(f"{key} is {config.get(key)!r}")
         tensors = load_file(str(path / WEIGHTS_FILE))
-    except (OSError, ValueError, RuntimeError) as err:  # safetensors raises its own errors too
-        raise CheckpointError(
-            f"cannot read a tuned lens from {path} ({err})",
-            fix="pass a folder written by TunedLens.save()",
-        ) from err
     except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError is not an OSError
         raise CheckpointError(
-            f"cannot read a tuned lens from {path} ({type(err).__name__}: {err})",
-            fix="pass a folder written by TunedLens.save()",
+            f"cannot read a tuned lens from {path} ({type(err).__name__}: {err})", fix=_READ_FIX
         ) from err
-    return config, tensors
+    if "fit_sequences" in tensors:
+        check_fit_sequences(tensors["fit_sequences"], f"in {path}")
+    check_translators_finite(
+        {k: v for k, v in tensors.items() if k != "fit_sequences"}, f"in {path}"
+    )
+    return tensors
 
 
 def translator_loss(
@@ -550,7 +801,9 @@ def _measure_batch(
             acc.add((depth, name), values, mask)
 
 
-def _as_lens(lens: TunedLens | str | os.PathLike, model: Model) -> TunedLens:
+def as_lens(lens: TunedLens | str | os.PathLike, model: Model) -> TunedLens:
+    """``lens`` (a :class:`TunedLens` or its folder) checked against ``model``
+    (:meth:`TunedLens.check_model`) and put on its device."""
     if isinstance(lens, str | os.PathLike):
         return TunedLens.load(lens, model)
     if not isinstance(lens, TunedLens):
@@ -587,7 +840,7 @@ def tuned_lens(
     """
     model = load(model)
     model.require_vocabulary("the tuned lens")
-    lens = _as_lens(lens, model)
+    lens = as_lens(lens, model)
     if not 1 <= k <= model.d_vocab:
         raise InputError(f"k={k} is outside 1..{model.d_vocab}", fix="pick k <= vocabulary size")
     acc = TokenMeans()
