@@ -364,6 +364,37 @@ def csordas_update_cosine(hf, prompts):
     return total / count
 
 
+def csordas_norm_stats(hf, arch: str, prompts) -> dict:
+    """analyze_norms.py: per layer, with h the block input, a and m the attention and MLP
+    outputs and D = block output - h, the token sums over every prompt divided by the token
+    count of ||a|| / max(||h||, 1e-6), ||m|| / max(||h + a||, 1e-6), ||D|| / max(||h||, 1e-6)
+    and torch's cosine_similarity with its default eps of (a, h), (m, h + a), (D, h) and
+    (block output, h). Returns {probekit's measure name: [L]}."""
+    sums: dict = {}
+    count = 0
+    for prompt in prompts:
+        ids = prompt[None]
+        rows: dict = {}
+        for h, a, m, out in updates(hf, arch, ids, torch.ones_like(ids)):
+            d, mid = out - h, h + a
+            cos = torch.nn.functional.cosine_similarity  # eps=1e-8, torch's default
+            found = {
+                "attn_rel": a.norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-6),
+                "mlp_rel": m.norm(dim=-1) / mid.norm(dim=-1).clamp(min=1e-6),
+                "update_rel": d.norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-6),
+                "cos_attn_in": cos(a, h, dim=-1),
+                "cos_mlp_mid": cos(m, mid, dim=-1),
+                "cos_update_in": cos(d, h, dim=-1),
+                "cos_out_in": cos(out, h, dim=-1),
+            }
+            for name, values in found.items():
+                rows.setdefault(name, []).append(values.sum(1))
+        for name, per_layer in rows.items():
+            sums[name] = sums.get(name, 0) + torch.cat(per_layer)
+        count += ids.shape[1]
+    return {name: total / count for name, total in sums.items()}
+
+
 # ---- end of the Csordas et al. 2025 block ---------------------------------------------------
 
 
