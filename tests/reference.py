@@ -286,22 +286,45 @@ def csordas_future_positions(length: int, rng, n_chunks: int = 4):
     return positions[:n_chunks]
 
 
-def csordas_effects(hf, prompts, mode: str, part: str = "layer", seed: int = 123, starts=None):
+def csordas_effects(
+    hf, prompts, mode: str, part: str = "layer", seed=123, starts=None, n_chunks: int = 4
+):
     """Per prompt (1-D token tensors, no padding): (matrix [L, L], output [L]) or None for a
-    prompt too short for future mode; the reference crashes on those, probekit skips them."""
+    prompt too short for future mode; the reference crashes on those, probekit skips them.
+    ``starts``: per prompt an int (skip_max_depth.py's answer start) or a list of positions
+    (its Math variant); else positions are drawn from ``random.Random(seed)``, or from
+    ``seed`` itself when it is a random stream (the ``random`` module, continuing its draws)."""
     import random
 
-    rng = random.Random(seed)
+    rng = random.Random(seed) if isinstance(seed, int) else seed
     per_prompt = []
     for i, prompt in enumerate(prompts):
         if mode == "current":
             ts = [None]
         elif starts is not None:
-            ts = [starts[i]]
+            ts = [starts[i]] if isinstance(starts[i], int) else list(starts[i])
         else:
-            ts = csordas_future_positions(len(prompt), rng)
+            ts = csordas_future_positions(len(prompt), rng, n_chunks)
         per_prompt.append(csordas_test_effect(hf, prompt[None], ts, part) if ts else None)
     return per_prompt
+
+
+def csordas_future_run(hf, prompts, seed: int = 123, n_chunks: int = 4) -> dict:
+    """analyze_future_effects.py's run(): ``random.seed(seed)`` once, then the parts in its
+    order (layer, mlp, attention), each over all prompts, so each part's positions continue
+    the stream where the previous part's left it. Returns {part: per-prompt effects}; the
+    global ``random`` state is restored afterwards."""
+    import random
+
+    state = random.getstate()
+    try:
+        random.seed(seed)
+        return {
+            part: csordas_effects(hf, prompts, "future", part, seed=random, n_chunks=n_chunks)
+            for part in ("layer", "mlp", "attention")
+        }
+    finally:
+        random.setstate(state)
 
 
 def csordas_max_over_prompts(per_prompt):
