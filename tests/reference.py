@@ -286,22 +286,45 @@ def csordas_future_positions(length: int, rng, n_chunks: int = 4):
     return positions[:n_chunks]
 
 
-def csordas_effects(hf, prompts, mode: str, part: str = "layer", seed: int = 123, starts=None):
+def csordas_effects(
+    hf, prompts, mode: str, part: str = "layer", seed=123, starts=None, n_chunks: int = 4
+):
     """Per prompt (1-D token tensors, no padding): (matrix [L, L], output [L]) or None for a
-    prompt too short for future mode; the reference crashes on those, probekit skips them."""
+    prompt too short for future mode; the reference crashes on those, probekit skips them.
+    ``starts``: per prompt an int (skip_max_depth.py's answer start) or a list of positions
+    (its Math variant); else positions are drawn from ``random.Random(seed)``, or from
+    ``seed`` itself when it is a random stream (the ``random`` module, continuing its draws)."""
     import random
 
-    rng = random.Random(seed)
+    rng = random.Random(seed) if isinstance(seed, int) else seed
     per_prompt = []
     for i, prompt in enumerate(prompts):
         if mode == "current":
             ts = [None]
         elif starts is not None:
-            ts = [starts[i]]
+            ts = [starts[i]] if isinstance(starts[i], int) else list(starts[i])
         else:
-            ts = csordas_future_positions(len(prompt), rng)
+            ts = csordas_future_positions(len(prompt), rng, n_chunks)
         per_prompt.append(csordas_test_effect(hf, prompt[None], ts, part) if ts else None)
     return per_prompt
+
+
+def csordas_future_run(hf, prompts, seed: int = 123, n_chunks: int = 4) -> dict:
+    """analyze_future_effects.py's run(): ``random.seed(seed)`` once, then the parts in its
+    order (layer, mlp, attention), each over all prompts, so each part's positions continue
+    the stream where the previous part's left it. Returns {part: per-prompt effects}; the
+    global ``random`` state is restored afterwards."""
+    import random
+
+    state = random.getstate()
+    try:
+        random.seed(seed)
+        return {
+            part: csordas_effects(hf, prompts, "future", part, seed=random, n_chunks=n_chunks)
+            for part in ("layer", "mlp", "attention")
+        }
+    finally:
+        random.setstate(state)
 
 
 def csordas_max_over_prompts(per_prompt):
@@ -362,6 +385,37 @@ def csordas_update_cosine(hf, prompts):
         total = total + torch.cat(cos)
         count += ids.shape[1]
     return total / count
+
+
+def csordas_norm_stats(hf, arch: str, prompts) -> dict:
+    """analyze_norms.py: per layer, with h the block input, a and m the attention and MLP
+    outputs and D = block output - h, the token sums over every prompt divided by the token
+    count of ||a|| / max(||h||, 1e-6), ||m|| / max(||h + a||, 1e-6), ||D|| / max(||h||, 1e-6)
+    and torch's cosine_similarity with its default eps of (a, h), (m, h + a), (D, h) and
+    (block output, h). Returns {probekit's measure name: [L]}."""
+    sums: dict = {}
+    count = 0
+    for prompt in prompts:
+        ids = prompt[None]
+        rows: dict = {}
+        for h, a, m, out in updates(hf, arch, ids, torch.ones_like(ids)):
+            d, mid = out - h, h + a
+            cos = torch.nn.functional.cosine_similarity  # eps=1e-8, torch's default
+            found = {
+                "attn_rel": a.norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-6),
+                "mlp_rel": m.norm(dim=-1) / mid.norm(dim=-1).clamp(min=1e-6),
+                "update_rel": d.norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-6),
+                "cos_attn_in": cos(a, h, dim=-1),
+                "cos_mlp_mid": cos(m, mid, dim=-1),
+                "cos_update_in": cos(d, h, dim=-1),
+                "cos_out_in": cos(out, h, dim=-1),
+            }
+            for name, values in found.items():
+                rows.setdefault(name, []).append(values.sum(1))
+        for name, per_layer in rows.items():
+            sums[name] = sums.get(name, 0) + torch.cat(per_layer)
+        count += ids.shape[1]
+    return {name: total / count for name, total in sums.items()}
 
 
 # ---- end of the Csordas et al. 2025 block ---------------------------------------------------

@@ -133,7 +133,27 @@ def test_residual_update_cosine_matches_plain_hooks(arch):
     got = res.table()["cos_update_in"].to_numpy()
     assert np.abs(got - want).max() < TOL
     other = probekit.residual_stats(model, data, convention="csordas2025")
-    assert np.array_equal(other.df.value.to_numpy(), res.df.value.to_numpy())
+    assert np.allclose(other.df.value.to_numpy(), res.df.value.to_numpy(), rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("embed_scale", [1.0, 1e-9], ids=["normal", "norms-below-1e-6"])
+def test_residual_stats_match_the_reference(embed_scale):
+    """Every measure of analyze_norms.py, also where the residual norms are below the
+    reference's 1e-6 clamp (and below torch's cosine eps 1e-8), where 'probekit' differs."""
+    hf = _hf("llama")
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(embed_scale)
+    data, prompts = _data(VARIABLE)
+    model, plain = probekit.load(hf), twin(hf)
+    h0 = ref.block_io(plain, prompts[0][None], torch.ones_like(prompts[0][None]))[0][0]
+    assert (float(h0.norm(dim=-1).max()) < 1e-8) == (embed_scale < 1)
+    res = probekit.residual_stats(model, data, convention="csordas2025").table()
+    want = ref.csordas_norm_stats(plain, "llama", prompts)
+    for name, values in want.items():
+        assert np.allclose(res[name].to_numpy(), values.numpy(), rtol=1e-6, atol=1e-9), name
+    own = probekit.residual_stats(model, data).table()
+    differs = not np.allclose(own["attn_rel"].to_numpy(), res["attn_rel"].to_numpy(), rtol=1e-3)
+    assert differs == (embed_scale < 1)
 
 
 def test_keep_first_leaves_position_zero_untouched(monkeypatch):

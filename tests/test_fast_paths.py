@@ -285,3 +285,40 @@ def test_default_batches_bound_the_output_and_keep_the_numbers(monkeypatch):
                 )
             else:
                 assert a[column].equals(b[column]), f"{name} {column}"
+
+
+def test_prob_l2_stays_within_its_stated_bound_on_peaky_outputs():
+    """A GPT-2 whose unembedding is scaled up so that its top token takes nearly all the
+    probability (as a trained LM's does): skipping each layer raises some logits by up to
+    EXP_SAFE on the float32 path, and prob_l2 stays within prob_l2_error_bound of the
+    float64 formula on the same logits."""
+    import transformers
+
+    vocab = 8192
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_embd=64, n_layer=4, n_head=4, n_positions=64, bos_token_id=0,
+        eos_token_id=0, tie_word_embeddings=False,
+    )  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(200.0)
+    model = probekit.load(hf)
+    tokens = torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(1))
+    [batch] = model.prepare(tokens)
+    trace = model.trace(batch)
+    clean = trace.logits.float()
+    assert float(clean.softmax(-1).amax(-1).median()) > 0.99  # peaky
+    worst, rises = 0.0, []
+    for layer in range(model.n_layers):
+        changed = trace.resume(layer + 1, trace.residuals[layer]).float()
+        got = _common.output_change(clean, changed, batch.labels, measures=("prob_l2",))
+        want = _common._output_change64(
+            clean.reshape(-1, vocab), changed.reshape(-1, vocab), batch.labels.reshape(-1)
+        )["prob_l2"]
+        worst = max(worst, float((got["prob_l2"].reshape(-1) - want).abs().max()))
+        rise = (changed - clean).amax(-1).reshape(-1)
+        rises.append(rise[rise <= _common.EXP_SAFE])
+    assert float(torch.cat(rises).max()) > 40  # the float32 path met large rises
+    assert 0 < worst <= _common.prob_l2_error_bound(vocab)
+    assert worst <= 1e-6  # the typical size the docs give (measured here: 2e-7)

@@ -8,10 +8,12 @@ averages over all selected tokens of all prompts; ``"csordas2025"`` takes the ma
 measured tokens, then positions t, then prompts, never ablates position 0, and is the
 reference code's reduction for ``prob_l2`` (its ``analyze_*_effects.py`` report only that
 measure; the others are reduced the same way). ``mode="future"`` ablates at positions < t and
-measures at positions >= t; ``keep_first`` leaves position 0 (a BOS token) untouched. Each
-layer's *share* is its whole-layer measure divided by the sum over layers; the
-*second-half share* (layers l >= L/2) is the depth-curse headline number: static pre-LN models
-put little of their output in the second half.
+measures at positions >= t; ``keep_first`` leaves position 0 (a BOS token) untouched;
+``component_positions`` says whether the attention and MLP ablations use the layer's positions
+t (``"shared"``) or draw their own after it, as the reference does (``"redrawn"``, the default
+under ``"csordas2025"``). Each layer's *share* is its whole-layer measure divided by the sum
+over layers; the *second-half share* (layers l >= L/2) is the depth-curse headline number:
+static pre-LN models put little of their output in the second half.
 
 A model without an LM head (a base model's final hidden state, or a sentence-transformers
 embedding; see :data:`probekit.analyses._common.HIDDEN_MEASURES`) is measured in hidden space:
@@ -60,7 +62,7 @@ from probekit.analyses.depth.conventions import (
     make_setup,
     masked_ablate_hooks,
     n_slots,
-    plan_windows_of,
+    plan_component_windows,
     slot_masks,
     window_meta,
 )
@@ -134,7 +136,8 @@ def contributions(
     keep_first: bool | None = None,
     n_future: int = 4,
     seed: int = 123,
-    answer_start: Sequence[int] | None = None,
+    answer_start: Sequence[int | Sequence[int]] | None = None,
+    component_positions: str | None = None,
     cache: Shared | None = None,
 ) -> ContributionResult:
     """Zero-ablate every layer and sublayer and measure the change of the output.
@@ -154,7 +157,12 @@ def contributions(
             always under 'csordas2025').
         n_future: how many positions t per prompt future mode draws.
         seed: the seed of future mode's draws.
-        answer_start: future mode at one given position per prompt (e.g. the answer start).
+        answer_start: future mode at given positions: per prompt an int (e.g. the answer
+            start) or a sequence of ints (the effects are maxed over them).
+        component_positions: in future mode with drawn positions, 'shared' (the attention
+            and MLP ablations use the layer's positions t) or 'redrawn' (each draws its own,
+            continuing the layer's random stream, as the reference code does); default
+            'redrawn' under 'csordas2025', else 'shared'.
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis, so
             the clean traces and the whole-layer skips are shared with ``skip_effects``.
 
@@ -164,7 +172,7 @@ def contributions(
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
     """
-    # 63 lines long: 15 are the signature and 26 the docstring documenting every parameter.
+    # 72 lines long: 16 are the signature and 31 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
     if not list(components):
@@ -172,12 +180,15 @@ def contributions(
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
-    batches, windows = plan_windows_of(model, data, batch_size, setup)
+    setup = make_setup(
+        model, convention, mode, keep_first, n_future, seed, answer_start, component_positions
+    )
+    batches = model.prepare(data, batch_size)
+    windows = plan_component_windows(setup, batches)
     reduction, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
     df = _table(model, reduction, components)
     summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
-    summary.update(windows.summary())
+    summary.update(windows["layer"].summary())
     if "layer" in components:
         summary.update(_add_shares(df, model.n_layers, model))
     meta = result_meta(
@@ -185,7 +196,7 @@ def contributions(
         positions=positions,
         batch_size=batch_size,
         components=list(components),
-        **window_meta(setup, windows),
+        **window_meta(setup, windows["layer"], windows),
     )
     return ContributionResult(df, summary, meta)
 
@@ -212,26 +223,28 @@ def _table(model: Model, reduction: Reduction, components: Sequence[str]) -> pd.
 def _ablation_means(
     shared: Shared,
     batches: list,
-    windows: Windows,
+    windows: dict[str, Windows],
     setup: Setup,
     positions: str,
     components: Sequence[str],
 ) -> tuple[Reduction, float]:
     """Every output measure per (layer, component), reduced per the convention, and the
-    clean loss (token mean over the selected positions)."""
+    clean loss (token mean over the selected positions). ``windows``: the positions t of
+    each component (:func:`~probekit.analyses.depth.conventions.plan_component_windows`)."""
     reduction, clean = Reduction(setup.reduction), TokenMeans()
     n_layers, first = shared.model.n_layers, 0
-    expect(n_slots(windows) * n_layers * len(components))  # the live line's variants
-    for batch, ts in zip(batches, windows.ts, strict=True):
+    expect(sum(n_slots(windows[c]) for c in components) * n_layers)  # the live line's variants
+    for i, batch in enumerate(batches):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
         mask = position_mask(batch, positions)
         if shared.model.output_kind == "logits":  # no loss without a vocabulary: NaN
             side = shared.side(batch)
             clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
-        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            for layer in range(n_layers):
-                for component in components:
+        for component in components:
+            ts = windows[component].ts[i]
+            for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
+                for layer in range(n_layers):
                     if component == "layer":
                         values = shared.skip(batch, layer, intervene_at).measures
                     else:

@@ -13,7 +13,8 @@ Two conventions (the ``convention`` argument of :func:`~probekit.skip_effects`,
   divide by ``max(||D_l||, 1e-6)``; position 0 is never intervened on (``keep_first=True``,
   the reference's ``merge_io(..., no_skip_front=1)``). The logit lens averages over the tokens
   of each prompt, then over the prompts (``logitlens.py``). Residual statistics pool tokens as
-  probekit does (``analyze_norms.py``), so both conventions give the same numbers there.
+  probekit does (``analyze_norms.py``), dividing by ``max(||x||, 1e-6)`` and with torch's
+  default cosine eps (1e-8), so the conventions differ there only for norms below 1e-6.
 
 Modes of the skip and ablation analyses:
 
@@ -23,10 +24,21 @@ Modes of the skip and ablation analyses:
   measurement at ``p >= t`` (the layer itself still runs at p >= t). The positions t are
   ``list(range(8, T - 4, 8))``, shuffled by one ``random.Random(seed)`` created per call and
   used prompt by prompt in data order (independent of ``batch_size``), keeping the first
-  ``n_future``; or, with ``answer_start``, the one position given per prompt (the reference's
-  ``skip_max_depth.py``). A prompt too short for any t (T < 13) is skipped and counted in the
-  summary (``n_prompts_skipped``); if no prompt is long enough the analysis raises
+  ``n_future``; or, with ``answer_start``, the positions given per prompt: one int (the
+  answer start, as ``skip_max_depth.py`` does for MQuake) or a sequence of ints (its Math
+  variant takes up to four positions inside the answer); the effects are maxed over them. A
+  prompt too short for any t (T < 13), or given an empty sequence, is skipped and counted in
+  the summary (``n_prompts_skipped``); if every prompt is, the analysis raises
   :class:`~probekit.errors.InputError` before any forward.
+
+Positions per component (``component_positions`` of :func:`~probekit.contributions`, future
+mode with drawn positions): the reference's ``analyze_future_effects.py`` seeds Python's
+``random`` once (123) and runs the parts in the order layer, MLP, attention, each over all
+prompts, so the MLP ablations get new positions t drawn after the layer's, and the attention
+ablations after the MLP's: one continuing random stream. ``"redrawn"`` does exactly that (the
+default under ``"csordas2025"``); ``"shared"`` (the default under ``"probekit"``) uses the
+layer's positions for all three, so the components are compared at the same t. The layer's
+positions, and so every ``skip_effects`` number, are the same either way.
 
 ``keep_first=None`` (default) keeps position 0 untouched when the model's tokenizer adds a BOS
 token (position 0 is then the BOS, a sink whose update later layers rely on) and always under
@@ -35,8 +47,8 @@ token (position 0 is then the BOS, a sink whose update later layers rely on) and
 Example:
     >>> from probekit.toy import toy_model
     >>> setup = make_setup(toy_model(), "csordas2025", "future", None, 4, 123, None)
-    >>> setup.keep_first, future_positions(30, 4, random.Random(123))
-    (True, [24, 16, 8])
+    >>> setup.keep_first, setup.component_positions, future_positions(30, 4, random.Random(123))
+    (True, 'redrawn', [24, 16, 8])
 """
 
 from __future__ import annotations
@@ -58,6 +70,10 @@ from probekit.model import Model
 
 CONVENTIONS = ("probekit", "csordas2025")
 MODES = ("current", "future")
+COMPONENT_POSITIONS = ("shared", "redrawn")
+DRAW_ORDER = ("layer", "mlp", "attn")
+"""The order in which ``component_positions="redrawn"`` draws positions t per component (the
+reference's ``run()``: layer, mlp, attention), whichever components are asked for."""
 FUTURE_START, FUTURE_STRIDE, FUTURE_MARGIN = 8, 8, 4
 CSORDAS_EPS = 1e-6
 
@@ -89,7 +105,8 @@ class Setup:
     keep_first: bool
     n_future: int
     seed: int
-    answer_start: tuple[int, ...] | None
+    answer_start: tuple[tuple[int, ...], ...] | None
+    component_positions: str = "shared"
 
     @property
     def reduction(self) -> str:
@@ -101,6 +118,11 @@ class Setup:
             out.update(n_future=self.n_future, seed=self.seed)
         return out
 
+    @property
+    def redraws(self) -> bool:
+        """Whether the attention and MLP ablations draw their own positions t."""
+        return self.component_positions == "redrawn"
+
 
 def make_setup(
     model: Model,
@@ -109,9 +131,11 @@ def make_setup(
     keep_first: bool | None,
     n_future: int,
     seed: int,
-    answer_start: Sequence[int] | None,
+    answer_start: Sequence[int | Sequence[int]] | None,
+    component_positions: str | None = None,
 ) -> Setup:
-    """Validate the intervention options (before any work) and resolve ``keep_first``."""
+    """Validate the intervention options (before any work); resolve ``keep_first`` and
+    ``component_positions`` (see the module docstring)."""
     check_convention(convention)
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}", fix=f"use one of {MODES}")
@@ -126,20 +150,69 @@ def make_setup(
         raise InputError("answer_start needs mode='future'", fix="pass mode='future'")
     if keep_first is None:
         keep_first = convention == "csordas2025" or adds_bos(model.tokenizer)
-    return Setup(convention, mode, keep_first, n_future, seed, starts)
+    per_component = _component_positions(component_positions, convention, mode, starts)
+    return Setup(convention, mode, keep_first, n_future, seed, starts, per_component)
 
 
-def _positions(values: Sequence[int]) -> tuple[int, ...]:
-    """``values`` as a tuple of ints (a list, array or tensor of integers), else InputError."""
+def _component_positions(
+    value: str | None, convention: str, mode: str, starts: tuple | None
+) -> str:
+    """``component_positions`` checked, ``None`` resolved: 'redrawn' where positions are drawn
+    under 'csordas2025', else 'shared'."""
+    if value is not None and value not in COMPONENT_POSITIONS:
+        raise InputError(
+            f"unknown component_positions {value!r}", fix=f"use one of {COMPONENT_POSITIONS}"
+        )
+    draws = mode == "future" and starts is None
+    if value == "redrawn" and not draws:
+        raise InputError(
+            "component_positions='redrawn' draws positions t, but "
+            + ("answer_start gives them" if starts is not None else "mode='current' has none"),
+            fix="leave component_positions unset, or use mode='future' without answer_start",
+        )
+    if value is None:
+        return "redrawn" if draws and convention == "csordas2025" else "shared"
+    return value
+
+
+_ANSWER_FIX = "per prompt one int position, or a sequence of int positions, in data order"
+
+
+def _positions(values: Sequence[int | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """``values`` (per prompt an int, or a sequence of ints: lists, arrays or tensors of
+    integers) as a tuple of tuples of ints, else InputError."""
     try:
-        out = tuple(operator.index(t) for t in values)
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        items = list(values)
+    except TypeError:
+        raise InputError(f"answer_start={values!r} is not a sequence", fix=_ANSWER_FIX) from None
+    return tuple(_prompt_positions(i, v) for i, v in enumerate(items))
+
+
+def _prompt_positions(i: int, value: int | Sequence[int]) -> tuple[int, ...]:
+    """The positions of prompt ``i``: an int, or a sequence of ints (not nested further)."""
+    try:
+        items = [value] if _is_int(value) else list(value)  # type: ignore[arg-type]
+        if isinstance(value, (str, bytes)) or not all(_is_int(t) for t in items):
+            raise TypeError
     except TypeError:
         raise InputError(
-            "answer_start must hold integer positions", fix="one int position per prompt"
+            f"answer_start[{i}]={value!r} is not an integer position or a sequence of them",
+            fix=_ANSWER_FIX,
         ) from None
-    if any(isinstance(t, bool) for t in values):
-        raise InputError("answer_start holds booleans", fix="one int position per prompt")
-    return out
+    return tuple(operator.index(t) for t in items)
+
+
+def _is_int(value: object) -> bool:
+    """An integer that is not a bool (int, numpy integer, integer 0-d tensor)."""
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    try:
+        operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
 
 
 def future_positions(length: int, n_future: int, rng: random.Random) -> list[int]:
@@ -166,33 +239,44 @@ class Windows:
 
 def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
     """Draw the positions t of every prompt; refuse data where no prompt has one."""
+    return _plan(setup, batches, random.Random(setup.seed))
+
+
+def plan_component_windows(setup: Setup, batches: list[Batch]) -> dict[str, Windows]:
+    """The positions t per component of :data:`DRAW_ORDER`: the layer's for all three
+    (``component_positions='shared'``), or drawn component after component from one random
+    stream seeded once (``'redrawn'``)."""
+    if not setup.redraws:
+        windows = plan_windows(setup, batches)
+        return dict.fromkeys(DRAW_ORDER, windows)
+    rng = random.Random(setup.seed)
+    return {component: _plan(setup, batches, rng) for component in DRAW_ORDER}
+
+
+def _plan(setup: Setup, batches: list[Batch], rng: random.Random) -> Windows:
+    """:func:`plan_windows` drawing from ``rng`` (in future mode without ``answer_start``)."""
     lengths = [int(n) for b in batches for n in b.valid.sum(-1).tolist()]
     if setup.answer_start is not None and len(setup.answer_start) != len(lengths):
         raise InputError(
-            f"answer_start has {len(setup.answer_start)} positions for {len(lengths)} prompts",
-            fix="give one answer-start position per prompt, in data order",
+            f"answer_start has entries for {len(setup.answer_start)} prompts; the data has "
+            f"{len(lengths)}",
+            fix=_ANSWER_FIX,
         )
-    rng = random.Random(setup.seed)
     rows: list[list[int | None]] = []
     for i, length in enumerate(lengths):
         if setup.mode == "current":
             rows.append([None])
         elif setup.answer_start is not None:
-            t = setup.answer_start[i]
-            if not int(setup.keep_first) < t < length:
-                raise InputError(
-                    f"answer_start[{i}]={t} leaves nothing to intervene on or to measure in a "
-                    f"prompt of {length} tokens",
-                    fix=f"use {int(setup.keep_first) + 1} <= answer_start < prompt length",
-                )
-            rows.append([t])
+            rows.append(_given(setup, i, length))
         else:
             rows.append(future_positions(length, setup.n_future, rng))
     skipped = sum(not r for r in rows)
     if skipped == len(rows):
         raise InputError(
             f"no prompt is long enough for mode='future' (needs at least "
-            f"{FUTURE_START + FUTURE_MARGIN + 1} real tokens; the longest has {max(lengths)})",
+            f"{FUTURE_START + FUTURE_MARGIN + 1} real tokens; the longest has {max(lengths)})"
+            if setup.answer_start is None
+            else "answer_start gives no position for any prompt",
             fix="pass longer prompts, or answer_start=..., or mode='current'",
         )
     out, start = [], 0
@@ -200,6 +284,19 @@ def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
         out.append(rows[start : start + b.tokens.shape[0]])
         start += b.tokens.shape[0]
     return Windows(out, len(rows), skipped)
+
+
+def _given(setup: Setup, i: int, length: int) -> list[int | None]:
+    """The ``answer_start`` positions of prompt ``i`` (``length`` real tokens), checked."""
+    ts = setup.answer_start[i]  # type: ignore[index]
+    for t in ts:
+        if not int(setup.keep_first) < t < length:
+            raise InputError(
+                f"answer_start[{i}] holds {t}, which leaves nothing to intervene on or to "
+                f"measure in a prompt of {length} tokens",
+                fix=f"use positions {int(setup.keep_first) + 1} <= t < prompt length",
+            )
+    return list(ts)
 
 
 def plan_windows_of(
@@ -211,11 +308,19 @@ def plan_windows_of(
     return batches, plan_windows(setup, batches)
 
 
-def window_meta(setup: Setup, windows: Windows) -> dict:
-    """The ``meta`` entries of the options, and in future mode the positions t that were used."""
+def window_meta(
+    setup: Setup, windows: Windows, per_component: dict[str, Windows] | None = None
+) -> dict:
+    """The ``meta`` entries of the options, and in future mode the positions t that were used
+    (``future_t``: the layer's; with ``per_component`` redrawn also ``future_t_<component>``)."""
     out = setup.meta()
     if setup.mode == "future":
         out["future_t"] = windows.positions()
+    if per_component is not None and setup.mode == "future":
+        out["component_positions"] = setup.component_positions
+        if setup.redraws:
+            for component in DRAW_ORDER[1:]:
+                out[f"future_t_{component}"] = per_component[component].positions()
     return out
 
 

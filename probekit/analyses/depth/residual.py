@@ -2,8 +2,7 @@
 
 Write h_{l+1} = h_l + a_l + m_l with a_l the attention update and m_l the MLP update of layer l.
 Per token, then averaged over all selected tokens of all prompts pooled (both conventions:
-the reference code of Csordas et al. 2025, ``analyze_norms.py``, pools tokens the same way, so
-``convention="csordas2025"`` gives the same numbers):
+the reference code of Csordas et al. 2025, ``analyze_norms.py``, pools tokens the same way):
 
 - ``cos_out_in``   cos(h_{l+1}, h_l)         how much a layer turns the stream,
 - ``cos_attn_in``  cos(a_l, h_l)             whether attention writes along or against it,
@@ -12,6 +11,11 @@ the reference code of Csordas et al. 2025, ``analyze_norms.py``, pools tokens th
 - ``attn_rel``     ||a_l|| / ||h_l||,
 - ``mlp_rel``      ||m_l|| / ||h_l + a_l||,
 - ``update_rel``   ||a_l + m_l|| / ||h_l||   the layer's relative update size.
+
+The conventions differ only where a norm is tiny: ``"probekit"`` divides by ``||x|| + 1e-12``
+and gives cosines torch's ``eps=1e-12``; ``"csordas2025"`` does what ``analyze_norms.py`` does,
+dividing by ``max(||x||, 1e-6)`` and taking torch's default cosine ``eps=1e-8`` (each norm
+clamped at 1e-8). For residual norms above 1e-6 the two agree to float64 rounding.
 
 For post-norm models (BERT) a_l and m_l are the changes each sublayer, with its add-norm, makes
 to the stream (see :meth:`probekit.Model.update_hooks`), so the decomposition holds exactly.
@@ -40,7 +44,7 @@ from probekit.analyses._common import (
     result_meta,
     second_half,
 )
-from probekit.analyses.depth.conventions import check_convention
+from probekit.analyses.depth.conventions import check_convention, relative_from_norms
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.progress import counted
@@ -55,24 +59,45 @@ RESIDUAL_MEASURES = (
     "update_rel",
     "cos_update_in",
 )
-_EPS = 1e-12
+COSINE_EPS = {"probekit": 1e-12, "csordas2025": 1e-8}
+"""The ``eps`` of :func:`torch.nn.functional.cosine_similarity` per convention (1e-8 is torch's
+default, which ``analyze_norms.py`` uses)."""
 
 
 def residual_measures(
-    h_in: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor, h_out: torch.Tensor
+    h_in: torch.Tensor,
+    attn: torch.Tensor,
+    mlp: torch.Tensor,
+    h_out: torch.Tensor,
+    convention: str = "probekit",
 ) -> dict[str, torch.Tensor]:
-    """The per-token measures of :data:`RESIDUAL_MEASURES` for one layer (float64)."""
+    """The per-token measures of :data:`RESIDUAL_MEASURES` for one layer (float64); the norms
+    divided by and the cosine eps as ``convention`` says (see the module docstring).
+
+    Example:
+        >>> h, a = torch.full((1, 4), 1e-9), torch.full((1, 4), 1e-9)
+        >>> [round(float(residual_measures(h, a, a, h + 2 * a, c)["attn_rel"]), 4)
+        ...  for c in COSINE_EPS]
+        [0.9995, 0.002]
+    """
     h_in, attn, mlp, h_out = (t.double() for t in (h_in, attn, mlp, h_out))
-    mid = h_in + attn
-    norm = lambda t: t.norm(dim=-1)  # noqa: E731
+    mid, update = h_in + attn, attn + mlp
+    eps = COSINE_EPS[convention]
+
+    def cos(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cosine_similarity(x, y, dim=-1, eps=eps)
+
+    def rel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return relative_from_norms(x.norm(dim=-1), y.norm(dim=-1), convention)
+
     return {
-        "cos_out_in": F.cosine_similarity(h_out, h_in, dim=-1, eps=_EPS),
-        "cos_attn_in": F.cosine_similarity(attn, h_in, dim=-1, eps=_EPS),
-        "cos_mlp_mid": F.cosine_similarity(mlp, mid, dim=-1, eps=_EPS),
-        "attn_rel": norm(attn) / (norm(h_in) + _EPS),
-        "mlp_rel": norm(mlp) / (norm(mid) + _EPS),
-        "update_rel": norm(attn + mlp) / (norm(h_in) + _EPS),
-        "cos_update_in": F.cosine_similarity(attn + mlp, h_in, dim=-1, eps=_EPS),
+        "cos_out_in": cos(h_out, h_in),
+        "cos_attn_in": cos(attn, h_in),
+        "cos_mlp_mid": cos(mlp, mid),
+        "attn_rel": rel(attn, h_in),
+        "mlp_rel": rel(mlp, mid),
+        "update_rel": rel(update, h_in),
+        "cos_update_in": cos(update, h_in),
     }
 
 
@@ -130,8 +155,9 @@ def residual_stats(
     """Measure the residual-stream similarities and relative norms of every layer.
 
     Only the tensors of the layer being run are held; each layer's measures are reduced to
-    token sums inside its output hook. ``convention`` ('probekit' or 'csordas2025') is
-    accepted for symmetry with the other depth analyses; both pool tokens.
+    token sums inside its output hook. ``convention`` ('probekit' or 'csordas2025'): both pool
+    tokens; 'csordas2025' clamps the norms it divides by at 1e-6 and uses torch's default
+    cosine eps (1e-8), as the reference's ``analyze_norms.py`` does.
     """
     model = load(model)
     check_convention(convention)
@@ -141,7 +167,7 @@ def residual_stats(
 
         def reduce(layer: int, mask: torch.Tensor = mask) -> Any:
             def fn(h_in, attn, mlp, h_out) -> None:
-                for name, values in residual_measures(h_in, attn, mlp, h_out).items():
+                for name, values in residual_measures(h_in, attn, mlp, h_out, convention).items():
                     acc.add((layer, name), values, mask)
 
             return fn

@@ -129,7 +129,7 @@ def skip_effects(
     keep_first: bool | None = None,
     n_future: int = 4,
     seed: int = 123,
-    answer_start: Sequence[int] | None = None,
+    answer_start: Sequence[int | Sequence[int]] | None = None,
     cache: Shared | None = None,
 ) -> SkipEffectResult:
     """Skip every layer in turn and measure the change of each later layer's update.
@@ -148,7 +148,8 @@ def skip_effects(
             always under 'csordas2025').
         n_future: how many positions t per prompt future mode draws.
         seed: the seed of future mode's draws.
-        answer_start: future mode at one given position per prompt (e.g. the answer start).
+        answer_start: future mode at given positions: per prompt an int (e.g. the answer
+            start) or a sequence of ints (the effects are maxed over them).
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (the
             skips ``contributions`` ran are reused, not run again).
 
