@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -40,8 +39,8 @@ from probekit.analyses.timeline import (
     timeline,
 )
 from probekit.data import Data
-from probekit.errors import InputError
-from probekit.io import atomic_write_text
+from probekit.errors import InputError, ProbekitError
+from probekit.io import atomic_write_text, read_json
 from probekit.report import diagnose, save_report
 from probekit.result import Result
 from probekit.training.executor import Failed, check_executor, log, run_tasks
@@ -140,9 +139,9 @@ def _one_diagnosis(job: tuple[str, Any, Any, Path, dict[str, Any]]) -> dict[str,
 
 def _written_headline(folder: Path) -> dict[str, Any] | None:
     """The headline of a report already written in ``folder``, else None."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
+    try:  # a pipe there would block, JSON nested too deep would raise: neither is a report
+        summary = read_json(folder / "summary.json", 2**26, "a report's summary.json")
+    except (OSError, ProbekitError):
         return None
     headline = summary.get("headline") if isinstance(summary, dict) else None
     return headline if isinstance(headline, dict) and (folder / "report.html").is_file() else None

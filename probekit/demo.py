@@ -204,7 +204,7 @@ def is_demo_folder(path: str | os.PathLike) -> bool:
         with index.open("rb") as handle:
             head = handle.read(500)
         value = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
         return False
     return b"<title>probekit demo</title>" in head and isinstance(value, dict)
 

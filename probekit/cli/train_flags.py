@@ -25,7 +25,8 @@ from typing import Any
 
 from probekit.anchor import KEY_SPLITS, PRESETS, SPECIAL_FORMS, AnchorTask, TrainConfig
 from probekit.cli.common import Flags, add_device, add_quiet
-from probekit.errors import ConfigError, check_known_keys
+from probekit.errors import CheckpointError, ConfigError, check_known_keys
+from probekit.io import read_regular_file
 from probekit.training.checks import check_mapping, is_int
 from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
 from probekit.training.precision import PRECISIONS
@@ -394,9 +395,12 @@ def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
     ``--preset``, or none."""
     if getattr(args, "config", None) is None:
         return _preset_settings(args)
-    try:
-        base = json.loads(Path(args.config).read_text(), object_pairs_hook=_no_repeats)
-    except (OSError, ValueError) as err:
+    try:  # a pipe or device would block: only a regular file of at most 16 MiB is read
+        raw = read_regular_file(args.config, 16 * 2**20, "a config file")
+        base = json.loads(raw, object_pairs_hook=_no_repeats)
+    except CheckpointError as err:
+        raise ConfigError(err.problem, fix=err.fix) from err
+    except (OSError, ValueError, RecursionError) as err:  # nested too deep: RecursionError
         raise ConfigError(
             f"cannot read the config file {args.config} ({err})",
             fix="pass a JSON file such as a run's config.json",
