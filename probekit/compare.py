@@ -293,8 +293,8 @@ def comparison_page(
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}"
         "</title><style>body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;"
-        f"margin:2rem auto;max-width:{figures.MAX_WIDTH}px;color:#222;line-height:1.5}}"
-        "table{border-collapse:"
+        f"margin:2rem auto;max-width:{figures.MAX_WIDTH}px;padding:0 1.5rem;color:#222;"
+        "line-height:1.5}table{border-collapse:"
         "collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;padding:.25rem .7rem;"
         f"text-align:left}}</style></head><body><h1>{html.escape(title)}</h1>"
         + (f"<p>Data: {html.escape(data_label)}</p>" if data_label else "")

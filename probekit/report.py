@@ -305,7 +305,7 @@ _PAGE = """<!DOCTYPE html>
 {plotly}
 <style>
 body {{ font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
-       max-width: {page_width}px; color: #222; line-height: 1.5; }}
+       max-width: {page_width}px; padding: 0 1.5rem; color: #222; line-height: 1.5; }}
 h1 {{ font-size: 1.7rem; margin-bottom: .2rem; }}
 .sub {{ color: #666; margin-top: 0; }}
 .banner {{ background: #fff4e0; border-left: 4px solid #e08a00; padding: .6rem 1.2rem; }}

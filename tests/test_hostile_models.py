@@ -202,7 +202,7 @@ def test_a_config_declaring_impossible_shapes_is_refused_before_anything_is_buil
 
 
 def test_a_lens_too_big_for_memory_is_refused(lens_dir, tmp_path, monkeypatch):
-    from probekit.analyses.depth import tuned_lens as module
+    from probekit.analyses.depth import lens_checks as module
 
     monkeypatch.setattr(module, "available_memory", lambda device="cpu": 1000)
     with pytest.raises(CheckpointError, match="more than the .* GiB of memory available"):

@@ -45,11 +45,23 @@ from torch import nn
 from probekit import figures
 from probekit.analyses._common import TokenMeans, check_outputs_finite, result_meta
 from probekit.analyses.depth.lens import LogitLensResult, lens_measures
+from probekit.analyses.depth.lens_checks import (
+    CONFIG_FILE,
+    FORMAT,
+    VERSION,
+    WEIGHTS_FILE,
+    check_fit_sequences,
+    check_identity,
+    check_lens_shape,
+    check_translators_finite,
+    model_identity,
+    read_lens_config,
+    read_lens_tensors,
+)
 from probekit.data import Batch, Data, position_mask
-from probekit.errors import CheckpointError, InputError, NumericalError, UnsupportedModelError
-from probekit.io import atomic_write_text, read_json, swapped_directory
+from probekit.errors import CheckpointError, InputError, UnsupportedModelError
+from probekit.io import atomic_write_text, swapped_directory
 from probekit.model import Model, Trace, load
-from probekit.numerics import all_finite, available_memory, tolerance, within_tolerance
 from probekit.result import json_ready
 
 OPTIMIZERS = ("sgd", "adam")
@@ -59,18 +71,6 @@ AMSGrad, as in the ``tuned-lens`` package."""
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3}
 """Default torch learning rates. SGD's 0.1 is the package's ``lr_scale = 1`` times
 ``1 - momentum`` (which undoes the 1 / (1 - momentum) gain of PyTorch's momentum)."""
-
-FORMAT = "probekit.tuned_lens"
-WEIGHTS_FILE, CONFIG_FILE = "lens.safetensors", "config.json"
-VERSION = 2
-"""Version 2 records the identity of the model a lens was fit on (:func:`model_identity`);
-version 1 lenses have none (see :meth:`TunedLens.check_model`)."""
-
-CONFIG_BYTES = 1 << 30
-"""The largest lens config.json read (its loss history holds one number per step)."""
-
-FINGERPRINT_SAMPLES = 16
-"""Values sampled from each fingerprinted weight tensor (:func:`model_identity`)."""
 
 
 @dataclass
@@ -187,161 +187,6 @@ def _check_head(model: Model) -> None:
         raise UnsupportedModelError(
             f"the {model.architecture} model has no unembedding (no vocabulary to decode to)",
             fix="load the model with its language-model head (e.g. *ForCausalLM)",
-        )
-
-
-def _sampled(weight: torch.Tensor) -> list[float] | None:
-    """:data:`FINGERPRINT_SAMPLES` values of ``weight`` at positions drawn from its size (the
-    same positions for every model of that shape); None for a weight with no values here
-    (offloaded to the meta device)."""
-    if weight.device.type == "meta" or weight.numel() == 0:
-        return None
-    g = torch.Generator().manual_seed(weight.numel())
-    flat = torch.randint(weight.numel(), (FINGERPRINT_SAMPLES,), generator=g)
-    index = tuple(i.to(weight.device) for i in torch.unravel_index(flat, weight.shape))
-    return [float(v) for v in weight.detach()[index].float().cpu()]
-
-
-def _largest(model: Model, layer: int) -> torch.Tensor:
-    """The largest weight tensor of block ``layer`` (not a norm's gain, which starts at 1)."""
-    return max((group[0] for group in model.layer_weights(layer)), key=lambda p: p.numel())
-
-
-def model_identity(model: Model) -> dict[str, Any]:
-    """What a lens records of the model it is fit on: architecture, shapes, dtype, where it
-    was loaded from, and a weight fingerprint (:data:`FINGERPRINT_SAMPLES` values each of the
-    embedding, the unembedding and the largest weight of the first and the last block).
-
-    Example:
-        >>> from probekit.toy import toy_model
-        >>> identity = model_identity(load(toy_model(n_layers=2)))
-        >>> identity["n_layers"], sorted(identity["fingerprint"])
-        (2, ['embedding', 'first block', 'last block', 'unembedding'])
-    """
-    hf = model.hf_model
-    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
-    weights = {
-        "embedding": hf.get_input_embeddings().weight,
-        "unembedding": None if head is None else head.weight,
-        "first block": _largest(model, 0),
-        "last block": _largest(model, model.n_layers - 1),
-    }
-    return {
-        "architecture": model.architecture,
-        "n_layers": model.n_layers,
-        "d_model": model.d_model,
-        "d_vocab": model.d_vocab,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "source": str(getattr(hf.config, "_name_or_path", "") or ""),
-        "fingerprint": {k: None if w is None else _sampled(w) for k, w in weights.items()},
-    }
-
-
-def describe_identity(identity: dict[str, Any]) -> str:
-    """A model identity in words (architecture, shapes and where it was loaded from)."""
-    source = identity.get("source")
-    return (
-        f"{identity.get('architecture')} (n_layers={identity.get('n_layers')}, "
-        f"d_model={identity.get('d_model')}, d_vocab={identity.get('d_vocab')}"
-        + (f", from {source}" if source else "")
-        + ")"
-    )
-
-
-def _dtype_tolerance(name: Any) -> float:
-    dtype = getattr(torch, str(name), None)
-    return tolerance(dtype) if isinstance(dtype, torch.dtype) else tolerance(torch.float16)
-
-
-def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """How the model identity ``current`` differs from the ``saved`` one, or None when they
-    are the same model: the same architecture and shapes, and every fingerprinted weight equal
-    to the tolerance of the coarser of the two dtypes (:func:`~probekit.numerics.tolerance`:
-    the same checkpoint loaded in bfloat16 matches its float32 self; another model does not)."""
-    for key in ("architecture", "n_layers", "d_model", "d_vocab"):
-        if saved.get(key) != current.get(key):
-            return f"its {key} is {saved.get(key)!r}, this model's {current.get(key)!r}"
-    tol = max(_dtype_tolerance(saved.get("dtype")), _dtype_tolerance(current.get("dtype")))
-    theirs = saved.get("fingerprint")
-    mine = current.get("fingerprint") or {}
-    if not isinstance(theirs, dict):
-        return "its weight fingerprint is unreadable"
-    for name, values in theirs.items():
-        if values is None or mine.get(name) is None:
-            continue
-        try:
-            want = torch.tensor(values, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            return f"its {name} fingerprint is unreadable"
-        got = torch.tensor(mine[name], dtype=torch.float64)
-        if want.shape != got.shape or not within_tolerance(got, want, tol):
-            return f"the {name} weights differ"
-    return None
-
-
-def check_translators_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
-    """Raise :class:`NumericalError` naming the first translator tensor (of the lens
-    ``where``) holding NaN or infinite values."""
-    for name, tensor in tensors.items():
-        if not all_finite(tensor):
-            raise NumericalError(
-                f"the tuned lens {where} holds NaN or infinite values in {name}",
-                fix="refit the lens (a lower lr, or grad_clip, keeps the fit finite)",
-            )
-
-
-def check_fit_sequences(hashes: Any, where: str) -> None:
-    """Refuse ``fit_sequences`` that are not one int64 hash per sequence (a float copy
-    cannot hold the hashes, so the overlap would silently be 0)."""
-    ok = isinstance(hashes, torch.Tensor) and hashes.dtype == torch.int64 and hashes.ndim == 1
-    if not ok:
-        kind = (
-            f"a {hashes.dtype} tensor of shape {tuple(hashes.shape)}"
-            if isinstance(hashes, torch.Tensor)
-            else type(hashes).__name__
-        )
-        raise CheckpointError(
-            f"the fit_sequences of the tuned lens {where} are {kind}, not one int64 hash per "
-            "sequence, so the overlap of fit and evaluation data cannot be counted",
-            fix="refit the lens, or keep fit_sequences as TunedLens.fit writes them (int64)",
-        )
-
-
-def check_lens_shape(mine: tuple[int, int, int | None], model: Model) -> None:
-    """Raise :class:`InputError` unless ``model`` has the lens shape ``mine`` (n_layers,
-    d_model, d_vocab; a d_vocab of None is not compared)."""
-    theirs = (model.n_layers, model.d_model, model.d_vocab)
-    if mine[:2] != theirs[:2] or (mine[2] is not None and mine[2] != theirs[2]):
-        raise InputError(
-            f"the tuned lens was fit on a model with n_layers={mine[0]}, d_model={mine[1]}, "
-            f"d_vocab={mine[2]}; this model has n_layers={theirs[0]}, d_model={theirs[1]}, "
-            f"d_vocab={theirs[2]}",
-            fix="fit a lens on this model (TunedLens.fit) or load the lens made for it",
-        )
-
-
-def check_identity(saved: Any, current: dict[str, Any], where: str) -> None:
-    """Raise :class:`InputError` naming both models unless the lens ``where``, which records
-    the model identity ``saved``, was fit on the model of identity ``current``. A lens that
-    records none (saved before lenses did) is refused too, with the way to record it."""
-    refit = (
-        "fit a lens on this model (probekit diagnose --tuned-lens, or TunedLens.fit(model, "
-        "data)) or pass the model the lens was fit on"
-    )
-    if not isinstance(saved, dict):
-        raise InputError(
-            f"the tuned lens {where} records no identity of the model it was fit on (it was "
-            f"saved before lenses did), so it cannot be checked against this model, "
-            f"{describe_identity(current)}",
-            fix=f"{refit}; if it was fit on this very model, record that: lens = "
-            "TunedLens.load(path); lens.identify(model); lens.save(path)",
-        )
-    reason = identity_mismatch(saved, current)
-    if reason is not None:
-        raise InputError(
-            f"the tuned lens {where} was fit on {describe_identity(saved)}, not on this model, "
-            f"{describe_identity(current)}: {reason}",
-            fix=refit,
         )
 
 
@@ -562,11 +407,11 @@ class TunedLens(nn.Module):
         shapes are compared with it first and the lens is refused unless it was fit on that
         model (:meth:`check_model`); it is then put on the model's device."""
         path = Path(path)
-        config = _read_lens_config(path)
+        config = read_lens_config(path)
         if model is not None:
             model = load(model)
             check_lens_shape((config["n_layers"], config["d_model"], config["d_vocab"]), model)
-        tensors = _read_lens_tensors(path, config)
+        tensors = read_lens_tensors(path, config)
         lens = cls(config["n_layers"], config["d_model"], config["d_vocab"])
         lens.fit_sequences = tensors.pop("fit_sequences", torch.zeros(0, dtype=torch.int64))
         expected = {k: tuple(v.shape) for k, v in lens.state_dict().items()}
@@ -583,91 +428,6 @@ class TunedLens(nn.Module):
             lens.check_model(model, where=f"in {path}")
             lens.to(model.device)
         return lens
-
-
-_READ_FIX = "pass a folder written by TunedLens.save()"
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _read_lens_config(path: Path) -> dict[str, Any]:
-    """The checked config.json of the lens folder ``path``: a regular file of the format, with
-    whole-number ``n_layers`` and ``d_model`` (and ``d_vocab`` or null) and an object
-    ``fit_info``; anything else is one :class:`CheckpointError`."""
-    if not path.is_dir():
-        raise CheckpointError(f"cannot read a tuned lens from {path} (not a folder)", fix=_READ_FIX)
-    config = read_json(path / CONFIG_FILE, CONFIG_BYTES, "a tuned lens's config", fix=_READ_FIX)
-    problem = None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        problem = f"{CONFIG_FILE} is not a {FORMAT} config"
-    elif not all(_is_count(config.get(k)) for k in ("n_layers", "d_model")):
-        problem = f"n_layers {config.get('n_layers')!r} or d_model {config.get('d_model')!r}"
-        problem += " is not a whole number >= 1"
-    elif config.get("d_vocab") is not None and not _is_count(config["d_vocab"]):
-        problem = f"d_vocab {config['d_vocab']!r} is not a whole number >= 1"
-    elif not isinstance(config.get("fit_info", {}), dict):
-        problem = f"fit_info is a JSON {type(config['fit_info']).__name__}, not an object"
-    if problem is not None:
-        raise CheckpointError(f"cannot read a tuned lens from {path} ({problem})", fix=_READ_FIX)
-    return {**config, "d_vocab": config.get("d_vocab"), "fit_info": config.get("fit_info", {})}
-
-
-def _check_lens_size(path: Path, config: dict[str, Any]) -> None:
-    """Refuse a weights file that is not a regular file, and a config whose translators
-    (float32) need more bytes than the weights file holds or than the free memory, before
-    anything is built."""
-    import stat
-
-    weights = path / WEIGHTS_FILE
-    try:
-        info = os.stat(weights)
-    except OSError as err:
-        raise CheckpointError(
-            f"cannot read a tuned lens from {path} ({err.strerror or err})", fix=_READ_FIX
-        ) from err
-    if not stat.S_ISREG(info.st_mode):
-        raise CheckpointError(
-            f"{weights} is not a regular file (a pipe, device or folder), so it cannot be a "
-            "tuned lens's weights",
-            fix=_READ_FIX,
-        )
-    n, d = config["n_layers"], config["d_model"]
-    need = 4 * n * d * (d + 1)
-    if need > info.st_size:
-        raise CheckpointError(
-            f"cannot read a tuned lens from {path} (its config declares {n} translators of "
-            f"d_model {d}, {need} bytes, more than its {WEIGHTS_FILE} holds: {info.st_size})",
-            fix="re-save the lens with TunedLens.save()",
-        )
-    free = available_memory("cpu")
-    if free is not None and 2 * need > free:
-        raise CheckpointError(
-            f"the tuned lens in {path} needs about {2 * need / 2**30:.1f} GiB to load, more "
-            f"than the {free / 2**30:.1f} GiB of memory available",
-            fix="load it on a machine with more memory",
-        )
-
-
-def _read_lens_tensors(path: Path, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of a saved lens (checked in size first), with finite translators and int64
-    ``fit_sequences``, or :class:`CheckpointError` / :class:`NumericalError`."""
-    from safetensors.torch import load_file
-
-    _check_lens_size(path, config)
-    try:
-        tensors = load_file(str(path / WEIGHTS_FILE))
-    except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError is not an OSError
-        raise CheckpointError(
-            f"cannot read a tuned lens from {path} ({type(err).__name__}: {err})", fix=_READ_FIX
-        ) from err
-    if "fit_sequences" in tensors:
-        check_fit_sequences(tensors["fit_sequences"], f"in {path}")
-    check_translators_finite(
-        {k: v for k, v in tensors.items() if k != "fit_sequences"}, f"in {path}"
-    )
-    return tensors
 
 
 def translator_loss(
