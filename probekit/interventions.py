@@ -101,6 +101,8 @@ def ablate(
 
     Mean ablation replaces the update by its mean over all real tokens of ``data``.
     """
+    model.check_layer(layer)
+    _site(sublayer)
     if mode == "zero":
         value = None
     elif mode == "mean":
@@ -163,8 +165,15 @@ def resume_from(model: Model, layer: int, residual: torch.Tensor) -> Iterator[Mo
 
 
 def check_order(model: Model, order: Sequence[int]) -> list[int]:
-    """Validate that ``order`` is a permutation of ``range(n_layers)``."""
-    order = [int(i) for i in order]
+    """Validate that ``order`` is a permutation of ``range(n_layers)``: a sequence of layer
+    indices (integers, not floats, bools or names), each layer exactly once."""
+    if isinstance(order, str) or not isinstance(order, Sequence | range):
+        raise InputError(
+            f"layer order {order!r:.60} is not a list of layer indices",
+            fix=f"pass a permutation of 0..{model.n_layers - 1}, e.g. "
+            f"{list(reversed(range(model.n_layers)))[:8]}",
+        )
+    order = [model.check_layer(i) for i in order]
     if sorted(order) != list(range(model.n_layers)):
         raise InputError(
             f"layer order {order} is not a permutation of 0..{model.n_layers - 1}",

@@ -272,7 +272,10 @@ DAMAGE = {
     "missing moment": lambda ck, out: _drop_tensor(
         ck / "optimizer.safetensors", "exp_avg.transformer.h.0.mlp.c_fc.weight"
     ),
-    "missing rng": lambda ck, out: _drop_tensor(ck / "optimizer.safetensors", "rng.torch"),
+    "garbage rng_python of an older checkpoint": lambda ck, out: _set_state(
+        ck, rng_python={"version": 3, "state": [1, 2], "gauss": None}
+    ),
+    "garbage rng_numpy of an older checkpoint": lambda ck, out: _set_state(ck, rng_numpy=[]),
     "missing weight": lambda ck, out: _drop_tensor(
         ck / "model.safetensors", "transformer.h.0.attn.c_proj.weight"
     ),

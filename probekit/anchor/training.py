@@ -21,8 +21,8 @@ A run's output folder::
     out/config.json          the run's settings (TrainConfig.to_dict())
     out/metrics.jsonl        one JSON row per evaluation
     out/checkpoint/          config.json + model.safetensors (Hugging Face), optimizer.safetensors
-                             (AdamW moments, torch/numpy RNG state), trainer_state.json (step,
-                             schedule, python RNG state), run_config.json (kind "anchor")
+                             (AdamW moments), trainer_state.json (step, schedule),
+                             run_config.json (kind "anchor")
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
@@ -311,6 +311,9 @@ class AnchorStack(Trainer):
 
     def description(self) -> str:
         return self.settings.name if self.M == 1 else f"{self.M} stacked runs"
+
+    def kept(self) -> str:
+        return _kept_checkpoint(self.out / "checkpoint")
 
     def begin(self) -> None:
         """The evaluation of the initialization (``eval_at_start``), once."""

@@ -50,9 +50,16 @@ def default_batch_size(
     return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
 
 
-def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
-    """Token ids must be an integer ``[batch, pos]`` tensor of ids in the vocabulary, with at
-    most ``n_ctx`` positions."""
+def check_token_shape(tokens: torch.Tensor) -> None:
+    """Token ids must be an integer ``[batch, pos]`` tensor (a 0-D or 3-D one is refused
+    before anything reads its shape).
+
+    Example:
+        >>> check_token_shape(torch.tensor(3))
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: tokens have shape (). Fix: pass tokens as [batch, pos].
+    """
     if tokens.dtype not in INTEGER_DTYPES:
         raise InputError(
             f"token ids have dtype {tokens.dtype}", fix="pass integer (long) token ids"
@@ -61,6 +68,12 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
         raise InputError(
             f"tokens have shape {tuple(tokens.shape)}", fix="pass tokens as [batch, pos]"
         )
+
+
+def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
+    """Token ids must be an integer ``[batch, pos]`` tensor of ids in the vocabulary, with at
+    most ``n_ctx`` positions."""
+    check_token_shape(tokens)
     if tokens.numel() == 0:
         raise InputError("the data is empty (no tokens)", fix="pass at least one token")
     low, high = int(tokens.min()), int(tokens.max())
@@ -246,6 +259,7 @@ __all__ = [
     "check_labels",
     "check_layer",
     "check_mask",
+    "check_token_shape",
     "check_tokens",
     "default_batch_size",
     "default_labels",

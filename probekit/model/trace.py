@@ -161,6 +161,15 @@ class Trace:
                     hs[v] = h_out
         return hs
 
+    def _checked_order(self, order: Sequence[int]) -> list[int]:
+        """``order`` as a list of layer indices of the model, else :class:`InputError`."""
+        if isinstance(order, str) or not isinstance(order, Sequence | range):
+            raise InputError(
+                f"order {order!r:.60} is not a list of layer indices",
+                fix=f"pass layer indices in 0..{self.model.n_layers - 1}",
+            )
+        return [self.model.check_layer(layer) for layer in order]
+
     @torch.no_grad()
     def resume(
         self,
@@ -190,7 +199,7 @@ class Trace:
         if not 0 <= start <= n:
             raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
         h = self.residuals[start] if residual is None else residual
-        order = list(range(start, n)) if order is None else list(order)
+        order = list(range(start, n)) if order is None else self._checked_order(order)
         with self.model.hooks(fwd_hooks):
             for layer in order:
                 h_out = self.run_block(layer, h)

@@ -686,6 +686,9 @@ class LMTrainer(Trainer):
     def description(self) -> str:
         return f"train {self.cfg.growth}"
 
+    def kept(self) -> str:
+        return _last_step(self.out, self.cfg.steps)
+
     def begin(self) -> None:
         """Start the clock of the ``seconds`` column (going on from a resumed run's)."""
         self.started = time.perf_counter()

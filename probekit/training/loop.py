@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
@@ -40,6 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from probekit.errors import CheckpointError
 from probekit.training.checks import check_flag, check_int, check_real, check_seed
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import check_fits
@@ -232,6 +234,10 @@ class Trainer(ABC):
         """After training (``trained``: whether the loop ran), still holding the folder lock."""
         return None  # nothing to do unless a trainer needs it
 
+    def kept(self) -> str:
+        """What a stopped run leaves in ``out``: which checkpoint, or that there is none."""
+        return "the checkpoints already in the folder are kept"
+
     # ---------------------------------------------------------------- hooks
     def description(self) -> str:
         """The progress bar's label."""
@@ -359,8 +365,35 @@ def train_in_folder(trainer: Trainer, resume: bool = True, progress: bool = True
         trained = not trainer.finished()
         if trained:
             with deterministic_mode(trainer.settings.deterministic, trainer.device):
-                run_loop(trainer, progress)
+                try:
+                    run_loop(trainer, progress)
+                except Exception as err:
+                    if not disk_full(err):
+                        raise
+                    raise CheckpointError(
+                        f"no space left on the disk of {trainer.out} to write step "
+                        f"{trainer.step}; {trainer.kept()}",
+                        fix="free disk space (or train into a folder on another disk) and run "
+                        "the same command again: it resumes from that checkpoint",
+                    ) from err
         trainer.finish(trained)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` reports a full disk or an exhausted quota (an ``OSError`` with ENOSPC
+    or EDQUOT, or the safetensors writer's own error saying so).
+
+    Example:
+        >>> import errno
+        >>> disk_full(OSError(errno.ENOSPC, "No space left on device")), disk_full(OSError())
+        (True, False)
+    """
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    words = str(err).lower()
+    return type(err).__name__ == "SafetensorError" and (
+        "no space left" in words or "quota exceeded" in words
+    )
 
 
 __all__ = [
@@ -369,6 +402,7 @@ __all__ = [
     "RunSettings",
     "Trainer",
     "checked_device",
+    "disk_full",
     "first_failure",
     "kept_checkpoint",
     "read_on_host",
