@@ -401,3 +401,120 @@ def test_a_count_out_of_range_in_a_result_file_is_refused_on_load(toy, tmp_path,
     path.write_text(text)
     with pytest.raises(CheckpointError, match="n_layers"):
         Result.load(path)
+
+
+# ----------------------------------------------------------------------------- item 15
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path) -> None:
+    from probekit.io import _owner_tag, swapped_directory
+
+    out = tmp_path / "report"
+    host = _owner_tag().rsplit(".", 1)[0]
+    dead = tmp_path / f".report.{host}.{_dead_pid()}.k1ll3d.tmp"
+    live = tmp_path / f".report.{host}.{os.getpid()}.l1ve00.tmp"
+    other_host = tmp_path / f".report.elsewhere-node.{_dead_pid()}.n0de00.tmp"
+    unrelated = tmp_path / ".report.old-format.tmp"
+    for folder in (dead, live, other_host, unrelated):
+        folder.mkdir()
+        (folder / "half.html").write_text("<html")
+    with swapped_directory(out) as tmp:
+        assert str(os.getpid()) in tmp.name
+        (tmp / "a.txt").write_text("new")
+    assert not dead.exists()
+    assert live.is_dir() and other_host.is_dir() and unrelated.is_dir()
+    assert (out / "a.txt").read_text() == "new"
+
+
+def test_a_run_folder_whose_swap_was_interrupted_stands_for_its_previous_checkpoint(
+    tmp_path,
+) -> None:
+    from probekit.run_folders import load_run
+    from probekit.sources import checkpoint_to_diagnose
+
+    out = tmp_path / "run"
+    train(tiny(steps=2), out, progress=False)
+    os.replace(out / "checkpoint", out / "checkpoint.previous")  # the kill between the renames
+    assert load_run(out).path == out / "checkpoint.previous"
+    path, lines = checkpoint_to_diagnose(out)
+    assert Path(path) == out / "checkpoint.previous"
+    notices = [line for line in lines if "checkpoint.previous" in line]
+    assert len(notices) == 1 and notices[0].startswith("notice:")
+    # with checkpoint/ back in place, the run folder stands for it again, without a notice
+    assert train(tiny(steps=2), out, progress=False).checkpoint == out / "checkpoint"
+    path, lines = checkpoint_to_diagnose(out)
+    assert Path(path) == out / "checkpoint" and not lines
+
+
+@pytest.mark.slow
+def test_sigkill_during_diagnose_leaves_nothing_a_later_run_keeps(tmp_path) -> None:
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    train(tiny(steps=2), run, progress=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    args = [sys.executable, "-m", "probekit", "diagnose", "run", "--out", "rep", "--quiet"]
+    args += ["--n-sequences", "8"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".rep.*.tmp")) and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        pytest.skip("diagnose finished before it could be killed")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(tmp_path.glob(".rep.*.tmp"))
+    done = cli("diagnose", "run", "--out", "rep", "--quiet", "--n-sequences", "8", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(tmp_path.glob(".rep.*")) and (tmp_path / "rep" / "report.html").is_file()
+
+
+# ----------------------------------------------------------------------------- item 16
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--n-layers", "100000"], "n_layers = 100000 is more than the 4096 layers"),
+        (["--n-layers", "100000", "--d-model", "8", "--n-heads", "2"], "n_layers = 100000"),
+        (["--steps", str(10**12)], "steps = 1000000000000 is more than the 100000000 steps"),
+    ],
+)
+def test_runaway_sizes_are_refused_in_seconds_with_nothing_written(tmp_path, flags, words):
+    proc = cli("train", "--out", "run", "--quiet", *flags, cwd=tmp_path)
+    line = one_line_error(proc)
+    assert words in line and "Fix:" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_memory_estimate_counts_a_cost_per_layer(monkeypatch) -> None:
+    from probekit.anchor import training as trainer_mod
+    from probekit.training import memory
+    from probekit.training.loop import checked_device
+
+    shallow = tiny(model=ModelConfig(n_layers=1, d_model=8, n_heads=2))
+    deep = tiny(model=ModelConfig(n_layers=4001, d_model=8, n_heads=2))
+    extra = trainer_mod.stack_bytes([deep]) - trainer_mod.stack_bytes([shallow])
+    assert extra >= 4000 * memory.LAYER_OVERHEAD_BYTES
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2**29)  # 512 MiB free
+    with pytest.raises(ConfigError, match="available"):
+        checked_device(deep, "cpu", trainer_mod.stack_bytes([deep]), "a deep run")
+    from probekit.training.lm import LMConfig
+
+    lm = [LMConfig(n_layers=n, d_model=8, n_heads=2) for n in (1, 4001)]
+    extra = memory.lm_run_bytes(lm[1], 256) - memory.lm_run_bytes(lm[0], 256)
+    assert extra >= 4000 * memory.LAYER_OVERHEAD_BYTES
+
+
+@pytest.mark.parametrize("field, value", [("n_layers", 4097), ("n_layers", 10**5)])
+def test_both_trainers_refuse_a_model_deeper_than_the_bound(field, value) -> None:
+    from probekit.training.lm import LMConfig
+
+    with pytest.raises(ConfigError, match="4096"):
+        ModelConfig(**{field: value})
+    with pytest.raises(ConfigError, match="4096"):
+        LMConfig(**{field: value}).validate()

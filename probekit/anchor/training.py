@@ -75,7 +75,7 @@ from probekit.training.loop import (
     read_on_host,
     train_in_folder,
 )
-from probekit.training.memory import TRAIN_BYTES_PER_PARAM
+from probekit.training.memory import LAYER_OVERHEAD_BYTES, TRAIN_BYTES_PER_PARAM
 from probekit.training.metrics import write_metrics
 from probekit.training.models import decays, init_stacked_params, stacked_forward
 from probekit.training.optim import StackedAdamW
@@ -451,7 +451,7 @@ def stack_bytes(configs: list[TrainConfig]) -> int:
     per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
     acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
     logits = M * c0.batch_size * m.vocab_size * 4 * 3
-    return params + data + acts + logits
+    return params + data + acts + logits + m.n_layers * LAYER_OVERHEAD_BYTES
 
 
 def check_stack_fits(configs: list[TrainConfig]) -> torch.device:

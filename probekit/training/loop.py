@@ -42,7 +42,15 @@ from typing import Any, ClassVar
 import torch
 
 from probekit.errors import CheckpointError
-from probekit.training.checks import check_flag, check_int, check_real, check_seed
+from probekit.training.checks import (
+    MAX_STEPS,
+    STEPS_WHY,
+    check_bounded,
+    check_flag,
+    check_int,
+    check_real,
+    check_seed,
+)
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import check_fits
 from probekit.training.precision import (
@@ -98,6 +106,7 @@ class RunSettings:
         """Raise :class:`~probekit.errors.ConfigError` naming the first bad shared setting."""
         for name in ("steps", "batch_size", "eval_every"):
             check_int(name, getattr(self, name))
+        check_bounded("steps", self.steps, MAX_STEPS, STEPS_WHY)
         check_int("warmup_steps", self.warmup_steps, 0)
         check_seed("seed", self.seed)
         check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
