@@ -317,6 +317,9 @@ def test_resuming_a_trace_in_an_unknown_order_is_an_input_error(toy) -> None:
     for order in ([5], ["a"], [1.0], 3):
         with pytest.raises(InputError):
             trace.resume(0, order=order)
+    for start in (True, 1.0, float("nan"), 4, -1):
+        with pytest.raises(InputError, match=r"start layer .* not an integer in \[0, 3\]"):
+            trace.resume(start)
     assert torch.allclose(trace.resume(0, order=[0, 1, 2]), trace.logits, atol=1e-5)
 
 
@@ -444,8 +447,9 @@ def test_a_run_folder_whose_swap_was_interrupted_stands_for_its_previous_checkpo
     assert Path(path) == out / "checkpoint.previous"
     notices = [line for line in lines if "checkpoint.previous" in line]
     assert len(notices) == 1 and notices[0].startswith("notice:")
-    # with checkpoint/ back in place, the run folder stands for it again, without a notice
-    assert train(tiny(steps=2), out, progress=False).checkpoint == out / "checkpoint"
+    # the next train puts checkpoint/ back (one warning saying so); then no notice
+    with pytest.warns(UserWarning, match=r"checkpoint.previous \(step 2\) is put back"):
+        assert train(tiny(steps=2), out, progress=False).checkpoint == out / "checkpoint"
     path, lines = checkpoint_to_diagnose(out)
     assert Path(path) == out / "checkpoint" and not lines
 
@@ -518,3 +522,25 @@ def test_both_trainers_refuse_a_model_deeper_than_the_bound(field, value) -> Non
         ModelConfig(**{field: value})
     with pytest.raises(ConfigError, match="4096"):
         LMConfig(**{field: value}).validate()
+
+
+def test_a_full_disk_in_the_lm_trainer_is_one_error_too(tmp_path, monkeypatch) -> None:
+    from probekit.training import lm as lm_mod
+    from tests.conftest import TINY_LM
+
+    real = lm_mod.save_moments
+    calls = []
+
+    def save_moments(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_mod, "save_moments", save_moments)
+    cfg = lm_mod.LMConfig(**{**TINY_LM, "save_every": 2})
+    out = tmp_path / "lm"
+    with pytest.raises(CheckpointError, match="no space left") as info:
+        lm_mod.train_lm(cfg, out, progress=False, device="cpu")
+    assert "checkpoint of step 2" in str(info.value)
+    assert not list(out.glob(".*.tmp")) and not (out / LOCK_NAME).exists()

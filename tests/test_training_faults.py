@@ -247,7 +247,9 @@ def test_a_kill_between_the_two_renames_of_a_swap_is_recovered(tmp_path, monkeyp
     shutil.rmtree(out / "checkpoint.previous")
     os.replace(out / "checkpoint", out / "checkpoint.previous")
     (out / ".checkpoint.zz.tmp").mkdir()  # the complete-or-not new one: discarded
-    resumed = train(tiny(), out, progress=False)
+    with pytest.warns(UserWarning, match=r"checkpoint.previous \(step \d+\) is put back") as seen:
+        resumed = train(tiny(), out, progress=False)
+    assert len([w for w in seen if "put back" in str(w.message)]) == 1  # one notice
     assert same_weights(resumed.checkpoint, reference / "checkpoint")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "config.json", "metrics.jsonl"]
 

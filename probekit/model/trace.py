@@ -196,8 +196,12 @@ class Trace:
             True
         """
         n = self.model.n_layers
-        if not 0 <= start <= n:
-            raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+        if isinstance(start, bool) or not hasattr(start, "__index__") or not 0 <= int(start) <= n:
+            raise InputError(
+                f"start layer {start!r} is not an integer in [0, {n}]",
+                fix=f"use 0..{n} ({n}: the head only)",
+            )
+        start = int(start)
         h = self.residuals[start] if residual is None else residual
         order = list(range(start, n)) if order is None else self._checked_order(order)
         with self.model.hooks(fwd_hooks):

@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,19 @@ def recover_checkpoint(root: Path) -> None:
     prev = previous_of(root)
     if not root.exists() and prev.is_dir():
         os.replace(prev, root)
+        warnings.warn(
+            f"{root} was missing (a save was interrupted between its two renames); the "
+            f"complete {prev.name} (step {_step_of(root)}) is put back and used",
+            stacklevel=2,
+        )
+
+
+def _step_of(folder: Path) -> Any:
+    """The step a checkpoint's trainer_state.json names, or ``"unknown"``."""
+    try:
+        return json.loads((folder / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
 
 
 def remove_leftovers(folder: Path, names: tuple[str, ...]) -> None:

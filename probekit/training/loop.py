@@ -363,29 +363,36 @@ def train_in_folder(trainer: Trainer, resume: bool = True, progress: bool = True
     """The whole run in ``trainer.out``: lock the folder against a second writer, recover what
     a kill left, resume (or start over), write the run's config, train, finish.
 
-    A folder that already holds the whole run is not trained again."""
+    A folder that already holds the whole run is not trained again. A full disk (or quota) at
+    any write is one :class:`~probekit.errors.CheckpointError` naming the checkpoint that is
+    kept (:meth:`Trainer.kept`); the half-written one is removed by its writer."""
     with run_folder_lock(trainer.out):
-        trainer.recover()
-        if resume:
-            trainer.resume()
-        else:
-            trainer.start_over()
-        trainer.write_config()
-        trained = not trainer.finished()
-        if trained:
-            with deterministic_mode(trainer.settings.deterministic, trainer.device):
-                try:
-                    run_loop(trainer, progress)
-                except Exception as err:
-                    if not disk_full(err):
-                        raise
-                    raise CheckpointError(
-                        f"no space left on the disk of {trainer.out} to write step "
-                        f"{trainer.step}; {trainer.kept()}",
-                        fix="free disk space (or train into a folder on another disk) and run "
-                        "the same command again: it resumes from that checkpoint",
-                    ) from err
-        trainer.finish(trained)
+        try:
+            _train_locked(trainer, resume, progress)
+        except Exception as err:
+            if not disk_full(err):
+                raise
+            raise CheckpointError(
+                f"no space left on the disk of {trainer.out} to write step {trainer.step}; "
+                f"{trainer.kept()}",
+                fix="free disk space (or train into a folder on another disk) and run the same "
+                "command again: it resumes from that checkpoint",
+            ) from err
+
+
+def _train_locked(trainer: Trainer, resume: bool, progress: bool) -> None:
+    """:func:`train_in_folder`'s work once the folder is locked."""
+    trainer.recover()
+    if resume:
+        trainer.resume()
+    else:
+        trainer.start_over()
+    trainer.write_config()
+    trained = not trainer.finished()
+    if trained:
+        with deterministic_mode(trainer.settings.deterministic, trainer.device):
+            run_loop(trainer, progress)
+    trainer.finish(trained)
 
 
 def disk_full(err: BaseException) -> bool:
