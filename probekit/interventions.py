@@ -27,6 +27,7 @@ import torch
 from probekit.data import Data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
+from probekit.model.inputs import check_layer_list
 
 SUBLAYERS = ("attn", "mlp")
 KNOCKOUT_MODES = ("pattern", "scores")
@@ -167,13 +168,7 @@ def resume_from(model: Model, layer: int, residual: torch.Tensor) -> Iterator[Mo
 def check_order(model: Model, order: Sequence[int]) -> list[int]:
     """Validate that ``order`` is a permutation of ``range(n_layers)``: a sequence of layer
     indices (integers, not floats, bools or names), each layer exactly once."""
-    if isinstance(order, str) or not isinstance(order, Sequence | range):
-        raise InputError(
-            f"layer order {order!r:.60} is not a list of layer indices",
-            fix=f"pass a permutation of 0..{model.n_layers - 1}, e.g. "
-            f"{list(reversed(range(model.n_layers)))[:8]}",
-        )
-    order = [model.check_layer(i) for i in order]
+    order = check_layer_list(order, model.n_layers)
     if sorted(order) != list(range(model.n_layers)):
         raise InputError(
             f"layer order {order} is not a permutation of 0..{model.n_layers - 1}",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from probekit.anchor import AnchorTask, TrainConfig, stack_io, train
 from probekit.errors import CheckpointError, ConfigError, InputError
@@ -544,3 +546,60 @@ def test_a_full_disk_in_the_lm_trainer_is_one_error_too(tmp_path, monkeypatch) -
         lm_mod.train_lm(cfg, out, progress=False, device="cpu")
     assert "checkpoint of step 2" in str(info.value)
     assert not list(out.glob(".*.tmp")) and not (out / LOCK_NAME).exists()
+
+
+# ----------------------------------------------------------------------------- families
+_LAYER_VALUES = st.one_of(
+    st.integers(-5, 8),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=2),
+    st.none(),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(order=st.lists(_LAYER_VALUES, max_size=5))
+def test_property_any_layer_order_is_run_or_refused_by_name(toy, order) -> None:
+    from probekit.interventions import reorder_layers
+
+    model, _ = toy
+    blocks = list(model.blocks)
+    permutation = all(type(i) is int for i in order) and sorted(order) == list(
+        range(model.n_layers)
+    )
+    if permutation:
+        with reorder_layers(model, order):
+            assert [model.blocks[p] for p in range(3)] == [blocks[i] for i in order]
+    else:
+        with pytest.raises(InputError, match="Fix:"):
+            _enter(reorder_layers(model, order))
+    assert list(model.blocks) == blocks
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    value=st.one_of(
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False),
+        st.booleans(),
+        st.text(max_size=3),
+        st.lists(st.integers(), max_size=2),
+    )
+)
+def test_property_a_result_count_loads_only_when_it_is_a_count(toy, tmp_path, value) -> None:
+    from probekit.result import SIZE_LIMIT, Result
+
+    path, payload = _saved(toy, tmp_path)
+    payload["summary"]["n_layers"] = value
+    path.write_text(json.dumps(payload))
+    valid = type(value) is int and 0 <= value <= SIZE_LIMIT
+    if valid:
+        assert Result.load(path).summary["n_layers"] == value
+    else:
+        with pytest.raises(CheckpointError, match="n_layers"):
+            Result.load(path)

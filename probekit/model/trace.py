@@ -21,6 +21,7 @@ from torch import nn
 
 from probekit.data import Batch
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
+from probekit.model.inputs import check_layer_list
 from probekit.model.sites import HookList, hook_name
 from probekit.numerics import all_finite
 from probekit.progress import advance
@@ -161,15 +162,6 @@ class Trace:
                     hs[v] = h_out
         return hs
 
-    def _checked_order(self, order: Sequence[int]) -> list[int]:
-        """``order`` as a list of layer indices of the model, else :class:`InputError`."""
-        if isinstance(order, str) or not isinstance(order, Sequence | range):
-            raise InputError(
-                f"order {order!r:.60} is not a list of layer indices",
-                fix=f"pass layer indices in 0..{self.model.n_layers - 1}",
-            )
-        return [self.model.check_layer(layer) for layer in order]
-
     @torch.no_grad()
     def resume(
         self,
@@ -203,7 +195,7 @@ class Trace:
             )
         start = int(start)
         h = self.residuals[start] if residual is None else residual
-        order = list(range(start, n)) if order is None else self._checked_order(order)
+        order = list(range(start, n)) if order is None else check_layer_list(order, n, "order")
         with self.model.hooks(fwd_hooks):
             for layer in order:
                 h_out = self.run_block(layer, h)

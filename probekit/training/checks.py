@@ -26,13 +26,16 @@ SEED_LIMIT = 2**32
 MAX_LAYERS = 4096
 """The deepest model the trainers build. Every layer is a step of a Python loop in each forward
 and backward and costs about 128 KiB whatever its width
-(:data:`~probekit.training.memory.LAYER_OVERHEAD_BYTES`): 100000 layers of width 8 trained
-for minutes without finishing a step while its memory grew past 6 GB (issue 25)."""
+(:data:`~probekit.training.memory.LAYER_OVERHEAD_BYTES`): ``--n-layers 100000`` ran for 300 s
+with its memory past 6 GB (issue 25); at width 8 it had not finished a step after 60 s here
+(3.4 GB), and 2000 layers of width 8 took 165 s for two steps with their evaluations and
+checkpoints."""
 
 MAX_STEPS = 10**8
-"""The most optimizer steps a run takes: 10**8 steps are already days at a millisecond a step
-(the smallest anchor runs on CPU take a few), so a larger count is a typo, not a plan; a
-run's time is otherwise shown by the progress bar's estimate."""
+"""The most optimizer steps a run takes: 10**8 steps are days even at a millisecond a step
+(the smallest anchor runs take a few milliseconds a step on CPU), so a larger count is a typo,
+not a plan; below it the progress bar shows the time left."""
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -99,8 +102,8 @@ def check_real(
 #: why :data:`MAX_STEPS` bounds ``steps`` and :data:`MAX_LAYERS` the depth (their refusals say it)
 STEPS_WHY = "steps a run takes (days even at a millisecond a step)"
 DEPTH_WHY = (
-    "layers the trainers build (each one a step of a Python loop and 128 KiB of graph memory "
-    "per step)"
+    "layers the trainers build (each layer is a pass of a Python loop in every step and about "
+    "128 KiB of memory)"
 )
 
 
