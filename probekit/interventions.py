@@ -27,6 +27,7 @@ import torch
 from probekit.data import Data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
+from probekit.model.inputs import check_layer_list
 
 SUBLAYERS = ("attn", "mlp")
 KNOCKOUT_MODES = ("pattern", "scores")
@@ -101,6 +102,8 @@ def ablate(
 
     Mean ablation replaces the update by its mean over all real tokens of ``data``.
     """
+    model.check_layer(layer)
+    _site(sublayer)
     if mode == "zero":
         value = None
     elif mode == "mean":
@@ -163,8 +166,9 @@ def resume_from(model: Model, layer: int, residual: torch.Tensor) -> Iterator[Mo
 
 
 def check_order(model: Model, order: Sequence[int]) -> list[int]:
-    """Validate that ``order`` is a permutation of ``range(n_layers)``."""
-    order = [int(i) for i in order]
+    """Validate that ``order`` is a permutation of ``range(n_layers)``: a sequence of layer
+    indices (integers, not floats, bools or names), each layer exactly once."""
+    order = check_layer_list(order, model.n_layers)
     if sorted(order) != list(range(model.n_layers)):
         raise InputError(
             f"layer order {order} is not a permutation of 0..{model.n_layers - 1}",

@@ -10,8 +10,11 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,13 +174,79 @@ def _swap_in(new: Path, path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def this_host() -> str:
+    """The name of this machine (written into run-folder locks and temporary folder names)."""
+    return socket.gethostname() or "localhost"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one we may not signal counts as alive).
+
+    Example:
+        >>> pid_alive(os.getpid()), pid_alive(0)
+        (True, False)
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_tag() -> str:
+    """``<host>.<pid>`` of this process, the host reduced to letters, digits and ``-``."""
+    return f"{re.sub(r'[^A-Za-z0-9-]', '-', this_host())}.{os.getpid()}"
+
+
+def temp_folder(path: Path, suffix: str = ".tmp") -> Path:
+    """A new empty ``.<name>.<host>.<pid>.XXXX<suffix>`` folder beside ``path``; the owner in
+    its name lets :func:`remove_stale_temporaries` tell a dead process's folder from a live
+    one's."""
+    return Path(
+        tempfile.mkdtemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=suffix, dir=path.parent)
+    )
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Delete the ``.<name>.<host>.<pid>.*.tmp`` folders beside ``path`` that a process of this
+    host left when it was killed (its pid no longer runs); returns them. A live process's
+    folder, another host's (a shared filesystem) and names of another form are kept.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> out = pathlib.Path(tempfile.mkdtemp()) / "report"
+        >>> mine = temp_folder(out)
+        >>> remove_stale_temporaries(out), mine.is_dir()
+        ([], True)
+    """
+    pattern = re.compile(
+        rf"^\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$"
+    )
+    host = _owner_tag().rsplit(".", 1)[0]
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        match = pattern.match(tmp.name)
+        if match is None or match["host"] != host or pid_alive(int(match["pid"])):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 @contextmanager
 def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole.
 
     The folder gets the permissions of the user's umask, and the previous ``path`` survives a
-    failed swap. On an exception the temporary folder is removed and
-    ``path`` is left as it was, so ``path`` always holds one complete set of files.
+    failed swap. Its name carries this process's host and pid, and the folders a killed
+    process left beside ``path`` are removed first (:func:`remove_stale_temporaries`). On an
+    exception the temporary folder is removed and ``path`` is left as it was, so ``path`` always
+    holds one complete set of files.
 
     Example:
         >>> import tempfile, pathlib
@@ -191,7 +260,8 @@ def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
     created = [p for p in [path.parent, *path.parent.parents] if not os.path.lexists(p)]
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        remove_stale_temporaries(path)
+        tmp = temp_folder(path)
         try:
             os.chmod(tmp, umask_mode())  # mkdtemp makes 0700
             yield tmp

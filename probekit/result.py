@@ -14,12 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib
 import io
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 from zipfile import BadZipFile
@@ -27,7 +29,7 @@ from zipfile import BadZipFile
 import numpy as np
 import pandas as pd
 
-from probekit.errors import CheckpointError
+from probekit.errors import CheckpointError, InputError
 from probekit.io import atomic_write_bytes, atomic_write_text, read_regular_file
 from probekit.words import VALUE_WORDS
 from probekit.words import label as key_label
@@ -104,6 +106,9 @@ class Result:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.kind] = cls
+        own = cls.__dict__.get("figure")
+        if own is not None and not hasattr(own, "__wrapped__"):
+            cls.figure = _naming_what_is_missing(own)
 
     def figure(self):  # pragma: no cover - every subclass draws its own
         """Return a plotly figure of this result."""
@@ -132,6 +137,17 @@ class Result:
         ``.npz`` of the same name beside the JSON (exact binary), written first.
         """
         path = Path(path)
+        try:
+            return self._write(path)
+        except OSError as err:
+            raise InputError(
+                f"cannot write the result to {path}: {err.strerror or err} (read-only folder, "
+                "no permission, a file in the way or a full disk)",
+                fix="save into a folder you can write to",
+            ) from err
+
+    def _write(self, path: Path) -> Path:
+        """:meth:`save`'s writing: the ``.npz`` first when there is one, then the JSON."""
         df = self.df.reset_index(drop=True)
         binary = _numeric_columns(df) if df.size > SIDECAR_CELLS else []
         table: dict[str, Any] = {
@@ -219,6 +235,8 @@ def _checked_payload(payload: Any) -> dict[str, Any]:
     for key in ("summary", "meta", "df"):
         if not isinstance(payload[key], dict):
             raise ValueError(f"its {key!r} is a {type(payload[key]).__name__}, not an object")
+    for key in ("summary", "meta"):
+        _check_counts(payload[key], key)
     table = payload["df"]
     if "schema" in table:  # the older pandas table JSON, read by pandas
         return payload
@@ -238,6 +256,77 @@ def _checked_payload(payload: Any) -> dict[str, Any]:
     if len(lengths) > 1:
         raise ValueError(f"its columns have different lengths {sorted(lengths)} (a cut file?)")
     return payload
+
+
+COUNT_LIMIT = 2**53
+"""The largest count (a top-level ``n_*`` entry of a summary or meta) a result file may hold;
+the model's own sizes (:data:`SIZE_KEYS`) stay below :data:`SIZE_LIMIT`."""
+SIZE_KEYS = ("n_layers", "n_heads", "n_blocks", "n_positions")
+SIZE_LIMIT = 10**6
+
+
+def _check_counts(entries: dict[str, Any], where: str) -> None:
+    """The counts of a summary or meta (its top-level ``n_*`` entries: ``n_layers``,
+    ``n_prompts``, ...) are None or whole numbers in range; a hand-edited ``1e999`` (read as
+    infinity) or ``10**30`` layers would otherwise reach ``int()`` or ``range()`` in a figure."""
+    for key, value in entries.items():
+        if not key.startswith("n_") or value is None:
+            continue
+        limit = SIZE_LIMIT if key in SIZE_KEYS else COUNT_LIMIT
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise ValueError(
+                f"its {where} entry {key!r} is {value!r:.40}, not a count in [0, {limit}]"
+            )
+
+
+def _naming_what_is_missing(figure: Any) -> Any:
+    """``figure`` that turns a missing column or summary entry, or a number out of range, of
+    a (hand-edited) result into one :class:`CheckpointError` naming it, instead of pandas'
+    ``KeyError`` or ``int()``'s ``OverflowError``."""
+
+    @functools.wraps(figure)
+    def checked(self: Result, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return figure(self, *args, **kwargs)
+        except (KeyError, AttributeError, OverflowError) as err:
+            missing = _missing_entry(err, self)
+            if missing is None:
+                raise
+            raise CheckpointError(
+                f"this {self.kind} result cannot be drawn: {missing} (its table's columns: "
+                f"{[str(c) for c in self.df.columns][:12]})",
+                fix="draw a result as Result.save() wrote it (an edited file loses what its "
+                "figure reads), or compute it again",
+            ) from err
+
+    return checked
+
+
+def _missing_entry(err: Exception, result: Result) -> str | None:
+    """What ``err`` (raised inside ``result.figure()``) says the result lacks, in words; None
+    when it is not about the result's own table, summary or numbers."""
+    columns = {str(c) for c in result.df.columns}
+    if isinstance(err, OverflowError):
+        return f"it holds a number out of range ({err})"
+    if isinstance(err, AttributeError):
+        name = getattr(err, "name", None)
+        owner = getattr(err, "obj", None)
+        if isinstance(owner, pd.DataFrame) and name and name not in columns:
+            return f"its table has no column {name!r}"
+        return None
+    key = err.args[0] if err.args else None
+    if isinstance(key, str) and key in result.summary:
+        return None
+    if (
+        isinstance(key, str)
+        and key not in columns
+        and (key.isidentifier() or "not columns" in key or "not in index" in key)
+    ):
+        listed = re.search(r"\[(.*)\]", key)  # pandas: "... not columns ...: ['value']"
+        named = re.findall(r"'([^']+)'", listed.group(1) if listed else key) or [key]
+        absent = [n for n in named if n not in columns] or named
+        return f"it has no column or summary entry {absent[0]!r}"
+    return None
 
 
 def _numeric_columns(df: pd.DataFrame) -> list[Any]:

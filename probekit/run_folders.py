@@ -48,13 +48,25 @@ class RunInfo:
 
 
 def _folder(path: Path) -> Path | None:
-    """The folder whose run_config.json describes ``path`` (a checkpoint or a run folder)."""
+    """The folder whose run_config.json describes ``path`` (a checkpoint or a run folder; a
+    run folder whose checkpoint swap was interrupted stands for its ``checkpoint.previous``)."""
     if (path / RUN_CONFIG).is_file() and (path / "config.json").is_file():
         return path  # a checkpoint folder
     for inner in ("checkpoint", "final"):  # an anchor run folder; a finished LM run folder
         if (path / inner / RUN_CONFIG).is_file():
             return path / inner
-    return path if (path / RUN_CONFIG).is_file() else None
+    if (path / RUN_CONFIG).is_file():
+        return path
+    previous = path / PREVIOUS
+    if not os.path.lexists(path / "checkpoint") and (previous / RUN_CONFIG).is_file():
+        return previous  # a kill between the two renames of a checkpoint swap
+    return None
+
+
+PREVIOUS = "checkpoint.previous"
+"""The checkpoint before the last one in an anchor run folder. A kill between the two renames of
+a checkpoint swap leaves it without ``checkpoint/``; the run folder then stands for it (the
+next ``probekit train`` puts it back as ``checkpoint/``)."""
 
 
 def _kind(stored: dict[str, Any]) -> str | None:

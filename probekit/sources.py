@@ -287,10 +287,17 @@ def checkpoint_to_diagnose(
     per file of the checkpoint probekit ignores (:func:`ignored_files`)."""
     if not os.path.lexists(model):  # a Hub name (check_diagnose_inputs): its cached snapshot
         model = os.fspath(resolve(os.fspath(model)))
+    from probekit.run_folders import PREVIOUS
+
     path = checkpoint_of(model)
     check_checkpoint_folder(path)
     warning = check_text_file(text) if text is not None else None
     lines = [f"warning: {warning}"] if warning else []
+    if Path(path).name == PREVIOUS and Path(path).parent == Path(model):
+        lines.append(
+            f"notice: {model} has no checkpoint/ (a save was interrupted between its two "
+            f"renames); using the complete {path} (probekit train --out {model} puts it back)"
+        )
     return path, lines + [f"notice: ignored {line}" for line in ignored_files(path)]
 
 

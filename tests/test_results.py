@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 import probekit
-from probekit.errors import CheckpointError
+from probekit.errors import CheckpointError, ProbekitError
 from tests.conftest import make_hf, sample_tokens
 
 
@@ -94,7 +94,7 @@ def test_failed_save_leaves_no_partial_file(results, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("os.fsync", explode)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ProbekitError, match="disk full"):  # one clear error, not the OSError
         res.save(target)
     assert target.read_text() == original
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -247,7 +247,9 @@ def test_a_kill_between_the_two_renames_of_a_swap_is_recovered(tmp_path, monkeyp
     shutil.rmtree(out / "checkpoint.previous")
     os.replace(out / "checkpoint", out / "checkpoint.previous")
     (out / ".checkpoint.zz.tmp").mkdir()  # the complete-or-not new one: discarded
-    resumed = train(tiny(), out, progress=False)
+    with pytest.warns(UserWarning, match=r"checkpoint.previous \(step \d+\) is put back") as seen:
+        resumed = train(tiny(), out, progress=False)
+    assert len([w for w in seen if "put back" in str(w.message)]) == 1  # one notice
     assert same_weights(resumed.checkpoint, reference / "checkpoint")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "config.json", "metrics.jsonl"]
 
@@ -272,7 +274,10 @@ DAMAGE = {
     "missing moment": lambda ck, out: _drop_tensor(
         ck / "optimizer.safetensors", "exp_avg.transformer.h.0.mlp.c_fc.weight"
     ),
-    "missing rng": lambda ck, out: _drop_tensor(ck / "optimizer.safetensors", "rng.torch"),
+    "garbage rng_python of an older checkpoint": lambda ck, out: _set_state(
+        ck, rng_python={"version": 3, "state": [1, 2], "gauss": None}
+    ),
+    "garbage rng_numpy of an older checkpoint": lambda ck, out: _set_state(ck, rng_numpy=[]),
     "missing weight": lambda ck, out: _drop_tensor(
         ck / "model.safetensors", "transformer.h.0.attn.c_proj.weight"
     ),

@@ -1,11 +1,13 @@
 """Checkpoint I/O of a stack of anchor runs: save every run's folder, resume them together.
 
 Each run's folder (``checkpoint/`` for a single run, ``checkpoint/<name>/`` in a stack) holds
-the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments, the process's
-torch/numpy RNG state and, under LayerNorm Scaling, the unscaled LN gains ``unscaled.<name>``),
-``trainer_state.json`` (step, loss sums, divergence, schedule, numpy and python RNG state) and
-``run_config.json`` (kind ``"anchor"``). The whole ``checkpoint`` folder is replaced
-atomically.
+the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments and, under
+LayerNorm Scaling, the unscaled LN gains ``unscaled.<name>``), ``trainer_state.json`` (step,
+loss sums, divergence, schedule) and ``run_config.json`` (kind ``"anchor"``). The whole
+``checkpoint`` folder is replaced atomically. No process-wide RNG state is saved: the run draws
+from generators of its own seeded by (seed, step), so two identical runs write byte-identical
+weights and moments (the process-wide RNG entries of older checkpoints are checked, not
+restored).
 
 Example:
     >>> import tempfile
@@ -37,6 +39,7 @@ from probekit.training.checkpoint import (
     RUN_CONFIG,
     check_finite_tensors,
     check_moments,
+    check_rng_entries,
     check_same_settings,
     check_tensors,
     load_moments,
@@ -45,11 +48,9 @@ from probekit.training.checkpoint import (
     read_run_config,
     read_trainer_state,
     recover_checkpoint,
-    rng_state,
     save_moments,
     save_quietly,
     set_aside,
-    set_rng_state,
     swap_in,
     write_run_config,
 )
@@ -79,7 +80,7 @@ class _Stack(Protocol):
     def run_dir(self, root: Path, m: int) -> Path: ...
 
 
-def _trainer_state(stack: _Stack, m: int, rng: dict[str, Any]) -> dict[str, Any]:
+def _trainer_state(stack: _Stack, m: int) -> dict[str, Any]:
     cfg, last = stack.cfgs[m], max(0, stack.step - 1)
     return {
         "step": stack.step,
@@ -92,7 +93,6 @@ def _trainer_state(stack: _Stack, m: int, rng: dict[str, Any]) -> dict[str, Any]
             "last_lr": cfg.lr_at(last),
             "multiplier": cfg.schedule(last),
         },
-        **rng,
     }
 
 
@@ -110,15 +110,14 @@ def _write_runs(stack: _Stack, tmp: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
         stack.hf = to_hf_model(stack.mcfg, stack.params, m, model=stack.hf)
         save_quietly(stack.hf, d)
-        rng_tensors, rng = rng_state()
         moments = stack.optimizer.state_dict(index=m)
         save_moments(
             d / "optimizer.safetensors",
             moments["exp_avg"],
             moments["exp_avg_sq"],
-            extra={**rng_tensors, **_unscaled(stack, m)},
+            extra=_unscaled(stack, m),
         )
-        state = _trainer_state(stack, m, rng)
+        state = _trainer_state(stack, m)
         atomic_write_text(d / "trainer_state.json", json.dumps(state))
         write_run_config(d, "anchor", cfg.to_dict())
 
@@ -209,6 +208,7 @@ def _read_files(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
     check_finite_tensors(d / "model.safetensors", weights)
     optimizer = load_moments(d / "optimizer.safetensors", _load_tensors)
     check_moments(d / "optimizer.safetensors", optimizer, shapes)
+    check_rng_entries(d, optimizer[2], state)
     _check_unscaled(stack, d, weights, optimizer[2])
     return state, weights, optimizer
 
@@ -234,11 +234,10 @@ def _restore(stack: _Stack, states: list[tuple[dict, dict, tuple]]) -> None:
         stack.optimizer.load_state_dict({"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, index=m)
         stack.loss_sum[m] = state["loss_sum"]
         stack.diverged[m] = state["diverged_at"]
-    state, _, (_, _, rng_tensors) = states[0]
+    state = states[0][0]
     stack.loss_count = state["loss_count"]
     stack.step = state["step"]
     stack.elapsed = state.get("elapsed_s", 0.0)
-    set_rng_state(rng_tensors, state)
 
 
 def _metrics(stack: _Stack) -> list[dict[str, Any]]:

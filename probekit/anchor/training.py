@@ -21,8 +21,8 @@ A run's output folder::
     out/config.json          the run's settings (TrainConfig.to_dict())
     out/metrics.jsonl        one JSON row per evaluation
     out/checkpoint/          config.json + model.safetensors (Hugging Face), optimizer.safetensors
-                             (AdamW moments, torch/numpy RNG state), trainer_state.json (step,
-                             schedule, python RNG state), run_config.json (kind "anchor")
+                             (AdamW moments), trainer_state.json (step, schedule),
+                             run_config.json (kind "anchor")
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
@@ -75,7 +75,7 @@ from probekit.training.loop import (
     read_on_host,
     train_in_folder,
 )
-from probekit.training.memory import TRAIN_BYTES_PER_PARAM
+from probekit.training.memory import LAYER_OVERHEAD_BYTES, TRAIN_BYTES_PER_PARAM
 from probekit.training.metrics import write_metrics
 from probekit.training.models import decays, init_stacked_params, stacked_forward
 from probekit.training.optim import StackedAdamW
@@ -316,6 +316,9 @@ class AnchorStack(Trainer):
     def description(self) -> str:
         return self.settings.name if self.M == 1 else f"{self.M} stacked runs"
 
+    def kept(self) -> str:
+        return _kept_checkpoint(self.out / "checkpoint")
+
     def begin(self) -> None:
         """The evaluation of the initialization (``eval_at_start``), once."""
         if self.step == 0 and not self.metrics and self.settings.eval_at_start:
@@ -452,7 +455,7 @@ def stack_bytes(configs: list[TrainConfig]) -> int:
     per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
     acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
     logits = M * c0.batch_size * m.vocab_size * 4 * 3
-    return params + data + acts + logits
+    return params + data + acts + logits + m.n_layers * LAYER_OVERHEAD_BYTES
 
 
 def check_stack_fits(configs: list[TrainConfig]) -> torch.device:

@@ -432,6 +432,8 @@ class Model:
         :meth:`default_batch_size` (what :meth:`prepare` runs, before validating)."""
         if batch_size is not None:
             return batches
+        for batch in batches:
+            inputs.check_token_shape(batch.tokens)
         return [
             part
             for batch in batches

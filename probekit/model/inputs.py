@@ -50,9 +50,16 @@ def default_batch_size(
     return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
 
 
-def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
-    """Token ids must be an integer ``[batch, pos]`` tensor of ids in the vocabulary, with at
-    most ``n_ctx`` positions."""
+def check_token_shape(tokens: torch.Tensor) -> None:
+    """Token ids must be an integer ``[batch, pos]`` tensor (a 0-D or 3-D one is refused
+    before anything reads its shape).
+
+    Example:
+        >>> check_token_shape(torch.tensor(3))
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: tokens have shape (). Fix: pass tokens as [batch, pos].
+    """
     if tokens.dtype not in INTEGER_DTYPES:
         raise InputError(
             f"token ids have dtype {tokens.dtype}", fix="pass integer (long) token ids"
@@ -61,6 +68,12 @@ def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
         raise InputError(
             f"tokens have shape {tuple(tokens.shape)}", fix="pass tokens as [batch, pos]"
         )
+
+
+def check_tokens(tokens: torch.Tensor, d_vocab: int, n_ctx: int) -> None:
+    """Token ids must be an integer ``[batch, pos]`` tensor of ids in the vocabulary, with at
+    most ``n_ctx`` positions."""
+    check_token_shape(tokens)
     if tokens.numel() == 0:
         raise InputError("the data is empty (no tokens)", fix="pass at least one token")
     low, high = int(tokens.min()), int(tokens.max())
@@ -169,6 +182,25 @@ def check_layer(layer: Any, n_layers: int, what: str = "layer") -> int:
     return _check_index(layer, n_layers, what, "layers")
 
 
+def check_layer_list(layers: Any, n_layers: int, what: str = "layer order") -> list[int]:
+    """``layers`` (a list, tuple, range, or a 1-D numpy array or tensor) as a list of layer
+    indices in ``0..n_layers-1``, else :class:`InputError` naming the first bad entry.
+
+    Example:
+        >>> check_layer_list(range(3), 4), check_layer_list(torch.tensor([2, 0]), 4)
+        ([0, 1, 2], [2, 0])
+    """
+    if hasattr(layers, "tolist") and getattr(layers, "ndim", None) == 1:
+        layers = layers.tolist()  # a numpy array or tensor of indices
+    if isinstance(layers, str) or not isinstance(layers, list | tuple | range):
+        raise InputError(
+            f"{what} {layers!r:.60} is not a list of layer indices",
+            fix=f"pass layer indices in 0..{n_layers - 1}, e.g. "
+            f"{list(reversed(range(n_layers)))[:8]}",
+        )
+    return [check_layer(layer, n_layers) for layer in layers]
+
+
 def check_head(head: Any, n_heads: int) -> int | None:
     """``head`` as an int in ``0..n_heads-1``, ``None`` (all heads), or :class:`InputError`."""
     if head is None:
@@ -245,7 +277,9 @@ __all__ = [
     "check_head",
     "check_labels",
     "check_layer",
+    "check_layer_list",
     "check_mask",
+    "check_token_shape",
     "check_tokens",
     "default_batch_size",
     "default_labels",

@@ -21,6 +21,7 @@ from torch import nn
 
 from probekit.data import Batch
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
+from probekit.model.inputs import check_layer_list
 from probekit.model.sites import HookList, hook_name
 from probekit.numerics import all_finite
 from probekit.progress import advance
@@ -187,10 +188,14 @@ class Trace:
             True
         """
         n = self.model.n_layers
-        if not 0 <= start <= n:
-            raise InputError(f"start layer {start} outside [0, {n}]", fix=f"use 0..{n}")
+        if isinstance(start, bool) or not hasattr(start, "__index__") or not 0 <= int(start) <= n:
+            raise InputError(
+                f"start layer {start!r} is not an integer in [0, {n}]",
+                fix=f"use 0..{n} ({n}: the head only)",
+            )
+        start = int(start)
         h = self.residuals[start] if residual is None else residual
-        order = list(range(start, n)) if order is None else list(order)
+        order = list(range(start, n)) if order is None else check_layer_list(order, n, "order")
         with self.model.hooks(fwd_hooks):
             for layer in order:
                 h_out = self.run_block(layer, h)

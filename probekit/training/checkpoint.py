@@ -1,11 +1,11 @@
-"""Checkpoint I/O shared by both trainers: the run config, AdamW moments, RNG state, recovery.
+"""Checkpoint I/O shared by both trainers: the run config, AdamW moments, recovery.
 
 A probekit checkpoint folder holds a Hugging Face GPT-2 (``config.json`` + ``model.safetensors``),
-``optimizer.safetensors`` (AdamW moments ``exp_avg.<name>`` / ``exp_avg_sq.<name>``, and the
-torch/numpy RNG state under ``rng.*``), ``trainer_state.json`` (step and what the loop needs to
-go on) and ``run_config.json``: the run's settings with a ``kind`` field (one of
-:data:`KINDS`: a task trainer's settings at the top level, or ``{"lm": LMConfig fields}``).
-:func:`probekit.run_folders.load_run` reads it back. Nothing is pickled.
+``optimizer.safetensors`` (AdamW moments ``exp_avg.<name>`` / ``exp_avg_sq.<name>``),
+``trainer_state.json`` (step and what the loop needs to go on) and ``run_config.json``: the
+run's settings with a ``kind`` field (one of :data:`KINDS`: a task trainer's settings at the
+top level, or ``{"lm": LMConfig fields}``). :func:`probekit.run_folders.load_run` reads it
+back. Nothing is pickled.
 
 Example:
     >>> import tempfile, torch
@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,39 +135,67 @@ def load_moments(
     return exp_avg, exp_avg_sq, other
 
 
-def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The process's torch, numpy and python RNG state as (tensors, JSON-ready dict)."""
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    tensors = {
-        "rng.torch": torch.get_rng_state(),
-        "rng.numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-    }
-    state = {
-        "rng_numpy": {
-            "kind": np_state[0],
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "rng_python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
-    }
-    return tensors, state
+#: the process-wide RNG entries checkpoints written before 2026-12 carried (the runs draw from
+#: generators of their own, so their checkpoints no longer hold them): tensors in
+#: ``optimizer.safetensors``, objects in ``trainer_state.json``
+RNG_TENSORS = ("rng.torch", "rng.numpy")
+RNG_ENTRIES = ("rng_numpy", "rng_python")
 
 
-def set_rng_state(tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-    """Inverse of :func:`rng_state`; parts missing from an older checkpoint are left alone."""
-    if "rng.torch" in tensors:
-        torch.set_rng_state(tensors["rng.torch"])
-    npk = state.get("rng_numpy")
-    if npk is not None and "rng.numpy" in tensors:
-        key = tensors["rng.numpy"].numpy().astype(np.uint32)
-        np.random.set_state(
-            (npk["kind"], key, npk["pos"], npk["has_gauss"], npk["cached_gaussian"])
-        )
-    py = state.get("rng_python")
-    if py is not None:
-        random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+def check_rng_entries(folder: Path, tensors: dict[str, torch.Tensor], state: dict) -> None:
+    """The process RNG entries an older checkpoint carries are intact (a damaged one marks a
+    damaged checkpoint); raises :class:`CheckpointError` naming the entry.
+
+    They are only checked, never restored: a run draws its initialization and batches from
+    generators seeded by (seed, step), so the process-wide RNGs play no part in it, and a
+    checkpoint without them is byte-identical between two identical runs.
+
+    Example:
+        >>> check_rng_entries(Path("ck"), {}, {"step": 3})
+        >>> try:
+        ...     check_rng_entries(Path("ck"), {}, {"rng_python": {"state": [1]}})
+        ... except CheckpointError as err:
+        ...     print(err.problem)
+        ck/trainer_state.json: its rng_python entry is not an intact Python RNG state
+    """
+    checks = {
+        "rng.torch": lambda: torch.Generator().set_state(tensors["rng.torch"]),
+        "rng_numpy": lambda: _numpy_state(tensors, state["rng_numpy"]),
+        "rng_python": lambda: random.Random().setstate(_python_state(state["rng_python"])),
+    }
+    names = {
+        "rng.torch": ("optimizer.safetensors", "torch RNG state"),
+        "rng_numpy": ("trainer_state.json", "numpy RNG state"),
+        "rng_python": ("trainer_state.json", "Python RNG state"),
+    }
+    for key, check in checks.items():
+        if key not in tensors and key not in state:
+            continue
+        try:
+            check()
+        except (TypeError, ValueError, KeyError, IndexError, RuntimeError, OverflowError) as err:
+            file, what = names[key]
+            raise CheckpointError(
+                f"{folder / file}: its {key} entry is not an intact {what}",
+                fix=f"{FIX} (a resume falls back to the previous checkpoint by itself when "
+                "one is kept)",
+            ) from err
+
+
+def _numpy_state(tensors: dict[str, torch.Tensor], entry: Any) -> None:
+    """Set a throwaway numpy RandomState from an older checkpoint's entries (raises if bad)."""
+    key = tensors["rng.numpy"].numpy().astype(np.uint32)
+    np.random.RandomState().set_state(
+        (entry["kind"], key, entry["pos"], entry["has_gauss"], entry["cached_gaussian"])
+    )
+
+
+def _python_state(entry: Any) -> tuple:
+    """The ``random.setstate`` tuple of an older checkpoint's ``rng_python`` entry."""
+    state = tuple(entry["state"])
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in state):
+        raise ValueError("the state holds other values than integers")
+    return (entry["version"], state, entry["gauss"])
 
 
 def previous_of(root: Path) -> Path:
@@ -230,6 +259,19 @@ def recover_checkpoint(root: Path) -> None:
     prev = previous_of(root)
     if not root.exists() and prev.is_dir():
         os.replace(prev, root)
+        warnings.warn(
+            f"{root} was missing (a save was interrupted between its two renames); the "
+            f"complete {prev.name} (step {_step_of(root)}) is put back and used",
+            stacklevel=2,
+        )
+
+
+def _step_of(folder: Path) -> Any:
+    """The step a checkpoint's trainer_state.json names, or ``"unknown"``."""
+    try:
+        return json.loads((folder / "trainer_state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
 
 
 def remove_leftovers(folder: Path, names: tuple[str, ...]) -> None:
@@ -299,16 +341,12 @@ def check_finite_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def check_moments(path: Path, moments: tuple[dict, dict, dict], shapes: dict) -> None:
-    """The AdamW moments of every parameter and the RNG tensors are in the optimizer file."""
+    """The AdamW moments of every parameter are in the optimizer file."""
     exp_avg, exp_avg_sq, other = moments
     check_tensors(path, {"exp_avg." + k: v for k, v in exp_avg.items()}, shapes, "exp_avg.")
     check_tensors(
         path, {"exp_avg_sq." + k: v for k, v in exp_avg_sq.items()}, shapes, "exp_avg_sq."
     )
-    for key, like in rng_state()[0].items():
-        value = other.get(key)
-        if value is None or value.shape != like.shape or value.dtype != like.dtype:
-            raise CheckpointError(f"{path} lacks an intact RNG state {key!r}", fix=FIX)
 
 
 def save_quietly(model: Any, path: Path) -> None:

@@ -22,6 +22,20 @@ from probekit.errors import ConfigError
 
 #: seeds are drawn into 32 bits by numpy and torch alike
 SEED_LIMIT = 2**32
+
+MAX_LAYERS = 4096
+"""The deepest model the trainers build. Every layer is a step of a Python loop in each forward
+and backward and costs about 128 KiB whatever its width
+(:data:`~probekit.training.memory.LAYER_OVERHEAD_BYTES`): ``--n-layers 100000`` ran for 300 s
+with its memory past 6 GB (issue 25); at width 8 it had not finished a step after 60 s here
+(3.4 GB), and 2000 layers of width 8 took 165 s for two steps with their evaluations and
+checkpoints."""
+
+MAX_STEPS = 10**8
+"""The most optimizer steps a run takes: 10**8 steps are days even at a millisecond a step
+(the smallest anchor runs take a few milliseconds a step on CPU), so a larger count is a typo,
+not a plan; below it the progress bar shows the time left."""
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -85,6 +99,24 @@ def check_real(
         )
 
 
+#: why :data:`MAX_STEPS` bounds ``steps`` and :data:`MAX_LAYERS` the depth (their refusals say it)
+STEPS_WHY = "steps a run takes (days even at a millisecond a step)"
+DEPTH_WHY = (
+    "layers the trainers build (each layer is a pass of a Python loop in every step and about "
+    "128 KiB of memory)"
+)
+
+
+def check_bounded(name: str, value: Any, limit: int, why: str) -> None:
+    """``value`` is an integer in ``[1, limit]``; above it, a :class:`ConfigError` saying
+    ``why`` the bound exists."""
+    check_int(name, value)
+    if value > limit:
+        raise ConfigError(
+            f"{name} = {value} is more than the {limit} {why}", fix=f"use {name} <= {limit}"
+        )
+
+
 def check_seed(name: str, value: Any) -> None:
     """A seed: an integer in ``[0, 2**32)``."""
     check_int(name, value, 0, SEED_LIMIT)
@@ -120,7 +152,12 @@ def check_str(name: str, value: Any, optional: bool = False) -> None:
 
 
 __all__ = [
+    "MAX_LAYERS",
+    "MAX_STEPS",
     "SEED_LIMIT",
+    "DEPTH_WHY",
+    "STEPS_WHY",
+    "check_bounded",
     "check_device_name",
     "check_flag",
     "check_int",

@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 from probekit import figures
 from probekit.errors import ConfigError
 from probekit.result import Result
+from probekit.training.checks import check_int, check_real, is_int
 from probekit.training.models import ModelConfig
 
 
@@ -120,10 +121,11 @@ class FamilyResult(Result):
 def _check_family(budget: int, depths: Sequence[int], style: str) -> None:
     if style not in ("mlp", "width"):
         raise ConfigError(f"unknown family style {style!r}", fix="use style='mlp' or 'width'")
-    if not depths or any(not isinstance(L, int) or L < 1 for L in depths):
+    if isinstance(depths, str) or not isinstance(depths, Sequence | range):
+        raise ConfigError(f"depths {depths!r:.60} is not a list", fix="e.g. [2, 4, 8]")
+    if not depths or any(not is_int(L) or L < 1 for L in depths):
         raise ConfigError(f"depths {list(depths)} must be positive integers", fix="e.g. [2, 4, 8]")
-    if budget <= 0:
-        raise ConfigError(f"budget {budget} must be positive", fix="give a parameter count")
+    check_real("budget", budget, positive=True, example="a parameter count, e.g. 200000")
 
 
 def _width_for(budget: int, depth: int, n_heads: int, mlp_ratio: float, fixed: dict) -> int:
@@ -185,6 +187,11 @@ def depth_family(
     ``d_model`` (a multiple of ``n_heads``) with ``d_mlp`` near ``mlp_ratio * d_model``.
     """
     _check_family(budget, depths, style)
+    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("vocab_size", vocab_size)):
+        check_int(name, value)
+    check_int("n_positions", n_positions)
+    check_real("mlp_ratio", mlp_ratio, positive=True, example="e.g. 4.0")
+    check_real("tolerance", tolerance, 0, example="e.g. 0.01")
     fixed = {
         "vocab_size": vocab_size,
         "n_positions": n_positions,

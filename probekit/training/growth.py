@@ -46,8 +46,8 @@ def layer_map(n_layers: int, method: str, block_size: int) -> list[int]:
     """For each layer of the grown model, the index of the layer it is copied from."""
     if method not in METHODS:
         raise ConfigError(f"unknown growth method {method!r}", fix=f"use one of {list(METHODS)}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(f"block size {block_size!r} must be a positive integer", fix="e.g. 2")
+    check_int("n_layers", n_layers)
+    check_int("block_size", block_size)
     if block_size > n_layers:
         raise ConfigError(
             f"block size {block_size} is larger than the model's {n_layers} layers",

@@ -80,6 +80,9 @@ from probekit.training.checkpoint import (
     write_run_config,
 )
 from probekit.training.checks import (
+    DEPTH_WHY,
+    MAX_LAYERS,
+    check_bounded,
     check_flag,
     check_int,
     check_optional_int,
@@ -163,6 +166,7 @@ class LMConfig(RunSettings):
             )
         for name in _POSITIVE:
             check_int(name, getattr(self, name))
+        check_bounded("n_layers", self.n_layers, MAX_LAYERS, DEPTH_WHY)
         self.validate_run()
         for name in ("d_mlp", "save_every", "corpus_max_files"):
             check_optional_int(name, getattr(self, name))
@@ -691,6 +695,9 @@ class LMTrainer(Trainer):
 
     def description(self) -> str:
         return f"train {self.cfg.growth}"
+
+    def kept(self) -> str:
+        return _last_step(self.out, self.cfg.steps)
 
     def begin(self) -> None:
         """Start the clock of the ``seconds`` column (going on from a resumed run's)."""

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probekit.errors import ConfigError
+from probekit.io import pid_alive, this_host
 
 LOCK_NAME = ".lock"
 
@@ -48,22 +48,7 @@ STALE_AFTER_S = 120.0
 that differ between nodes and a busy filesystem)."""
 
 
-def this_host() -> str:
-    """The name this machine writes into its locks."""
-    return socket.gethostname() or "localhost"
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists here (one we may not signal counts as alive)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_pid_alive = pid_alive
 
 
 @dataclass(frozen=True)

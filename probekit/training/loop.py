@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -42,7 +43,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from probekit.training.checks import check_flag, check_int, check_real, check_seed
+from probekit.errors import CheckpointError
+from probekit.training.checks import (
+    MAX_STEPS,
+    STEPS_WHY,
+    check_bounded,
+    check_flag,
+    check_int,
+    check_real,
+    check_seed,
+)
 from probekit.training.lock import run_folder_lock
 from probekit.training.memory import check_fits
 from probekit.training.precision import (
@@ -98,6 +108,7 @@ class RunSettings:
         """Raise :class:`~probekit.errors.ConfigError` naming the first bad shared setting."""
         for name in ("steps", "batch_size", "eval_every"):
             check_int(name, getattr(self, name))
+        check_bounded("steps", self.steps, MAX_STEPS, STEPS_WHY)
         check_int("warmup_steps", self.warmup_steps, 0)
         check_seed("seed", self.seed)
         check_real("lr", self.lr, positive=True, example="e.g. 1e-3")
@@ -233,6 +244,10 @@ class Trainer(ABC):
     def finish(self, trained: bool) -> None:
         """After training (``trained``: whether the loop ran), still holding the folder lock."""
         return None  # nothing to do unless a trainer needs it
+
+    def kept(self) -> str:
+        """What a stopped run leaves in ``out``: which checkpoint, or that there is none."""
+        return "the checkpoints already in the folder are kept"
 
     # ---------------------------------------------------------------- hooks
     def description(self) -> str:
@@ -372,19 +387,53 @@ def train_in_folder(trainer: Trainer, resume: bool = True, progress: bool = True
     """The whole run in ``trainer.out``: lock the folder against a second writer, recover what
     a kill left, resume (or start over), write the run's config, train, finish.
 
-    A folder that already holds the whole run is not trained again."""
+    A folder that already holds the whole run is not trained again. A full disk (or quota) at
+    any write is one :class:`~probekit.errors.CheckpointError` naming the checkpoint that is
+    kept (:meth:`Trainer.kept`); the half-written one is removed by its writer."""
     with run_folder_lock(trainer.out):
-        trainer.recover()
-        if resume:
-            trainer.resume()
-        else:
-            trainer.start_over()
-        trainer.write_config()
-        trained = not trainer.finished()
-        if trained:
-            with deterministic_mode(trainer.settings.deterministic, trainer.device):
-                run_loop(trainer, progress)
-        trainer.finish(trained)
+        try:
+            _train_locked(trainer, resume, progress)
+        except Exception as err:
+            if not disk_full(err):
+                raise
+            raise CheckpointError(
+                f"no space left on the disk of {trainer.out} to write step {trainer.step}; "
+                f"{trainer.kept()}",
+                fix="free disk space (or train into a folder on another disk) and run the same "
+                "command again: it resumes from that checkpoint",
+            ) from err
+
+
+def _train_locked(trainer: Trainer, resume: bool, progress: bool) -> None:
+    """:func:`train_in_folder`'s work once the folder is locked."""
+    trainer.recover()
+    if resume:
+        trainer.resume()
+    else:
+        trainer.start_over()
+    trainer.write_config()
+    trained = not trainer.finished()
+    if trained:
+        with deterministic_mode(trainer.settings.deterministic, trainer.device):
+            run_loop(trainer, progress)
+    trainer.finish(trained)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` reports a full disk or an exhausted quota (an ``OSError`` with ENOSPC
+    or EDQUOT, or the safetensors writer's own error saying so).
+
+    Example:
+        >>> import errno
+        >>> disk_full(OSError(errno.ENOSPC, "No space left on device")), disk_full(OSError())
+        (True, False)
+    """
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    words = str(err).lower()
+    return type(err).__name__ == "SafetensorError" and (
+        "no space left" in words or "quota exceeded" in words
+    )
 
 
 __all__ = [
@@ -393,6 +442,7 @@ __all__ = [
     "RunSettings",
     "Trainer",
     "checked_device",
+    "disk_full",
     "first_failure",
     "kept_checkpoint",
     "read_on_host",

@@ -40,7 +40,16 @@ import torch
 import torch.nn.functional as F
 
 from probekit.errors import ConfigError, check_known_keys
-from probekit.training.checks import check_flag, check_int, check_mapping, check_real, is_real
+from probekit.training.checks import (
+    DEPTH_WHY,
+    MAX_LAYERS,
+    check_bounded,
+    check_flag,
+    check_int,
+    check_mapping,
+    check_real,
+    is_real,
+)
 
 ACTIVATIONS = ("gelu_new", "gelu", "relu", "silu")
 INIT_SCHEMES: dict[str, str] = {
@@ -92,6 +101,7 @@ class ModelConfig:
         """Raise :class:`ConfigError` on an impossible shape or a non-finite setting."""
         for name in ("n_layers", "d_model", "n_heads", "d_mlp", "n_positions"):
             check_int(name, getattr(self, name))
+        check_bounded("n_layers", self.n_layers, MAX_LAYERS, DEPTH_WHY)
         check_int("vocab_size", self.vocab_size, 1, VOCAB_LIMIT)
         if self.d_model % self.n_heads:
             raise ConfigError(

@@ -64,6 +64,38 @@ def _query(batch: Batch, positions: str | int) -> torch.Tensor:
     return torch.full((n,), int(positions) % t, dtype=torch.long, device=dev)
 
 
+def _checked_targets(targets: Any, n: int, d_vocab: int) -> torch.Tensor:
+    """``targets`` as ``[n]`` long token ids of the vocabulary, else :class:`InputError`."""
+    try:
+        targets = torch.as_tensor(targets).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise InputError(
+            f"targets {targets!r:.60} are not token ids ({err})",
+            fix="give one integer target token per sequence",
+        ) from err
+    if len(targets) != n:
+        raise InputError(
+            f"{len(targets)} targets for {n} sequences", fix="give one target per sequence"
+        )
+    whole = targets.dtype.is_floating_point and bool((targets == targets.round()).all())
+    if (
+        targets.dtype.is_complex
+        or targets.dtype == torch.bool
+        or (targets.dtype.is_floating_point and not whole)
+    ):
+        raise InputError(
+            f"targets of dtype {targets.dtype} are not token ids",
+            fix="give integer target token ids",
+        )
+    bad = targets[(targets < 0) | (targets >= d_vocab)]
+    if len(bad):
+        raise InputError(
+            f"target {int(bad[0])} is outside the vocabulary [0, {d_vocab})",
+            fix="give target token ids of this model's vocabulary",
+        )
+    return targets.long()
+
+
 def rows(
     model: Model,
     data: DataOrTask,
@@ -82,11 +114,7 @@ def rows(
         answers, roles = {}, {}
     n = sum(len(b.tokens) for b in batches)
     if targets is not None:
-        targets = torch.as_tensor(targets).reshape(-1).long()
-        if len(targets) != n:
-            raise InputError(
-                f"{len(targets)} targets for {n} sequences", fix="give one target per sequence"
-            )
+        targets = _checked_targets(targets, n, model.d_vocab)
     out, start = [], 0
     for batch in batches:
         sl, dev = slice(start, start + len(batch.tokens)), batch.tokens.device
