@@ -680,14 +680,12 @@ class LMTrainer(Trainer):
         )
 
     def checkpoint_due(self) -> bool:
-        """Every ``save_every`` steps (if set) before the end (the end's checkpoint is
-        ``final``, written by :meth:`finish`)."""
+        """Every ``save_every`` steps (if set) before the end (``final``: :meth:`finish`)."""
         cfg, step = self.cfg, self.step
         return bool(cfg.save_every) and step % cfg.save_every == 0 and step < cfg.steps
 
     def save_if_due(self) -> None:
-        """Save ``step{n}`` when :meth:`checkpoint_due`."""
-        if self.checkpoint_due():
+        if self.checkpoint_due():  # step{n}; the end's checkpoint is final (finish)
             self.checkpoints.append(self.save(self.out / f"step{self.step}"))
 
     def after_step(self) -> None:
