@@ -371,3 +371,14 @@ def test_abbreviated_flags_are_refused_with_a_suggestion(capsys):
         build_parser().parse_args(["train", "--out", "x", "--n-layer", "3"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--n-layers" in err and "unrecognized" in err
+
+
+def test_another_subcommands_flag_is_named_as_theirs_not_as_a_typo(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["diagnose", "model", "--out", "x", "--quick"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--quick is a flag of probekit demo" in err and "did you mean" not in err
+    with pytest.raises(SystemExit):  # a typo is matched against the subcommand's own flags
+        main(["diagnose", "model", "--out", "x", "--n-sequence", "3"])
+    assert "did you mean --n-sequence -> --n-sequences?" in capsys.readouterr().err

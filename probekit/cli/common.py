@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import sys
 from typing import Any
 
 from probekit.errors import ConfigError, InputError
@@ -38,22 +39,36 @@ class Parser(argparse.ArgumentParser):
             2, f"probekit: error: {message}{self.suggest(message)} (see {self.prog} --help)\n"
         )
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self.argv = list(sys.argv[1:] if args is None else args)  # read by :meth:`suggest`
+        return super().parse_args(args, namespace)
+
     def suggest(self, message: str) -> str:
-        """ "; did you mean --x?" for an unrecognized flag close to one of a subcommand's."""
+        """ "; did you mean --x?" for an unrecognized flag close to one of the subcommand's
+        own, or the subcommands it belongs to when it is another one's flag."""
         if not message.startswith("unrecognized arguments:"):
             return ""
-        known = set(self._option_string_actions)
+        subcommands: dict[str, argparse.ArgumentParser] = {}
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    known |= set(sub._option_string_actions)
-        hints = []
+                subcommands.update(action.choices)
+        used = next((w for w in getattr(self, "argv", []) if w in subcommands), None)
+        known = set(self._option_string_actions)
+        if used is not None:
+            known |= set(subcommands[used]._option_string_actions)
+        close_to, belongs = [], []
         for word in message.split(":", 1)[1].split():
             flag = word.split("=", 1)[0]
+            if not flag.startswith("-"):
+                continue
+            elsewhere = [n for n, sub in subcommands.items() if flag in sub._option_string_actions]
             close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.6)
-            if flag.startswith("-") and close:
-                hints.append(f"{flag} -> {close[0]}")
-        return f"; did you mean {', '.join(hints)}?" if hints else ""
+            if elsewhere:
+                belongs.append(f"{flag} is a flag of probekit {' / '.join(elsewhere)}")
+            elif close:
+                close_to.append(f"{flag} -> {close[0]}")
+        said = [f"did you mean {', '.join(close_to)}?"] if close_to else []
+        return "".join(f"; {part}" for part in said + belongs)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
