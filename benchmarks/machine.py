@@ -1,0 +1,128 @@
+"""The machine's limit: the sustained float32 matrix-multiply rate, and a diagnosis's arithmetic.
+
+``matmul_rate`` times ``torch.mm`` on the products of one GPT-2 block at the benchmark's shape
+(``[tokens, d] x [d, 3d]``, ``[d, d]``, ``[d, 4d]``, ``[4d, d]``; their FLOPs are 24 d^2 per
+token, the block's whole weight arithmetic), repeated until about ``seconds`` have passed, and
+returns the median rate of the repeats in GFLOP/s at the given thread count: what the CPU
+sustains on exactly the products a block pass needs, so no block pass can run faster.
+
+``diagnosis_flops`` counts the arithmetic of contributions + skip effects + adjacent swaps at
+the exact-resumption minimum (each variant resumed after its clean prefix, skip effects shared
+with the whole-layer skips): per batch, the clean pass (L blocks), the L whole-layer skips
+(L - 1 - i blocks each), the 2L sublayer ablations (L - i blocks each, the ablated block counted
+whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block passes in all, and
+4L output heads (clean, 3L ablations, L - 1 swaps). A block pass costs
+``tokens * (24 d^2 + 4 T d)`` FLOPs (weights, then attention scores and values over all T
+positions); a head ``2 * tokens * d * vocab``.
+
+Run alone it prints the rates at 1 and 2 threads::
+
+    python benchmarks/machine.py [--d-model 256] [--tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import settings_line, uptime  # noqa: E402
+
+
+def block_products(d: int) -> list[tuple[int, int]]:
+    """The (in, out) shapes of a GPT-2 block's four weight products."""
+    return [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)]
+
+
+def matmul_rate(
+    d: int, tokens: int, threads: int, seconds: float = 2.0, device: str = "cpu"
+) -> float:
+    """Median GFLOP/s of ``torch.mm`` over a block's products at ``tokens`` rows."""
+    import torch
+
+    from benchmarks.common import sync
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        pairs = [
+            (
+                torch.randn(tokens, a, generator=g).to(device),
+                torch.randn(a, b, generator=g).to(device),
+            )
+            for a, b in block_products(d)
+        ]
+        flops = sum(2 * tokens * a * b for a, b in block_products(d))
+        for x, w in pairs:  # warm-up
+            torch.mm(x, w)
+        rates, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end or len(rates) < 5:
+            sync(device)
+            start = time.perf_counter()
+            for x, w in pairs:
+                torch.mm(x, w)
+            sync(device)
+            rates.append(flops / (time.perf_counter() - start) / 1e9)
+        return statistics.median(rates)
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Arithmetic:
+    """The FLOPs a diagnosis needs at the exact-resumption minimum."""
+
+    block_passes: int
+    heads: int
+    block_flops: float
+    head_flops: float
+
+    @property
+    def total(self) -> float:
+        return self.block_passes * self.block_flops + self.heads * self.head_flops
+
+    def describe(self) -> str:
+        return (
+            f"{self.block_passes} block passes x {self.block_flops / 1e9:.3f} GFLOP + "
+            f"{self.heads} heads x {self.head_flops / 1e9:.3f} GFLOP = "
+            f"{self.total / 1e9:.1f} GFLOP"
+        )
+
+
+def diagnosis_flops(layers: int, d: int, batch: int, seq: int, vocab: int) -> Arithmetic:
+    """Contributions + skip effects + adjacent swaps at the exact-resumption minimum."""
+    tokens = batch * seq
+    L = layers
+    return Arithmetic(
+        block_passes=2 * L * L + 2 * L - 1,
+        heads=4 * L,
+        block_flops=tokens * (24 * d * d + 4 * seq * d),
+        head_flops=2 * tokens * d * vocab,
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    print(f"load: {uptime()}")
+    for threads in (1, 2):
+        rate = matmul_rate(args.d_model, args.tokens, threads, device=args.device)
+        print(
+            f"{settings_line(threads, args.device)} float32 matmul, a block's products at "
+            f"d_model {args.d_model}, {args.tokens} rows: {rate:.1f} GFLOP/s (median)"
+        )
+
+
+if __name__ == "__main__":
+    main()
