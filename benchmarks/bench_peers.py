@@ -28,7 +28,8 @@ analyses need at the exact-resumption minimum and each way's achieved fraction o
 limit (that arithmetic / its median time / the rate). Peak memory (unless ``--no-memory``):
 each way run once more in a fresh process (``MALLOC_MMAP_THRESHOLD_=131072``, so the resident
 set shows live memory) that builds only that way's model; printed is ``ru_maxrss`` minus the
-resident set after the build (the peak above the model), and ``ru_maxrss`` itself.
+resident set after the build (the peak above the model), and ``ru_maxrss`` itself (on CUDA:
+``torch.cuda.max_memory_allocated`` and the allocated memory after the build).
 
 Models (``--model``): ``bench24`` (bench_depth's: 24 layers, d_model 256, 8 heads, vocabulary
 512, 8 x 64 tokens), ``gpt2-small`` (GPT-2 small's config with random weights: nothing is
@@ -293,10 +294,18 @@ def setup(spec: SimpleNamespace, ways) -> dict:
 
 def peak_memory(spec: SimpleNamespace, way: str) -> None:
     """One run of ``way`` in this fresh process; print its peak memory as one JSON line."""
+    import torch
+
     fn = setup(spec, [way])[way]
-    base = rss_mib()
-    fn()
-    peak = max_rss_mib()
+    if spec.device.startswith("cuda"):  # device memory: the resident set says nothing of it
+        base = torch.cuda.memory_allocated() / 2**20
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        base = rss_mib()
+        fn()
+        peak = max_rss_mib()
     print(json.dumps({"way": way, "model_rss_mib": round(base, 1), "peak_mib": round(peak, 1)}))
 
 
