@@ -14,7 +14,9 @@ and the output's ``prob_l2``) and every adjacent swap's loss change, computed fo
 - ``nnsight``: the same variants with nnsight 0.8's tracing on the same Hugging Face model
   (``NNsight(model).trace(tokens)``, ``.input`` / ``.output`` / ``.skip``, ``nnsight.save``);
 - ``tl``: the TransformerLens bridge loop of ``bench_depth.run_naive`` (one
-  ``run_with_hooks`` forward per variant, 5L forwards).
+  ``run_with_hooks`` forward per variant, 5L forwards);
+- ``stacked`` (not a peer, only when asked for): probekit with ``--stack`` hook-free variants
+  stacked along the batch per pass (``variants_per_pass``), to choose that default.
 
 The peers compute their measures with probekit's own measure functions from a clean side made
 once (``output_change`` on ``clean_side``), so the comparison is of the forwards, not of the
@@ -71,8 +73,11 @@ MODELS = {
     "gpt2-small": dict(layers=12, d_model=768, heads=12, vocab=50257, batch=8, seq=128),
     "tiny": dict(layers=3, d_model=64, heads=4, vocab=128, batch=2, seq=16),
 }
-ALL_WAYS = ("probekit", "hf", "nnsight", "tl")
+PEERS = ("hf", "nnsight", "tl")
+ALL_WAYS = ("probekit", *PEERS, "stacked")
+DEFAULT_WAYS = ("probekit", *PEERS)
 LABELS = {
+    "stacked": "probekit, stacked variants",
     "probekit": "probekit (shared cache, resumed variants)",
     "hf": "Hugging Face + torch hooks",
     "nnsight": "nnsight 0.8 tracing",
@@ -271,7 +276,7 @@ def setup(spec: SimpleNamespace, ways) -> dict:
     tokens = make_tokens(spec)
     labels = next_token_labels(tokens)
     run = {}
-    if {"probekit", "tl"} & set(ways):
+    if {"probekit", "tl", "stacked"} & set(ways):
         import probekit
         from benchmarks.bench_depth import run_naive, run_probekit
         from probekit import contributions, layer_swaps, skip_effects  # noqa: F401
@@ -279,7 +284,9 @@ def setup(spec: SimpleNamespace, ways) -> dict:
 
         model = probekit.load(build_hf(spec), device=spec.device)
         options = SimpleNamespace(variants_per_pass=spec.variants_per_pass, autocast=None)
+        stacked = SimpleNamespace(variants_per_pass=spec.stack, autocast=None)
         run["probekit"] = lambda: run_probekit(model, tokens, options)
+        run["stacked"] = lambda: run_probekit(model, tokens, stacked)
         run["tl"] = lambda: run_naive(model, tokens)
     if "hf" in ways:
         hf = build_hf(spec)
@@ -315,7 +322,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, help="sequences (default: the model's)")
     p.add_argument("--seq", type=int, help="tokens per sequence (default: the model's)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds")
-    p.add_argument("--ways", default=",".join(ALL_WAYS), help="a comma-separated subset")
+    p.add_argument(
+        "--ways",
+        default=",".join(DEFAULT_WAYS),
+        help=f"a comma-separated subset of {', '.join(ALL_WAYS)} (stacked: probekit with "
+        "--stack variants per pass)",
+    )
+    p.add_argument("--stack", type=int, default=4, help="variants per pass of the stacked way")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants-per-pass", type=int, default=1, help="probekit's stacking")
@@ -336,7 +349,7 @@ def spec_of(args: argparse.Namespace) -> SimpleNamespace:
     spec.batch = args.batch or spec.batch
     spec.seq = args.seq or spec.seq
     spec.threads, spec.device = args.threads, args.device
-    spec.variants_per_pass = args.variants_per_pass
+    spec.variants_per_pass, spec.stack = args.variants_per_pass, args.stack
     return spec
 
 
@@ -380,12 +393,13 @@ def report(spec, args, times: dict, numbers: dict, limit: float, memory: dict) -
             if "peak_mib" in mem
             else (f"; memory: {mem['error']}" if "error" in mem else "")
         )
+        label = LABELS[way] + (f" ({spec.stack} per pass)" if way == "stacked" else "")
         print(
-            f"{LABELS[way]:42s} {runs_line(times[way])}{ratio}; {rate:.1f} GFLOP/s = "
+            f"{label:42s} {runs_line(times[way])}{ratio}; {rate:.1f} GFLOP/s = "
             f"{rate / limit:.0%} of the limit; {len(numbers[way])} numbers, max |difference| "
             f"{worst:.2e} ({unmatched} unmatched){mem_text}"
         )
-    peers = [w for w in times if w != "probekit"]
+    peers = [w for w in times if w in PEERS]
     if "probekit" in times and peers:
         fastest = min(peers, key=med.get)
         worst = max(max_difference(numbers["probekit"], numbers[w])[0] for w in peers)
