@@ -25,7 +25,8 @@ formulas. Every way's numbers are checked against probekit's (same keys, max |di
 Method: the ways run interleaved (A B C D D C B A, ``--repeats`` rounds) in one process after
 a warm-up of each, one torch thread by default, ``OMP_WAIT_POLICY=PASSIVE``; it prints every
 run, the medians, each peer's ratio to probekit, ``uptime`` before and after, the sustained
-float32 matmul rate at that thread count (``benchmarks/machine.py``), the arithmetic the
+float32 matmul rate at that thread count (``benchmarks/machine.py``; measured before and after
+the runs, the higher taken as the limit: a loaded machine only lowers it), the arithmetic the
 analyses need at the exact-resumption minimum and each way's achieved fraction of the matmul
 limit (that arithmetic / its median time / the rate). Peak memory (unless ``--no-memory``):
 each way run once more in a fresh process (``MALLOC_MMAP_THRESHOLD_=131072``, so the resident
@@ -424,10 +425,17 @@ def main(argv=None) -> int:
     from benchmarks.machine import matmul_rate
 
     seconds = 0.3 if args.model == "tiny" else 2.0
-    limit = matmul_rate(spec.d_model, spec.batch * spec.seq, spec.threads, seconds, spec.device)
+    rows = spec.batch * spec.seq
+    limits = [matmul_rate(spec.d_model, rows, spec.threads, seconds, spec.device)]
     run = setup(spec, ways)
     times, numbers = time_ways(run, args, spec.device)
     print(f"after:  {uptime()}", flush=True)
+    limits.append(matmul_rate(spec.d_model, rows, spec.threads, seconds, spec.device))
+    print(
+        f"float32 matmul rate before / after the runs: {limits[0]:.1f} / {limits[1]:.1f} GFLOP/s "
+        f"(a block's products, {rows} rows); the limit is the higher (load only lowers it)"
+    )
+    limit = max(limits)
     memory = {}
     if not args.no_memory:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
