@@ -15,9 +15,12 @@ whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block pas
 ``tokens * (24 d^2 + 4 T d)`` FLOPs (weights, then attention scores and values over all T
 positions); a head ``2 * tokens * d * vocab``.
 
-Run alone it prints the rates at 1 and 2 threads::
+Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass and one
+output head at the model's shape (medians of 15, inference mode) and what the minimum work costs
+at the rate and in those block passes (the ceiling of any way that runs Hugging Face blocks)::
 
-    python benchmarks/machine.py [--d-model 256] [--tokens 512]
+    python benchmarks/machine.py                    # bench24: 24 layers, d_model 256, 8 x 64
+    python benchmarks/machine.py --layers 12 --d-model 768 --heads 12 --vocab 50257 --seq 128
 """
 
 from __future__ import annotations
@@ -108,20 +111,69 @@ def diagnosis_flops(layers: int, d: int, batch: int, seq: int, vocab: int) -> Ar
     )
 
 
+def block_and_head_seconds(
+    d: int, heads: int, batch: int, seq: int, vocab: int, threads: int, repeats: int = 15
+) -> tuple[float, float]:
+    """Median seconds of one Hugging Face GPT-2 block pass and of one output head (its
+    ``lm_head`` product over every token) at this shape, in inference mode: what one block pass
+    and one head cost any way that runs Hugging Face blocks."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_embd=d, n_layer=1, n_head=heads, n_positions=max(seq, 64)
+    )
+    config.bos_token_id = config.eos_token_id = 0
+    model = transformers.GPT2LMHeadModel(config).eval()
+    x = torch.randn(batch, seq, d)
+
+    def median_seconds(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    with torch.inference_mode():
+        block = median_seconds(lambda: model.transformer.h[0](x))
+        head = median_seconds(lambda: model.lm_head(x))
+    return block, head
+
+
 def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=24)
     p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
-    print(f"load: {uptime()}")
+    rows = args.batch * args.seq
+    work = diagnosis_flops(args.layers, args.d_model, args.batch, args.seq, args.vocab)
+    print(f"before: {uptime()}")
+    print(f"arithmetic of the depth analyses at the exact-resumption minimum: {work.describe()}")
     for threads in (1, 2):
-        rate = matmul_rate(args.d_model, args.tokens, threads, device=args.device)
+        rate = matmul_rate(args.d_model, rows, threads, device=args.device)
+        block, head = block_and_head_seconds(
+            args.d_model, args.heads, args.batch, args.seq, args.vocab, threads
+        )
+        floor = work.block_passes * block + work.heads * head
         print(
             f"{settings_line(threads, args.device)} float32 matmul, a block's products at "
-            f"d_model {args.d_model}, {args.tokens} rows: {rate:.1f} GFLOP/s (median)"
+            f"d_model {args.d_model}, {rows} rows: {rate:.1f} GFLOP/s (median); one Hugging "
+            f"Face block pass {block * 1e3:.2f} ms = {work.block_flops / block / 1e9 / rate:.0%} "
+            f"of it, one head {head * 1e3:.2f} ms = {work.head_flops / head / 1e9 / rate:.0%}; "
+            f"the minimum work at the matmul limit {work.total / rate / 1e9:.1f} s, in Hugging "
+            f"Face block passes and heads {floor:.1f} s ({work.total / floor / 1e9 / rate:.0%} "
+            "of the limit: the ceiling of any way that runs these blocks)"
         )
+    print(f"after:  {uptime()}")
 
 
 if __name__ == "__main__":
