@@ -24,14 +24,16 @@ formulas. Every way's numbers are checked against probekit's (same keys, max |di
 
 Method: the ways run interleaved (A B C D D C B A, ``--repeats`` rounds) in one process after
 a warm-up of each, one torch thread by default, ``OMP_WAIT_POLICY=PASSIVE``; it prints every
-run, the medians, each peer's ratio to probekit, ``uptime`` before and after, the sustained
-float32 matmul rate at that thread count (``benchmarks/machine.py``; measured before and after
-the runs, the higher taken as the limit: a loaded machine only lowers it), the arithmetic the
-analyses need at the exact-resumption minimum and each way's achieved fraction of the matmul
-limit (that arithmetic / its median time / the rate). Peak memory (unless ``--no-memory``):
-each way run once more in a fresh process (``MALLOC_MMAP_THRESHOLD_=131072``, so the resident
-set shows live memory) that builds only that way's model; printed is ``ru_maxrss`` minus the
-resident set after the build (the peak above the model), and ``ru_maxrss`` itself (on CUDA:
+run's wall and CPU seconds (``time.process_time``: on a shared CPU the work done, not the time
+other jobs held the cores), the medians, each peer's ratio to probekit, ``uptime`` before and
+after, the sustained float32 matmul rate at that thread count per wall and per CPU second
+(``benchmarks/machine.py``; measured before and after the runs, the higher taken as the limit:
+a loaded machine only lowers it), the arithmetic the analyses need at the exact-resumption
+minimum and each way's achieved fraction of the matmul limit (that arithmetic / its median time
+/ the rate, per wall and per CPU second). Peak memory (unless ``--no-memory``): each way run
+once more in a fresh process (``MALLOC_MMAP_THRESHOLD_=131072``, so the resident set shows live
+memory) that builds only that way's model; printed is ``ru_maxrss`` minus the resident set
+after the build (the peak above the model), and ``ru_maxrss`` itself (on CUDA:
 ``torch.cuda.max_memory_allocated`` and the allocated memory after the build).
 
 Models (``--model``): ``bench24`` (bench_depth's: 24 layers, d_model 256, 8 heads, vocabulary
@@ -65,7 +67,7 @@ from benchmarks.common import (  # noqa: E402  (sets OMP_WAIT_POLICY before torc
     rss_mib,
     runs_line,
     settings_line,
-    timed,
+    timed_cpu,
     uptime,
 )
 
@@ -354,27 +356,43 @@ def spec_of(args: argparse.Namespace) -> SimpleNamespace:
     return spec
 
 
-def time_ways(run: dict, args: argparse.Namespace, device: str) -> tuple[dict, dict]:
-    """Warm-up, then the interleaved runs; every run printed. Times and numbers per way."""
+def time_ways(run: dict, args: argparse.Namespace, device: str) -> tuple[dict, dict, dict]:
+    """Warm-up, then the interleaved runs; every run printed. Wall and CPU seconds and the
+    numbers, per way."""
     ways = list(run)
     numbers: dict[str, dict] = {}
     if not args.no_warmup:
         for way in ways:
-            seconds, numbers[way] = timed(run[way], device)
-            print(f"  warm-up {way:9s} {seconds:8.2f} s", flush=True)
+            wall, cpu, numbers[way] = timed_cpu(run[way], device)
+            print(f"  warm-up {way:9s} {wall:8.2f} s  (CPU {cpu:7.2f} s)", flush=True)
     times: dict[str, list[float]] = {way: [] for way in ways}
+    cpus: dict[str, list[float]] = {way: [] for way in ways}
     for way in interleaved(ways, args.repeats):
-        seconds, numbers[way] = timed(run[way], device)
-        times[way].append(seconds)
-        print(f"  {way:17s} {seconds:8.2f} s", flush=True)
-    return times, numbers
+        wall, cpu, numbers[way] = timed_cpu(run[way], device)
+        times[way].append(wall)
+        cpus[way].append(cpu)
+        print(f"  {way:17s} {wall:8.2f} s  (CPU {cpu:7.2f} s)", flush=True)
+    return times, cpus, numbers
 
 
-def report(spec, args, times: dict, numbers: dict, limit: float, memory: dict) -> None:
+def memory_text(mem: dict) -> str:
+    if "peak_mib" in mem:
+        return (
+            f"; peak {mem['peak_mib'] - mem['model_rss_mib']:.0f} MiB above the model "
+            f"(ru_maxrss {mem['peak_mib']:.0f} MiB)"
+        )
+    return f"; memory: {mem['error']}" if "error" in mem else ""
+
+
+def report(spec, args, times: dict, cpus: dict, numbers: dict, limits: dict, memory: dict):
+    """Per way: runs, medians, ratio to probekit, fraction of the limit, numbers, memory; then
+    the ratio to the fastest peer (wall time; and CPU time on a CPU)."""
     from benchmarks.machine import diagnosis_flops
 
     work = diagnosis_flops(spec.layers, spec.d_model, spec.batch, spec.seq, spec.vocab)
     med = {way: median(t) for way, t in times.items()}
+    med_cpu = {way: median(t) for way, t in cpus.items()}
+    on_cpu = spec.device == "cpu"
     ref = "probekit" if "probekit" in numbers else next(iter(numbers))
     print(
         f"model {args.model}: {spec.layers} layers, d_model {spec.d_model}, vocab {spec.vocab}; "
@@ -382,29 +400,38 @@ def report(spec, args, times: dict, numbers: dict, limit: float, memory: dict) -
         f"{2 * args.repeats} runs each, interleaved {' '.join(list(times) + list(times)[::-1])}"
     )
     print(f"arithmetic needed (exact-resumption minimum): {work.describe()}")
-    print(f"float32 matmul limit at {spec.threads} thread(s): {limit:.1f} GFLOP/s")
+    print(
+        f"float32 matmul limit at {spec.threads} thread(s): {limits['wall']:.1f} GFLOP/s"
+        + (f" per wall second, {limits['cpu']:.1f} per CPU second" if on_cpu else "")
+    )
     for way in times:
         worst, unmatched = max_difference(numbers[ref], numbers[way])
-        rate = work.total / med[way] / 1e9
         ratio = f"; {med[way] / med[ref]:.2f}x probekit's time" if way != ref else ""
-        mem = memory.get(way, {})
-        mem_text = (
-            f"; peak {mem['peak_mib'] - mem['model_rss_mib']:.0f} MiB above the model "
-            f"(ru_maxrss {mem['peak_mib']:.0f} MiB)"
-            if "peak_mib" in mem
-            else (f"; memory: {mem['error']}" if "error" in mem else "")
-        )
+        rate = work.total / med[way] / 1e9
         label = LABELS[way] + (f" ({spec.stack} per pass)" if way == "stacked" else "")
         print(
             f"{label:42s} {runs_line(times[way])}{ratio}; {rate:.1f} GFLOP/s = "
-            f"{rate / limit:.0%} of the limit; {len(numbers[way])} numbers, max |difference| "
-            f"{worst:.2e} ({unmatched} unmatched){mem_text}"
+            f"{rate / limits['wall']:.0%} of the limit; {len(numbers[way])} numbers, max "
+            f"|difference| {worst:.2e} ({unmatched} unmatched){memory_text(memory.get(way, {}))}"
         )
+        if on_cpu:
+            rate = work.total / med_cpu[way] / 1e9
+            ratio = f"; {med_cpu[way] / med_cpu[ref]:.2f}x probekit's" if way != ref else ""
+            print(
+                f"{'':42s} CPU time: {runs_line(cpus[way])}{ratio}; {rate:.1f} GFLOP per CPU "
+                f"second = {rate / limits['cpu']:.0%} of the limit"
+            )
     peers = [w for w in times if w in PEERS]
     if "probekit" in times and peers:
         fastest = min(peers, key=med.get)
         worst = max(max_difference(numbers["probekit"], numbers[w])[0] for w in peers)
         print(f"fastest peer: {LABELS[fastest]}")
+        if on_cpu:
+            by_cpu = min(peers, key=med_cpu.get)
+            print(
+                f"in CPU time: probekit vs the fastest peer ({LABELS[by_cpu]}): "
+                f"{med_cpu[by_cpu] / med_cpu['probekit']:.2f}x"
+            )
         print(
             f"probekit vs the fastest peer: {med[fastest] / med['probekit']:.2f}x "
             f"(max |difference| {worst:.2e})"
@@ -426,23 +453,32 @@ def main(argv=None) -> int:
 
     seconds = 0.3 if args.model == "tiny" else 2.0
     rows = spec.batch * spec.seq
-    limits = [matmul_rate(spec.d_model, rows, spec.threads, seconds, spec.device)]
+    clocks = ("wall", "cpu") if spec.device == "cpu" else ("wall",)
+
+    def rates() -> dict:
+        return {
+            c: matmul_rate(spec.d_model, rows, spec.threads, seconds, spec.device, c)
+            for c in clocks
+        }
+
+    before = rates()
     run = setup(spec, ways)
-    times, numbers = time_ways(run, args, spec.device)
+    times, cpus, numbers = time_ways(run, args, spec.device)
     print(f"after:  {uptime()}", flush=True)
-    limits.append(matmul_rate(spec.d_model, rows, spec.threads, seconds, spec.device))
-    print(
-        f"float32 matmul rate before / after the runs: {limits[0]:.1f} / {limits[1]:.1f} GFLOP/s "
-        f"(a block's products, {rows} rows); the limit is the higher (load only lowers it)"
-    )
-    limit = max(limits)
+    after = rates()
+    for c in clocks:
+        print(
+            f"float32 matmul rate before / after the runs, per {c} second: {before[c]:.1f} / "
+            f"{after[c]:.1f} GFLOP/s (a block's products, {rows} rows); the limit is the higher"
+        )
+    limits = {c: max(before[c], after[c]) for c in clocks}
     memory = {}
     if not args.no_memory:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         base = [__file__, *(argv if argv is not None else sys.argv[1:])]
         for way in ways:
             memory[way] = peak_in_subprocess([*base, "--memory-only", way], env)
-    report(spec, args, times, numbers, limit, memory)
+    report(spec, args, times, cpus, numbers, limits, memory)
     worst = max(max_difference(numbers[ways[0]], numbers[w])[0] for w in ways)
     return 0 if worst <= 1e-5 else 1
 

@@ -54,6 +54,17 @@ def timed(fn: Callable[[], Any], device: Any = "cpu") -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def timed_cpu(fn: Callable[[], Any], device: Any = "cpu") -> tuple[float, float, Any]:
+    """Wall seconds, this process's CPU seconds (every thread; ``time.process_time``) and what
+    ``fn()`` returned. On a shared CPU the CPU seconds count the work done, not the time the
+    other jobs held the cores: at one thread they are the figure to compare under load."""
+    sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

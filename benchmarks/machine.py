@@ -16,7 +16,9 @@ whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block pas
 positions); a head ``2 * tokens * d * vocab``.
 
 Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass and one
-output head at the model's shape (medians of 15, inference mode) and what the minimum work costs
+output head at the model's shape (medians of 15, inference mode), all in CPU seconds of the
+process (``time.process_time``: on a shared machine the work done, not the time other jobs held
+the cores), and what the minimum work costs
 at the rate and in those block passes (the ceiling of any way that runs Hugging Face blocks)::
 
     python benchmarks/machine.py                    # bench24: 24 layers, d_model 256, 8 x 64
@@ -44,13 +46,21 @@ def block_products(d: int) -> list[tuple[int, int]]:
 
 
 def matmul_rate(
-    d: int, tokens: int, threads: int, seconds: float = 2.0, device: str = "cpu"
+    d: int,
+    tokens: int,
+    threads: int,
+    seconds: float = 2.0,
+    device: str = "cpu",
+    clock: str = "wall",
 ) -> float:
-    """Median GFLOP/s of ``torch.mm`` over a block's products at ``tokens`` rows."""
+    """Median GFLOP/s of ``torch.mm`` over a block's products at ``tokens`` rows, per wall
+    second or (``clock="cpu"``) per CPU second of this process (on a shared machine the CPU
+    rate is the core's own; at n threads it is per CPU second of all of them)."""
     import torch
 
     from benchmarks.common import sync
 
+    now = time.perf_counter if clock == "wall" else time.process_time
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -68,11 +78,12 @@ def matmul_rate(
         rates, end = [], time.perf_counter() + seconds
         while time.perf_counter() < end or len(rates) < 5:
             sync(device)
-            start = time.perf_counter()
-            for x, w in pairs:
-                torch.mm(x, w)
+            start = now()
+            for _ in range(4):
+                for x, w in pairs:
+                    torch.mm(x, w)
             sync(device)
-            rates.append(flops / (time.perf_counter() - start) / 1e9)
+            rates.append(4 * flops / max(now() - start, 1e-9) / 1e9)
         return statistics.median(rates)
     finally:
         torch.set_num_threads(before)
@@ -114,7 +125,7 @@ def diagnosis_flops(layers: int, d: int, batch: int, seq: int, vocab: int) -> Ar
 def block_and_head_seconds(
     d: int, heads: int, batch: int, seq: int, vocab: int, threads: int, repeats: int = 15
 ) -> tuple[float, float]:
-    """Median seconds of one Hugging Face GPT-2 block pass and of one output head (its
+    """Median CPU seconds of one Hugging Face GPT-2 block pass and of one output head (its
     ``lm_head`` product over every token) at this shape, in inference mode: what one block pass
     and one head cost any way that runs Hugging Face blocks."""
     import torch
@@ -132,9 +143,9 @@ def block_and_head_seconds(
         fn()
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = time.process_time()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(time.process_time() - start)
         return statistics.median(times)
 
     with torch.inference_mode():
@@ -159,14 +170,15 @@ def main() -> None:
     print(f"before: {uptime()}")
     print(f"arithmetic of the depth analyses at the exact-resumption minimum: {work.describe()}")
     for threads in (1, 2):
-        rate = matmul_rate(args.d_model, rows, threads, device=args.device)
+        rate = matmul_rate(args.d_model, rows, threads, device=args.device, clock="cpu")
         block, head = block_and_head_seconds(
             args.d_model, args.heads, args.batch, args.seq, args.vocab, threads
         )
         floor = work.block_passes * block + work.heads * head
         print(
             f"{settings_line(threads, args.device)} float32 matmul, a block's products at "
-            f"d_model {args.d_model}, {rows} rows: {rate:.1f} GFLOP/s (median); one Hugging "
+            f"d_model {args.d_model}, {rows} rows: {rate:.1f} GFLOP per CPU second (median); "
+            "one Hugging "
             f"Face block pass {block * 1e3:.2f} ms = {work.block_flops / block / 1e9 / rate:.0%} "
             f"of it, one head {head * 1e3:.2f} ms = {work.head_flops / head / 1e9 / rate:.0%}; "
             f"the minimum work at the matmul limit {work.total / rate / 1e9:.1f} s, in Hugging "
