@@ -154,6 +154,35 @@ def block_and_head_seconds(
     return block, head
 
 
+def passes_of_each_way(layers: int) -> dict[str, tuple[int, int]]:
+    """(block passes, heads) each way of ``bench_peers.py`` runs for one batch: probekit the
+    exact-resumption minimum; plain hooks and nnsight one forward per variant (4L, a skipped
+    block not computed, an ablated sublayer's block computed whole); the TransformerLens loop 5L
+    full forwards (its skip hooks replace a block's output after computing it)."""
+    L = layers
+    hooks = L + L * (L - 1) + 2 * L * L + (L - 1) * L
+    return {
+        "probekit": (2 * L * L + 2 * L - 1, 4 * L),
+        "hf": (hooks, 4 * L),
+        "nnsight": (hooks, 4 * L),
+        "tl": (5 * L * L, 5 * L),
+    }
+
+
+def ceiling_line(layers: int, block: float, head: float) -> str:
+    """What each way's passes cost at the measured block and head times, and probekit's
+    largest possible ratio to each at equal block speed."""
+    cost = {
+        way: passes * block + heads * head
+        for way, (passes, heads) in passes_of_each_way(layers).items()
+    }
+    return "; ".join(
+        f"{way} {passes} passes + {heads} heads = {cost[way]:.1f} s"
+        + (f" ({cost[way] / cost['probekit']:.2f}x)" if way != "probekit" else "")
+        for way, (passes, heads) in passes_of_each_way(layers).items()
+    )
+
+
 def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -184,6 +213,10 @@ def main() -> None:
             f"the minimum work at the matmul limit {work.total / rate / 1e9:.1f} s, in Hugging "
             f"Face block passes and heads {floor:.1f} s ({work.total / floor / 1e9 / rate:.0%} "
             "of the limit: the ceiling of any way that runs these blocks)"
+        )
+        print(
+            f"    at these block and head times (the ratio: probekit's ceiling over each peer "
+            f"at equal block speed): {ceiling_line(args.layers, block, head)}"
         )
     print(f"after:  {uptime()}")
 

@@ -41,8 +41,12 @@ def test_peers_rejects_an_unknown_way():
 
 
 def test_diagnosis_arithmetic_counts_resumed_passes():
-    from benchmarks.machine import diagnosis_flops
+    from benchmarks.machine import diagnosis_flops, passes_of_each_way
 
     work = diagnosis_flops(layers=24, d=256, batch=8, seq=64, vocab=512)
     assert work.block_passes == 1199 and work.heads == 96
     assert work.block_flops == pytest.approx(0.839e9, rel=1e-3)
+    # 3 layers by hand: probekit 3 clean + 3 skips + 12 ablations + 5 swaps; one forward per
+    # variant 3 + 6 + 18 + 6 (a skipped block not run); the bridge loop 15 full forwards
+    ways = passes_of_each_way(3)
+    assert ways == {"probekit": (23, 12), "hf": (33, 12), "nnsight": (33, 12), "tl": (45, 15)}
