@@ -44,6 +44,7 @@ Usage::
     python benchmarks/bench_sweep.py --steps 200 --batch-sizes 256 --device cuda --repeats 2
     python benchmarks/bench_sweep.py --executor ray --steps 30 --batch-sizes 64
     python benchmarks/bench_sweep.py --steps 500 --batch-sizes 64 --loop-runs 4  # steady state
+    python benchmarks/bench_sweep.py --steps 40 --batch-sizes 64 --profile  # where time goes
 """
 
 from __future__ import annotations
@@ -403,6 +404,43 @@ def steady_state(r: dict, threads: int) -> None:
     )
 
 
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+
+
+def profile_ways(batch: int, steps: int, device_name: str, loop_runs: int) -> None:
+    """Profile one probekit sweep and ``loop_runs`` loop runs (torch.profiler, CPU): each way's
+    CPU time in matrix products against the rest, and its most expensive operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base = base_config(steps, batch, device_name)
+    device = torch.device("cpu" if device_name == "auto" else device_name)
+    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS)
+    for split in ("train", "test_data", "test_task"):
+        base.task.dataset(split)
+    kind = adamw_kind(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        ways = {
+            f"probekit stacked sweep ({len(sweep.runs())} runs)": lambda: run_sweep(
+                sweep, Path(tmp) / "a", resume=False, progress=False
+            ),
+            f"sequential loop ({loop_runs} runs)": lambda: [
+                loop_run(cfg, Path(tmp) / "b", device, kind) for cfg in sweep.runs()[:loop_runs]
+            ],
+        }
+        for name, fn in ways.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            events = prof.key_averages()
+            total = sum(e.self_cpu_time_total for e in events)
+            mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+            top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
+            print(
+                f"    profile, {name} x {steps} steps (evaluation and checkpoints included): "
+                f"{total / 1e6:.1f} s of operator CPU time, {mm / total:.0%} in matrix products; "
+                "most: " + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%}" for e in top)
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=100, help="steps per run")
@@ -449,7 +487,20 @@ def main(argv: list[str] | None = None) -> int:
         help="(loop mode) train only the first N of the runs in the sequential loop (every "
         "run costs the same per step); whole times are then compared per run",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="(loop mode) profile one sweep and --loop-runs loop runs instead of timing them: "
+        "the share of CPU time in matrix products",
+    )
     args = p.parse_args(argv)
+    if args.profile:
+        torch.set_num_threads(args.threads)
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            print(f"before: {uptime()}")
+            profile_ways(batch, args.steps, args.device, args.loop_runs or 2)
+            print(f"after: {uptime()}")
+        return 0
     if args.executor == "ray":
         return main_executors(args)
     torch.set_num_threads(args.threads)
