@@ -56,9 +56,12 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (benchmarks/common.py)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import (  # noqa: E402  (sets OMP_WAIT_POLICY before torch loads)
+import torch  # noqa: E402
+
+from benchmarks.common import (  # noqa: E402
     interleaved,
     max_difference,
     max_rss_mib,
@@ -153,7 +156,7 @@ def record_swap(numbers: dict, i: int, side, changed, labels) -> None:
     numbers[f"swap/{i}/{i + 1}"] = float(loss[labels != -100].mean())
 
 
-class Skip(__import__("torch").nn.Module):
+class Skip(torch.nn.Module):
     """A block taken out: returns the residual it is given."""
 
     def forward(self, hidden_states, *args, **kwargs):
