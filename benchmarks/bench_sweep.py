@@ -409,7 +409,8 @@ MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 
 def profile_ways(batch: int, steps: int, device_name: str, loop_runs: int) -> None:
     """Profile one probekit sweep and ``loop_runs`` loop runs (torch.profiler, CPU): each way's
-    CPU time in matrix products against the rest, and its most expensive operators."""
+    operator CPU time per run (Python between operators is not in it), its share in matrix
+    products, and its most expensive operators."""
     from torch.profiler import ProfilerActivity, profile
 
     base = base_config(steps, batch, device_name)
@@ -419,15 +420,20 @@ def profile_ways(batch: int, steps: int, device_name: str, loop_runs: int) -> No
         base.task.dataset(split)
     kind = adamw_kind(device)
     with tempfile.TemporaryDirectory() as tmp:
+        runs = len(sweep.runs())
         ways = {
-            f"probekit stacked sweep ({len(sweep.runs())} runs)": lambda: run_sweep(
-                sweep, Path(tmp) / "a", resume=False, progress=False
+            f"probekit stacked sweep ({runs} runs)": (
+                runs,
+                lambda: run_sweep(sweep, Path(tmp) / "a", resume=False, progress=False),
             ),
-            f"sequential loop ({loop_runs} runs)": lambda: [
-                loop_run(cfg, Path(tmp) / "b", device, kind) for cfg in sweep.runs()[:loop_runs]
-            ],
+            f"sequential loop ({loop_runs} runs)": (
+                loop_runs,
+                lambda: [
+                    loop_run(cfg, Path(tmp) / "b", device, kind) for cfg in sweep.runs()[:loop_runs]
+                ],
+            ),
         }
-        for name, fn in ways.items():
+        for name, (count, fn) in ways.items():
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 fn()
             events = prof.key_averages()
@@ -436,7 +442,8 @@ def profile_ways(batch: int, steps: int, device_name: str, loop_runs: int) -> No
             top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
             print(
                 f"    profile, {name} x {steps} steps (evaluation and checkpoints included): "
-                f"{total / 1e6:.1f} s of operator CPU time, {mm / total:.0%} in matrix products; "
+                f"{total / 1e6:.1f} s of operator CPU time ({total / 1e6 / count:.2f} s per run), "
+                f"{mm / total:.0%} in matrix products; "
                 "most: " + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%}" for e in top)
             )
 
