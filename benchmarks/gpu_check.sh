@@ -27,6 +27,10 @@ uptime
 
 # the tests that mention CUDA (their CUDA branches run here and are skipped elsewhere)
 mapfile -t CUDA_TESTS < <(grep -liE "cuda" tests/test_*.py | sort)
+if ((${#CUDA_TESTS[@]} == 0)); then # never let an empty list make pytest run the whole suite
+    echo "gpu_check.sh: no test under tests/ mentions CUDA" >&2
+    exit 2
+fi
 
 ROWS=()
 FAILED=0
