@@ -16,6 +16,11 @@ LOG_DIR=${LOG_DIR:-$(mktemp -d -t probekit-gpu-check.XXXXXX)}
 STEP_LIMIT=${STEP_LIMIT:-90} # seconds per benchmark step (the tests get 120): 570 s at most
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
 
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+    echo "gpu_check.sh: $PYTHON cannot import torch; activate the environment with probekit" \
+        "installed (pip install -e '.[dev,bench]') or set PYTHON" >&2
+    exit 2
+fi
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check.sh: torch sees no CUDA device (torch.cuda.is_available() is False);" \
         "run it on a machine with an NVIDIA GPU and a CUDA build of torch" >&2
