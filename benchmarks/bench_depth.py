@@ -42,14 +42,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import interleaved, max_rss_mib, timed, uptime  # noqa: E402  (env first)
 
 
 def build(args):
@@ -186,16 +186,8 @@ def run_probekit_bridge(model, tokens, args) -> dict:
 WAYS = {"naive": run_naive, "probekit": run_probekit, "probekit_bridge": run_probekit_bridge}
 
 
-def timed(way: str, model, tokens, args) -> tuple[float, dict]:
-    import torch
-
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    numbers = WAYS[way](model, tokens, args)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, numbers
+def timed_way(way: str, model, tokens, args) -> tuple[float, dict]:
+    return timed(lambda: WAYS[way](model, tokens, args), model.device)
 
 
 def setup(args):
@@ -217,19 +209,12 @@ def peak_memory(args) -> None:
     model, tokens = setup(args)
     if model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    timed(args.memory_only, model, tokens, args)
+    timed_way(args.memory_only, model, tokens, args)
     if model.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = max_rss_mib()
     print(json.dumps({"way": args.memory_only, "peak_mib": round(peak, 1)}))
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "uptime unavailable"
 
 
 def parse_args() -> argparse.Namespace:
@@ -302,14 +287,13 @@ def main() -> None:
     ways += ["probekit"] + (["probekit_bridge"] if args.block_paths else [])
     print(f"block path of hook-free resumes (probekit): {model.block_path}")
     for way in ways:  # warm-up
-        timed(way, model, tokens, args)
+        timed_way(way, model, tokens, args)
     times: dict[str, list[float]] = {way: [] for way in ways}
     numbers: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for way in ways + ways[::-1]:
-            seconds, numbers[way] = timed(way, model, tokens, args)
-            times[way].append(round(seconds, 2))
-            print(f"  {way:15s} {seconds:8.2f} s", flush=True)
+    for way in interleaved(ways, args.repeats):
+        seconds, numbers[way] = timed_way(way, model, tokens, args)
+        times[way].append(round(seconds, 2))
+        print(f"  {way:15s} {seconds:8.2f} s", flush=True)
     print(f"after:  {uptime()}")
     med = {way: statistics.median(t) for way, t in times.items()}
     order = "ABC"[: len(ways)]

@@ -24,6 +24,7 @@ and the medians of the wall times and peaks of each are printed with their ratio
 Usage:
     python benchmarks/bench_diagnose_gpt2.py [--batch 8] [--seq 128] [--threads 1]
         [--bootstrap 100] [--mode both|diagnose|cache] [--layers 12] [--batch-size N]
+        [--device cpu|cuda]
         [--baseline DIR [--repeats 1]]
 """
 
@@ -37,9 +38,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import timed, uptime  # noqa: E402  (sets OMP_WAIT_POLICY first)
+
 # A fixed mmap threshold: glibc otherwise raises it after each large free, later tensors come
 # from the heap it never returns, and the resident set shows memory retained, not memory live.
 os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
@@ -56,10 +60,10 @@ def build(args):
         n_layer=args.layers, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
     )
     hf = transformers.GPT2LMHeadModel(config).eval()
-    model = probekit.load(hf)
+    model = probekit.load(hf, device=args.device)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, config.vocab_size, (args.batch, args.seq), generator=g)
-    return model, tokens
+    return model, tokens.to(model.device)
 
 
 def _rss_mib() -> float:
@@ -108,12 +112,17 @@ def run_diagnose(args) -> dict:
         return results
 
     report._run = timed_run
-    start = time.perf_counter()
     with PeakRSS() as peak:
-        report.diagnose(model, tokens, n_bootstrap=args.bootstrap, batch_size=args.batch_size)
-    seconds = time.perf_counter() - start
+        seconds, _ = timed(
+            lambda: report.diagnose(
+                model, tokens, n_bootstrap=args.bootstrap, batch_size=args.batch_size
+            ),
+            model.device,
+        )
     return {
         "mode": "diagnose",
+        "device": str(model.device),
+        **cuda_peak(model.device),
         "seconds": round(seconds, 1),
         "per_analysis_s": times,
         "base_rss_mib": round(peak.base, 1),
@@ -137,11 +146,14 @@ def run_cache(args) -> dict:
     }
 
 
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "uptime unavailable"
+def cuda_peak(device) -> dict:
+    """``torch.cuda.max_memory_allocated`` in MiB on a CUDA device (the resident set says
+    nothing of device memory); nothing elsewhere."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    return {"cuda_peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
 
 
 def _run_mode(mode: str, code_root: str | None = None) -> dict | str:
@@ -206,6 +218,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=None, help="sequences per forward")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--bootstrap", type=int, default=100)
     parser.add_argument("--mode", choices=["both", "diagnose", "cache"], default="both")
     parser.add_argument("--baseline", default=None, help="a checkout to compare with")
@@ -221,7 +234,8 @@ def main() -> None:
     print(f"before: {uptime()}", flush=True)
     print(
         f"GPT-2 small config, {args.layers} layers, random weights; {args.batch} x {args.seq} "
-        f"tokens; threads {args.threads}; OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
+        f"tokens; device {args.device}; threads {args.threads}; "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
         f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}",
         flush=True,
     )

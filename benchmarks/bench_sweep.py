@@ -15,9 +15,17 @@ d_model 64), a fixed number of steps. It is trained two ways:
 
 The two ways run interleaved A B B A, ``--repeats`` times; it prints every repetition, the
 medians, their ratio loop / probekit, ``uptime`` before and after, and the largest difference
-in the final metrics between the two ways. One torch thread by default (``--threads``), with
-``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it. Goals: on CPU >= 1.5x at batch 64
-and never below 1x; on a GPU >= 15x (``--device cuda``).
+in the final metrics between the two ways. Then the steady state: each way's run-steps per
+second over its training steps alone (probekit: each stack's ``elapsed_s``, the time in its
+step loop; the loop: the time of its step loop, per run), the start-up, evaluation and
+checkpoint time left over, the achieved FLOP rate (``step_flops``: forward and backward of the
+blocks and the trained position's head) as a fraction of the float32 matmul limit measured on a
+block's products at the model's shape (``benchmarks/machine.py``), and the per-step ratio.
+Use ``--steps 500`` or more for a steady-state figure; ``--loop-runs N`` trains only the first
+N runs in the loop (every run costs the same per step) to keep that affordable. One torch
+thread by default (``--threads``), with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
+it. Goals: on CPU >= 1.5x at batch 64 and never below 1x, 4x per step at steady state; on a GPU
+>= 15x (``--device cuda``).
 
 With ``--executor ray`` it times instead the same 24-run sweep (split into stacks of
 ``--max-stack`` runs, 12 by default: one stack per task) on the local executor (A) and on a
@@ -35,27 +43,29 @@ Usage::
     python benchmarks/bench_sweep.py --single --steps 200 --batch-sizes 256 --repeats 2
     python benchmarks/bench_sweep.py --steps 200 --batch-sizes 256 --device cuda --repeats 2
     python benchmarks/bench_sweep.py --executor ray --steps 30 --batch-sizes 64
+    python benchmarks/bench_sweep.py --steps 500 --batch-sizes 64 --loop-runs 4  # steady state
+    python benchmarks/bench_sweep.py --steps 40 --batch-sizes 64 --profile  # where time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (see bench_depth.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (benchmarks/common.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks.common import interleaved, timed, uptime  # noqa: E402
 from probekit.anchor import (
     AnchorTask,  # noqa: E402
     TrainConfig,  # noqa: E402
@@ -153,8 +163,11 @@ def adamw_kind(device: torch.device) -> str:
     return "fused"
 
 
-def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device, kind: str) -> dict[str, float]:
-    """Train one run the plain way: HF GPT-2, torch AdamW (``kind``), one model at a time."""
+def loop_run(
+    cfg: TrainConfig, out_dir: Path, device: torch.device, kind: str
+) -> tuple[dict[str, float], float]:
+    """Train one run the plain way: HF GPT-2, torch AdamW (``kind``), one model at a time.
+    Returns the final metrics and the seconds of the training steps alone."""
     params = {k: v[None] for k, v in init_params(cfg.model, cfg.seed).items()}
     model = to_hf_model(cfg.model, params).to(device).train()
     named = list(model.named_parameters())
@@ -176,6 +189,8 @@ def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device, kind: str) -
         if device.type == "cuda"
         else torch.autocast("cpu", enabled=False)
     )
+    _sync(device)
+    start = time.perf_counter()
     for step in range(cfg.steps):
         idx = order[step]
         with autocast:
@@ -186,32 +201,58 @@ def loop_run(cfg: TrainConfig, out_dir: Path, device: torch.device, kind: str) -
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=True)
         opt.step()
         sched.step()
+    _sync(device)
+    train_seconds = time.perf_counter() - start
     model.eval()
     metrics = _evaluate(model, cfg, device)
     save_quietly(model, out_dir / cfg.name)  # save_pretrained, as probekit, without the bar
-    return metrics
+    return metrics, train_seconds
+
+
+def stack_train_seconds(out: Path) -> float:
+    """The training steps' seconds of a finished sweep: each stack's last ``elapsed_s`` (the
+    time in its step loop, evaluations and checkpoints excluded), summed over the stacks."""
+    total = 0.0
+    for metrics in sorted(out.glob("stacks/*/metrics.jsonl")):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        total += max(float(row.get("elapsed_s", 0.0)) for row in rows)
+    return total
+
+
+def step_flops(cfg: TrainConfig) -> float:
+    """FLOPs one training step of one run needs: 3x a forward (forward + backward) over
+    batch x T tokens through the blocks (24 d^2 + 4 T d per token and layer, MLP 4d) and the
+    head at the one position that is trained (the last)."""
+    m = cfg.model
+    d, T = m.d_model, cfg.task.dataset("train").tokens.shape[1]
+    blocks = cfg.batch_size * T * m.n_layers * (24 * d * d + 4 * T * d)
+    head = cfg.batch_size * 2 * d * m.vocab_size
+    return 3.0 * (blocks + head)
 
 
 def _time_probekit(sweep: SweepConfig, out: Path, device: torch.device):
-    _sync(device)
-    t0 = time.perf_counter()
-    res = run_sweep(sweep, out, resume=False, progress=False)
-    _sync(device)
-    return time.perf_counter() - t0, res.df.set_index("run")
+    seconds, res = timed(lambda: run_sweep(sweep, out, resume=False, progress=False), device)
+    return seconds, stack_train_seconds(out), res.df.set_index("run")
 
 
-def _time_loop(sweep: SweepConfig, out: Path, device: torch.device, kind: str):
-    _sync(device)
-    t0 = time.perf_counter()
-    metrics = {cfg.name: loop_run(cfg, out, device, kind) for cfg in sweep.runs()}
-    _sync(device)
-    return time.perf_counter() - t0, metrics
+def _time_loop(sweep: SweepConfig, out: Path, device: torch.device, kind: str, runs: int):
+    def loop():
+        return {cfg.name: loop_run(cfg, out, device, kind) for cfg in sweep.runs()[:runs]}
+
+    seconds, done = timed(loop, device)
+    return seconds, sum(t for _, t in done.values()), {k: m for k, (m, _) in done.items()}
 
 
 def bench(
-    batch: int, steps: int, device_name: str, repeats: int, single: bool = False
+    batch: int,
+    steps: int,
+    device_name: str,
+    repeats: int,
+    single: bool = False,
+    loop_runs: int | None = None,
 ) -> dict[str, object]:
-    """Both ways, A B B A ``repeats`` times; every time, and the final metrics' difference."""
+    """Both ways, A B B A ``repeats`` times; every time (whole and training steps alone), and
+    the final metrics' difference. ``loop_runs`` trains only the first runs in the loop."""
     base = base_config(steps, batch, device_name)
     device = torch.device(
         "cuda"
@@ -223,35 +264,36 @@ def bench(
     for split in ("train", "test_data", "test_task"):
         base.task.dataset(split)  # data generation is not what we time
     kind = adamw_kind(device)
+    runs = len(sweep.runs())
+    loop_runs = min(loop_runs or runs, runs)
     times: dict[str, list[float]] = {"probekit": [], "loop": []}
+    train: dict[str, list[float]] = {"probekit": [], "loop": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for k, way in enumerate(["probekit", "loop", "loop", "probekit"] * repeats):
+        for k, way in enumerate(interleaved(["probekit", "loop"], repeats)):
             out = Path(tmp) / f"{way}{k}"
             if way == "probekit":
-                t, table = _time_probekit(sweep, out, device)
+                t, steps_s, table = _time_probekit(sweep, out, device)
             else:
-                t, loop = _time_loop(sweep, out, device, kind)
+                t, steps_s, loop = _time_loop(sweep, out, device, kind, loop_runs)
             times[way].append(t)
+            train[way].append(steps_s)
     worst = {m: 0.0 for m in METRICS}
     for name, met in loop.items():
         for m in METRICS:
             worst[m] = max(worst[m], abs(float(table.loc[name, f"final_{m}"]) - met[m]))
     return {
         "batch": batch,
-        "runs": len(loop),
+        "runs": runs,
+        "loop_runs": loop_runs,
+        "train": train,
+        "step_flops": step_flops(base),
+        "rows": batch * base.task.dataset("train").tokens.shape[1],
         "steps": steps,
         "device": str(device),
         "adamw": kind,
         **times,
         **{f"max_diff_{m}": v for m, v in worst.items()},
     }
-
-
-def _uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return f"load average {os.getloadavg()}"
 
 
 def bench_executors(
@@ -310,7 +352,7 @@ def bench_executors(
 
 def main_executors(args: argparse.Namespace) -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        print(f"before: {_uptime()}")
+        print(f"before: {uptime()}")
         r = bench_executors(
             batch, args.steps, args.device, args.max_stack, args.repeats, args.local_threads
         )
@@ -331,10 +373,79 @@ def main_executors(args: argparse.Namespace) -> int:
             f"    ratio local / ray {loc / ray_:.2f}x; final metrics identical: {r['equal']} "
             f"(largest |difference| {r['worst']:.3g})"
         )
-        print(f"after: {_uptime()}")
+        print(f"after: {uptime()}")
         if not math.isfinite(loc / ray_):
             return 1
     return 0
+
+
+def steady_state(r: dict, threads: int) -> None:
+    """Run-steps per second of the training steps alone, their ratio, the matmul fraction."""
+    from benchmarks.machine import matmul_rate
+
+    limit = matmul_rate(64, r["rows"], threads, device=r["device"])
+    rates = {}
+    for way, runs in (("probekit", r["runs"]), ("loop", r["loop_runs"])):
+        train = r["train"][way]
+        rates[way] = runs * r["steps"] / statistics.median(train)
+        fixed = statistics.median(r[way]) - statistics.median(train)
+        achieved = rates[way] * r["step_flops"] / 1e9
+        print(
+            f"    steady state, {way}: {rates[way]:.1f} run-steps/s ({runs} runs x "
+            f"{r['steps']} steps in a median {statistics.median(train):.1f} s of training "
+            f"steps, of {', '.join(f'{t:.1f}' for t in train)}); start-up, evaluation and "
+            f"checkpoints {fixed:.1f} s; {achieved:.2f} GFLOP/s = {achieved / limit:.1%} of "
+            f"the matmul limit"
+        )
+    print(
+        f"    per step: probekit stacked / loop {rates['probekit'] / rates['loop']:.2f}x; "
+        f"matmul limit {limit:.1f} GFLOP/s (a block's products at d_model 64, {r['rows']} rows, "
+        f"{threads} thread(s)); one run-step needs {r['step_flops'] / 1e6:.1f} MFLOP"
+    )
+
+
+MATMUL_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+
+
+def profile_ways(batch: int, steps: int, device_name: str, loop_runs: int) -> None:
+    """Profile one probekit sweep and ``loop_runs`` loop runs (torch.profiler, CPU): each way's
+    operator CPU time per run (Python between operators is not in it), its share in matrix
+    products, and its most expensive operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base = base_config(steps, batch, device_name)
+    device = torch.device("cpu" if device_name == "auto" else device_name)
+    sweep = SweepConfig(base, gammas=GAMMAS, weight_decays=WEIGHT_DECAYS, seeds=SEEDS)
+    for split in ("train", "test_data", "test_task"):
+        base.task.dataset(split)
+    kind = adamw_kind(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = len(sweep.runs())
+        ways = {
+            f"probekit stacked sweep ({runs} runs)": (
+                runs,
+                lambda: run_sweep(sweep, Path(tmp) / "a", resume=False, progress=False),
+            ),
+            f"sequential loop ({loop_runs} runs)": (
+                loop_runs,
+                lambda: [
+                    loop_run(cfg, Path(tmp) / "b", device, kind) for cfg in sweep.runs()[:loop_runs]
+                ],
+            ),
+        }
+        for name, (count, fn) in ways.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+            events = prof.key_averages()
+            total = sum(e.self_cpu_time_total for e in events)
+            mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+            top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
+            print(
+                f"    profile, {name} x {steps} steps (evaluation and checkpoints included): "
+                f"{total / 1e6:.1f} s of operator CPU time ({total / 1e6 / count:.2f} s per run), "
+                f"{mm / total:.0%} in matrix products; "
+                "most: " + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%}" for e in top)
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,14 +487,35 @@ def main(argv: list[str] | None = None) -> int:
         help="(loop mode) one run (gamma 0.5, weight decay 0.1, seed 0) instead of "
         "the 24: probekit's single-run trainer against one plain run",
     )
+    p.add_argument(
+        "--loop-runs",
+        type=int,
+        default=None,
+        help="(loop mode) train only the first N of the runs in the sequential loop (every "
+        "run costs the same per step); whole times are then compared per run",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="(loop mode) profile one sweep and --loop-runs loop runs instead of timing them: "
+        "the share of CPU time in matrix products",
+    )
     args = p.parse_args(argv)
+    if args.profile:
+        torch.set_num_threads(args.threads)
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            print(f"before: {uptime()}")
+            profile_ways(batch, args.steps, args.device, args.loop_runs or 2)
+            print(f"after: {uptime()}")
+        return 0
     if args.executor == "ray":
         return main_executors(args)
     torch.set_num_threads(args.threads)
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        print(f"before: {_uptime()}")
-        r = bench(batch, args.steps, args.device, args.repeats, args.single)
+        print(f"before: {uptime()}")
+        r = bench(batch, args.steps, args.device, args.repeats, args.single, args.loop_runs)
         a, b = statistics.median(r["probekit"]), statistics.median(r["loop"])
+        b *= r["runs"] / r["loop_runs"]  # per the same number of runs
         print(
             f"[{r['device']}, {args.threads} thread(s), OMP_WAIT_POLICY="
             f"{os.environ.get('OMP_WAIT_POLICY')}] {r['runs']} runs x {r['steps']} steps, "
@@ -394,13 +526,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(f'{t:.1f}' for t in r['probekit'])}"
         )
         print(
-            f"    sequential loop (HF GPT-2 + torch AdamW {r['adamw']}): median {b:.1f} s of "
+            f"    sequential loop (HF GPT-2 + torch AdamW {r['adamw']}, {r['loop_runs']} of "
+            f"the runs): median {statistics.median(r['loop']):.1f} s of "
             f"{', '.join(f'{t:.1f}' for t in r['loop'])}"
         )
         diffs = ", ".join(f"{k[9:]} {v:.4f}" for k, v in r.items() if k.startswith("max_diff"))
-        print(f"    ratio loop / probekit {b / a:.2f}x (of the medians)")
+        print(f"    ratio loop / probekit {b / a:.2f}x (of the medians, per run)")
         print(f"    largest |difference| of final metrics: {diffs}")
-        print(f"after: {_uptime()}")
+        print(f"after: {uptime()}")
+        steady_state(r, args.threads)
         if not math.isfinite(b / a):
             return 1
     return 0

@@ -1,0 +1,225 @@
+"""The machine's limit: the sustained float32 matrix-multiply rate, and a diagnosis's arithmetic.
+
+``matmul_rate`` times ``torch.mm`` on the products of one GPT-2 block at the benchmark's shape
+(``[tokens, d] x [d, 3d]``, ``[d, d]``, ``[d, 4d]``, ``[4d, d]``; their FLOPs are 24 d^2 per
+token, the block's whole weight arithmetic), repeated until about ``seconds`` have passed, and
+returns the median rate of the repeats in GFLOP/s at the given thread count: what the CPU
+sustains on exactly the products a block pass needs, so no block pass can run faster.
+
+``diagnosis_flops`` counts the arithmetic of contributions + skip effects + adjacent swaps at
+the exact-resumption minimum (each variant resumed after its clean prefix, skip effects shared
+with the whole-layer skips): per batch, the clean pass (L blocks), the L whole-layer skips
+(L - 1 - i blocks each), the 2L sublayer ablations (L - i blocks each, the ablated block counted
+whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block passes in all, and
+4L output heads (clean, 3L ablations, L - 1 swaps). A block pass costs
+``tokens * (24 d^2 + 4 T d)`` FLOPs (weights, then attention scores and values over all T
+positions); a head ``2 * tokens * d * vocab``.
+
+Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass and one
+output head at the model's shape (medians of 15, inference mode), all in CPU seconds of the
+process (``time.process_time``: on a shared machine the work done, not the time other jobs held
+the cores), and what the minimum work costs
+at the rate and in those block passes (the ceiling of any way that runs Hugging Face blocks)::
+
+    python benchmarks/machine.py                    # bench24: 24 layers, d_model 256, 8 x 64
+    python benchmarks/machine.py --layers 12 --d-model 768 --heads 12 --vocab 50257 --seq 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import settings_line, uptime  # noqa: E402
+
+
+def block_products(d: int) -> list[tuple[int, int]]:
+    """The (in, out) shapes of a GPT-2 block's four weight products."""
+    return [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)]
+
+
+def matmul_rate(
+    d: int,
+    tokens: int,
+    threads: int,
+    seconds: float = 2.0,
+    device: str = "cpu",
+    clock: str = "wall",
+) -> float:
+    """Median GFLOP/s of ``torch.mm`` over a block's products at ``tokens`` rows, per wall
+    second or (``clock="cpu"``) per CPU second of this process (on a shared machine the CPU
+    rate is the core's own; at n threads it is per CPU second of all of them)."""
+    import torch
+
+    from benchmarks.common import sync
+
+    now = time.perf_counter if clock == "wall" else time.process_time
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        pairs = [
+            (
+                torch.randn(tokens, a, generator=g).to(device),
+                torch.randn(a, b, generator=g).to(device),
+            )
+            for a, b in block_products(d)
+        ]
+        flops = sum(2 * tokens * a * b for a, b in block_products(d))
+        for x, w in pairs:  # warm-up
+            torch.mm(x, w)
+        rates, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end or len(rates) < 5:
+            sync(device)
+            start = now()
+            for _ in range(4):
+                for x, w in pairs:
+                    torch.mm(x, w)
+            sync(device)
+            rates.append(4 * flops / max(now() - start, 1e-9) / 1e9)
+        return statistics.median(rates)
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Arithmetic:
+    """The FLOPs a diagnosis needs at the exact-resumption minimum."""
+
+    block_passes: int
+    heads: int
+    block_flops: float
+    head_flops: float
+
+    @property
+    def total(self) -> float:
+        return self.block_passes * self.block_flops + self.heads * self.head_flops
+
+    def describe(self) -> str:
+        return (
+            f"{self.block_passes} block passes x {self.block_flops / 1e9:.3f} GFLOP + "
+            f"{self.heads} heads x {self.head_flops / 1e9:.3f} GFLOP = "
+            f"{self.total / 1e9:.1f} GFLOP"
+        )
+
+
+def diagnosis_flops(layers: int, d: int, batch: int, seq: int, vocab: int) -> Arithmetic:
+    """Contributions + skip effects + adjacent swaps at the exact-resumption minimum."""
+    tokens = batch * seq
+    L = layers
+    return Arithmetic(
+        block_passes=2 * L * L + 2 * L - 1,
+        heads=4 * L,
+        block_flops=tokens * (24 * d * d + 4 * seq * d),
+        head_flops=2 * tokens * d * vocab,
+    )
+
+
+def block_and_head_seconds(
+    d: int, heads: int, batch: int, seq: int, vocab: int, threads: int, repeats: int = 15
+) -> tuple[float, float]:
+    """Median CPU seconds of one Hugging Face GPT-2 block pass and of one output head (its
+    ``lm_head`` product over every token) at this shape, in inference mode: what one block pass
+    and one head cost any way that runs Hugging Face blocks."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_embd=d, n_layer=1, n_head=heads, n_positions=max(seq, 64)
+    )
+    config.bos_token_id = config.eos_token_id = 0
+    model = transformers.GPT2LMHeadModel(config).eval()
+    x = torch.randn(batch, seq, d)
+
+    def median_seconds(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+        return statistics.median(times)
+
+    with torch.inference_mode():
+        block = median_seconds(lambda: model.transformer.h[0](x))
+        head = median_seconds(lambda: model.lm_head(x))
+    return block, head
+
+
+def passes_of_each_way(layers: int) -> dict[str, tuple[int, int]]:
+    """(block passes, heads) each way of ``bench_peers.py`` runs for one batch: probekit the
+    exact-resumption minimum; plain hooks and nnsight one forward per variant (4L, a skipped
+    block not computed, an ablated sublayer's block computed whole); the TransformerLens loop 5L
+    full forwards (its skip hooks replace a block's output after computing it)."""
+    L = layers
+    hooks = L + L * (L - 1) + 2 * L * L + (L - 1) * L
+    return {
+        "probekit": (2 * L * L + 2 * L - 1, 4 * L),
+        "hf": (hooks, 4 * L),
+        "nnsight": (hooks, 4 * L),
+        "tl": (5 * L * L, 5 * L),
+    }
+
+
+def ceiling_line(layers: int, block: float, head: float) -> str:
+    """What each way's passes cost at the measured block and head times, and probekit's
+    largest possible ratio to each at equal block speed."""
+    cost = {
+        way: passes * block + heads * head
+        for way, (passes, heads) in passes_of_each_way(layers).items()
+    }
+    return "; ".join(
+        f"{way} {passes} passes + {heads} heads = {cost[way]:.1f} s"
+        + (f" ({cost[way] / cost['probekit']:.2f}x)" if way != "probekit" else "")
+        for way, (passes, heads) in passes_of_each_way(layers).items()
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    rows = args.batch * args.seq
+    work = diagnosis_flops(args.layers, args.d_model, args.batch, args.seq, args.vocab)
+    print(f"before: {uptime()}")
+    print(f"arithmetic of the depth analyses at the exact-resumption minimum: {work.describe()}")
+    for threads in (1, 2):
+        rate = matmul_rate(args.d_model, rows, threads, device=args.device, clock="cpu")
+        block, head = block_and_head_seconds(
+            args.d_model, args.heads, args.batch, args.seq, args.vocab, threads
+        )
+        floor = work.block_passes * block + work.heads * head
+        print(
+            f"{settings_line(threads, args.device)} float32 matmul, a block's products at "
+            f"d_model {args.d_model}, {rows} rows: {rate:.1f} GFLOP per CPU second (median); "
+            "one Hugging "
+            f"Face block pass {block * 1e3:.2f} ms = {work.block_flops / block / 1e9 / rate:.0%} "
+            f"of it, one head {head * 1e3:.2f} ms = {work.head_flops / head / 1e9 / rate:.0%}; "
+            f"the minimum work at the matmul limit {work.total / rate / 1e9:.1f} s, in Hugging "
+            f"Face block passes and heads {floor:.1f} s ({work.total / floor / 1e9 / rate:.0%} "
+            "of the limit: the ceiling of any way that runs these blocks)"
+        )
+        print(
+            f"    at these block and head times (the ratio: probekit's ceiling over each peer "
+            f"at equal block speed): {ceiling_line(args.layers, block, head)}"
+        )
+    print(f"after:  {uptime()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The side-by-side benchmark at a tiny size: every way runs and gives probekit's numbers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+def test_peers_agree_at_tiny_size(capsys):
+    from benchmarks import bench_peers
+
+    code = bench_peers.main(
+        ["--model", "tiny", "--ways", "probekit,hf,tl", "--no-memory", "--no-warmup"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # 3 layers: 36 contribution numbers, 6 skip effects, 2 swaps, the same keys in every way
+    assert out.count("44 numbers") == 3 and "(0 unmatched)" in out
+    pattern = r"probekit vs the fastest peer: (\d+\.\d\d)x \(max \|difference\| (\S+)\)"
+    final = re.search(pattern, out)
+    assert final and float(final.group(2)) <= 1e-5
+    assert "of the limit" in out and "arithmetic needed" in out
+
+
+def test_peers_hf_way_sees_an_ablation():
+    """The plain-hooks way measures a change: a broken hook would give zeros everywhere."""
+    from benchmarks import bench_peers
+
+    spec = bench_peers.spec_of(bench_peers.parse_args(["--model", "tiny"]))
+    numbers = bench_peers.setup(spec, ["hf"])["hf"]()
+    assert all(numbers[f"contrib/{c}/0/kl"] > 0 for c in ("layer", "attn", "mlp"))
+    assert numbers["skip/0/2"] > 0
+
+
+def test_peers_rejects_an_unknown_way():
+    from benchmarks import bench_peers
+
+    with pytest.raises(SystemExit):
+        bench_peers.parse_args(["--ways", "probekit,transformerlens"])
+
+
+def test_diagnosis_arithmetic_counts_resumed_passes():
+    from benchmarks.machine import diagnosis_flops, passes_of_each_way
+
+    work = diagnosis_flops(layers=24, d=256, batch=8, seq=64, vocab=512)
+    assert work.block_passes == 1199 and work.heads == 96
+    assert work.block_flops == pytest.approx(0.839e9, rel=1e-3)
+    # 3 layers by hand: probekit 3 clean + 3 skips + 12 ablations + 5 swaps; one forward per
+    # variant 3 + 6 + 18 + 6 (a skipped block not run); the bridge loop 15 full forwards
+    ways = passes_of_each_way(3)
+    assert ways == {"probekit": (23, 12), "hf": (33, 12), "nnsight": (33, 12), "tl": (45, 15)}
