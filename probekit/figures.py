@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from probekit.errors import InputError
+from probekit.errors import InputError, ProbekitError
 from probekit.words import WORDS as WORDS  # re-exported: figures.WORDS, figures.words
 from probekit.words import words as words
 
@@ -356,26 +355,51 @@ def write_images(
         widths.append(int(fig.layout.width or 1000))
         heights.append(int(fig.layout.height or 600))
         scales.append(scale)
-    files = [str(p) for p in paths]
-    _retried(lambda: pio.write_images(copies, files, width=widths, height=heights, scale=scales))
-    return [Path(p) for p in paths]
+    targets = [Path(p) for p in paths]
+    temps = [t.with_name(f".{t.stem}.{os.getpid()}.tmp{t.suffix}") for t in targets]
+    try:
+        missing = list(range(len(targets)))
+        for attempt in range(KALEIDO_TRIES):
+            try:
+                pio.write_images(
+                    [copies[i] for i in missing],
+                    [str(temps[i]) for i in missing],
+                    width=[widths[i] for i in missing],
+                    height=[heights[i] for i in missing],
+                    scale=[scales[i] for i in missing],
+                )
+            except Exception as err:  # kaleido's error classes are private to it
+                if "kaleido_scopes" not in str(err) or attempt == KALEIDO_TRIES - 1:
+                    raise
+            missing = [i for i in missing if not _written(temps[i])]
+            if not missing:
+                break
+        if missing:
+            raise ProbekitError(
+                f"the image export wrote no {', '.join(str(targets[i]) for i in missing)} "
+                f"in {KALEIDO_TRIES} attempts (kaleido reports a figure it could not render "
+                "by leaving it out)",
+                fix="check that Chromium starts headless (plotly_get_chrome, or apt-get "
+                "install chromium) and try again",
+            )
+        for temp, target in zip(temps, targets, strict=True):
+            os.replace(temp, target)  # whole images only: a failed export leaves the old ones
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+    return targets
 
 
 KALEIDO_TRIES = 3
 """Attempts of one image export: kaleido's browser page can be asked to render before its
 scripts have loaded on a loaded machine ("kaleido_scopes is not defined"), a start-up race
-that a fresh attempt does not meet."""
+that a fresh attempt does not meet; and plotly's export returns without an error when kaleido
+could not render a figure, leaving its file out, so a missing file is tried again too."""
 
 
-def _retried(export: Any) -> None:
-    """Run ``export``, again after kaleido's start-up race (see :data:`KALEIDO_TRIES`)."""
-    for attempt in range(KALEIDO_TRIES):
-        try:
-            export()
-            return
-        except Exception as err:  # kaleido's error classes are private to it
-            if "kaleido_scopes" not in str(err) or attempt == KALEIDO_TRIES - 1:
-                raise
+def _written(path: Path) -> bool:
+    """Whether the export left a non-empty file at ``path``."""
+    return path.is_file() and path.stat().st_size > 0
 
 
 def heatmap(

@@ -4,6 +4,8 @@ wider than its section or the page."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from probekit.cli import main
@@ -83,26 +85,48 @@ def test_paper_presets_fit_every_title(gpt2_report, tmp_path, preset):
     assert figure_problems(figs) == []
 
 
-def test_an_export_retries_kaleidos_start_up_race_only(monkeypatch, tmp_path):
+def test_an_export_retries_kaleidos_start_up_race_and_a_left_out_image(monkeypatch, tmp_path):
+    """kaleido's start-up race raises; a figure it could not render is silently left out by
+    plotly's export: both are tried again, any other error is not, and images are swapped in
+    whole (a failed export keeps the old file)."""
     import plotly.graph_objects as go
     import plotly.io as pio
 
     from probekit import figures
+    from probekit.errors import ProbekitError
 
     calls = []
 
-    def flaky(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("ReferenceError: kaleido_scopes is not defined")
+    def export(behaviour):
+        def fake(figs, files, **kwargs):
+            calls.append(list(files))
+            outcome = behaviour(len(calls))
+            if isinstance(outcome, Exception):
+                raise outcome
+            for file in files[:outcome]:
+                Path(file).write_bytes(b"png")
 
-    monkeypatch.setattr(pio, "write_images", flaky)
-    figures.write_image(go.Figure(go.Bar(x=[0], y=[1])), tmp_path / "a.png")
-    assert len(calls) == 2
+        monkeypatch.setattr(pio, "write_images", fake)
 
-    def broken(*args, **kwargs):
-        raise ValueError("another problem")
+    bar = go.Figure(go.Bar(x=[0], y=[1]))
+    export(lambda n: RuntimeError("ReferenceError: kaleido_scopes is not defined") if n == 1 else 9)
+    figures.write_image(bar, tmp_path / "a.png")
+    assert len(calls) == 2 and (tmp_path / "a.png").read_bytes() == b"png"
 
-    monkeypatch.setattr(pio, "write_images", broken)
+    calls.clear()
+    export(lambda n: 1)  # each call renders only its first figure: the second is tried again
+    figures.write_images([bar, bar], [tmp_path / "b.png", tmp_path / "c.png"])
+    assert len(calls) == 2 and calls[1] == [calls[0][1]]
+    assert (tmp_path / "c.png").is_file()
+
+    calls.clear()
+    (tmp_path / "d.png").write_bytes(b"old")
+    export(lambda n: 0)  # never rendered: one ProbekitError, the old image kept, no leftovers
+    with pytest.raises(ProbekitError, match="wrote no"):
+        figures.write_image(bar, tmp_path / "d.png")
+    assert len(calls) == figures.KALEIDO_TRIES and (tmp_path / "d.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png", "c.png", "d.png"]
+
+    export(lambda n: ValueError("another problem"))
     with pytest.raises(ValueError, match="another problem"):
-        figures.write_image(go.Figure(go.Bar(x=[0], y=[1])), tmp_path / "b.png")
+        figures.write_image(bar, tmp_path / "e.png")
