@@ -106,7 +106,7 @@ def run_naive(model, tokens, args=None) -> dict:
     from probekit.interventions import swap_layers
 
     bridge, n = model.bridge, model.n_layers
-    [batch] = model.prepare(tokens)
+    [batch] = model.prepare(tokens, batch_size=len(tokens))  # one forward of every sequence
     labels = batch.labels
     has_target = labels != -100
 
