@@ -80,7 +80,11 @@ LABELS = {
     "k": "k of the top-k overlap",
     "n_layers": "layers",
     "n_prompts": "prompts measured",
-    "n_prompts_skipped": "prompts left out (too short for a future position)",
+    "n_prompts_skipped": "prompts left out (no future position: too short, or none given)",
+    "n_bootstrap": "bootstrap replicates",
+    "n_sequences": "sequences",
+    "seq_len": "tokens per sequence (at most)",
+    "n_future": "future positions t drawn per prompt (at most)",
     "measure": "output change measured by",
     "output": "output compared",
     "blocks": "permutable blocks",
@@ -113,6 +117,9 @@ KIND_LABELS = {
 }
 """Keys whose words depend on the analysis (``(result kind, key)``)."""
 
+TARGET_GROUPS = ("attention_knockout", "token_masking")
+"""Analyses whose ``n_<group>`` counts the targets of a group of the task data."""
+
 _PATTERNS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     # (prefix, suffix, the words of what lies between them)
     ("second_half_share_", "", lambda m: f"{LABELS['second_half_share']}, by {words(m)}"),
@@ -121,7 +128,7 @@ _PATTERNS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     ("", "_prompt_mean", lambda k: f"{label(k)}, mean over prompts"),
     ("clean_accuracy_", "", lambda g: f"accuracy of the unmodified model ({words(g)} targets)"),
     ("clean_p_target_", "", lambda g: f"target probability, unmodified model ({words(g)} targets)"),
-    ("n_", "", lambda g: f"{words(g)} targets" if g in ("all", "other") else words(g)),
+    ("n_", "", lambda g: f"number of {words(g)}"),
     ("explained_variance_", "", lambda i: f"variance explained by map axis {i}"),
     ("heldout_", "_train_keys", lambda c: f"held-out pair, training keys: {words(c)} (fraction)"),
     ("heldout_", "", lambda c: f"held-out pair: {words(c)} outputs (fraction)"),
@@ -142,6 +149,8 @@ def label(key: str, kind: str | None = None) -> str:
         return KIND_LABELS[(kind, key)]
     if key in LABELS:
         return LABELS[key]
+    if kind in TARGET_GROUPS and key.startswith("n_"):
+        return f"{words(key[2:])} targets"
     for prefix, suffix, say in _PATTERNS:
         middle = (
             key.removeprefix(prefix).removesuffix(suffix) if suffix else key.removeprefix(prefix)
@@ -158,4 +167,4 @@ VALUE_WORDS = {
 """Summary values that are keys themselves, in words."""
 
 
-__all__ = ["KIND_LABELS", "LABELS", "VALUE_WORDS", "WORDS", "label", "words"]
+__all__ = ["KIND_LABELS", "LABELS", "TARGET_GROUPS", "VALUE_WORDS", "WORDS", "label", "words"]
