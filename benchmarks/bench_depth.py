@@ -49,29 +49,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import interleaved, max_rss_mib, timed, uptime  # noqa: E402  (env first)
+from benchmarks.common import (  # noqa: E402  (env first)
+    interleaved,
+    max_rss_mib,
+    random_gpt2,
+    timed,
+    uptime,
+)
 
 
 def build(args):
     import torch
-    import transformers
 
     import probekit
 
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=args.vocab,
-        n_positions=max(args.seq, 64),
-        n_embd=args.d_model,
-        n_layer=args.layers,
-        n_head=8,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf = random_gpt2(args.vocab, max(args.seq, 64), args.d_model, args.layers, heads=8)
     model = probekit.load(hf, device=args.device)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, args.vocab, (args.batch, args.seq), generator=g).to(model.device)

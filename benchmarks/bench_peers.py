@@ -67,6 +67,7 @@ from benchmarks.common import (  # noqa: E402
     max_rss_mib,
     median,
     peak_in_subprocess,
+    random_gpt2,
     rss_mib,
     runs_line,
     settings_line,
@@ -93,23 +94,8 @@ LABELS = {
 
 def build_hf(spec: SimpleNamespace):
     """The random GPT-2-style model of ``spec`` (the same weights on every call)."""
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=spec.vocab,
-        n_positions=max(spec.seq, 1024 if spec.vocab > 1000 else 64),
-        n_embd=spec.d_model,
-        n_layer=spec.layers,
-        n_head=spec.heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(config).eval().to(spec.device)
+    n_positions = max(spec.seq, 1024 if spec.vocab > 1000 else 64)
+    return random_gpt2(spec.vocab, n_positions, spec.d_model, spec.layers, spec.heads, spec.device)
 
 
 def make_tokens(spec: SimpleNamespace):

@@ -106,3 +106,27 @@ def max_difference(a: dict[str, float], b: dict[str, float]) -> tuple[float, int
     common = [k for k in a if k in b]
     worst = max((abs(a[k] - b[k]) for k in common), default=float("nan"))
     return worst, len(set(a) ^ set(b))
+
+
+def random_gpt2(
+    vocab: int, n_positions: int, d_model: int, layers: int, heads: int, device: Any = "cpu"
+) -> Any:
+    """The benchmarks' random GPT-2-style model, the same weights on every call (seed 0), no
+    dropout, in eval mode on ``device``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=n_positions,
+        n_embd=d_model,
+        n_layer=layers,
+        n_head=heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config).eval().to(device)

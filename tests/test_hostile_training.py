@@ -15,31 +15,20 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probekit.anchor import AnchorTask, TrainConfig, stack_io, train
+from probekit.anchor import TrainConfig, stack_io, train
 from probekit.errors import CheckpointError, ConfigError, InputError
 from probekit.training import ModelConfig
 from probekit.training.lock import LOCK_NAME
+from tests.test_training_faults import tiny as faults_tiny
 
 torch.set_num_threads(1)
 
-TASK = AnchorTask(n_train=128, n_test=32, seed=3)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny(**kw) -> TrainConfig:
-    base = dict(
-        model=ModelConfig(n_layers=1, d_model=16, n_heads=2),
-        task=TASK,
-        steps=4,
-        batch_size=16,
-        lr=3e-3,
-        warmup_steps=1,
-        eval_every=2,
-        checkpoint_every=2,
-        eval_train_samples=32,
-        device="cpu",
-    )
-    return TrainConfig(**{**base, **kw})
+    """The tiny run of tests/test_training_faults.py, 4 steps."""
+    return faults_tiny(**{"steps": 4, **kw})
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
