@@ -111,21 +111,21 @@ def max_difference(a: dict[str, float], b: dict[str, float]) -> tuple[float, int
 def random_gpt2(
     vocab: int, n_positions: int, d_model: int, layers: int, heads: int, device: Any = "cpu"
 ) -> Any:
-    """The benchmarks' random GPT-2-style model, the same weights on every call (seed 0), no
-    dropout, in eval mode on ``device``."""
+    """The benchmarks' random GPT-2-style model (the trainers' :func:`gpt2_config`, no
+    dropout), the same weights on every call (seed 0), in eval mode on ``device``."""
     import torch
     import transformers
 
+    from probekit.training.models import gpt2_config
+
     torch.manual_seed(0)
-    config = transformers.GPT2Config(
+    config = gpt2_config(
         vocab_size=vocab,
         n_positions=n_positions,
-        n_embd=d_model,
-        n_layer=layers,
-        n_head=heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        d_model=d_model,
+        n_layers=layers,
+        n_heads=heads,
+        d_mlp=None,
         bos_token_id=0,
         eos_token_id=0,
     )
