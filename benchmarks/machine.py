@@ -15,11 +15,14 @@ whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block pas
 ``tokens * (24 d^2 + 4 T d)`` FLOPs (weights, then attention scores and values over all T
 positions); a head ``2 * tokens * d * vocab``.
 
-Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass and one
+Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass, the same
+block pass as probekit runs it (its Hugging Face copy with torch's fused tanh GELU) and one
 output head at the model's shape (medians of 15, inference mode), all in CPU seconds of the
 process (``time.process_time``: on a shared machine the work done, not the time other jobs held
-the cores), and what the minimum work costs
-at the rate and in those block passes (the ceiling of any way that runs Hugging Face blocks)::
+the cores); probekit's weight products and GELU timed alone on its block's modules, which bound
+the fraction of the matmul limit a block pass with these kernels reaches; and what the
+minimum work costs at the rate and in those block passes (probekit's ceiling), with each peer's
+passes at the Hugging Face block time::
 
     python benchmarks/machine.py                    # bench24: 24 layers, d_model 256, 8 x 64
     python benchmarks/machine.py --layers 12 --d-model 768 --heads 12 --vocab 50257 --seq 128
@@ -122,36 +125,70 @@ def diagnosis_flops(layers: int, d: int, batch: int, seq: int, vocab: int) -> Ar
     )
 
 
-def block_and_head_seconds(
+@dataclass
+class BlockTimes:
+    """Median CPU seconds at one shape: one Hugging Face GPT-2 block pass (``hf``), the same
+    block as probekit runs it (``probekit``: its pure Hugging Face copy, whose tanh GELU is
+    torch's fused kernel), one output head, and two parts of probekit's block pass timed
+    alone on the block's own modules and shapes: its four weight products (``products``: the
+    ``Conv1D`` layers, bias included) and its GELU."""
+
+    hf: float
+    probekit: float
+    head: float
+    products: float
+    gelu: float
+
+
+def _median_cpu_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def block_times(
     d: int, heads: int, batch: int, seq: int, vocab: int, threads: int, repeats: int = 15
-) -> tuple[float, float]:
-    """Median CPU seconds of one Hugging Face GPT-2 block pass and of one output head (its
-    ``lm_head`` product over every token) at this shape, in inference mode: what one block pass
-    and one head cost any way that runs Hugging Face blocks."""
+) -> BlockTimes:
+    """The :class:`BlockTimes` at this shape, in inference mode: what one block pass and one
+    head cost a way that runs Hugging Face blocks, and probekit's block pass and its parts."""
     import torch
     import transformers
+
+    import probekit
+    from probekit.data import Batch
 
     torch.set_num_threads(threads)
     config = transformers.GPT2Config(
         vocab_size=vocab, n_embd=d, n_layer=1, n_head=heads, n_positions=max(seq, 64)
     )
     config.bos_token_id = config.eos_token_id = 0
+    torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     x = torch.randn(batch, seq, d)
+    hidden = torch.randn(batch, seq, 4 * d)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    handle = probekit.load(transformers.GPT2LMHeadModel(config).eval())
+    [prepared] = handle.prepare(Batch(tokens), batch_size=batch)
+    trace = handle.trace(prepared)
+    if handle.block_path != "hf":
+        raise SystemExit(f"probekit runs its blocks through the bridge: {handle.block_path}")
+    copy = handle.hf_blocks.copies[id(handle.blocks[0])]
 
-    def median_seconds(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.process_time()
-            fn()
-            times.append(time.process_time() - start)
-        return statistics.median(times)
+    def products() -> None:
+        copy.attn.c_attn(x), copy.attn.c_proj(x), copy.mlp.c_fc(x), copy.mlp.c_proj(hidden)
 
     with torch.inference_mode():
-        block = median_seconds(lambda: model.transformer.h[0](x))
-        head = median_seconds(lambda: model.lm_head(x))
-    return block, head
+        return BlockTimes(
+            hf=_median_cpu_seconds(lambda: model.transformer.h[0](x), repeats),
+            probekit=_median_cpu_seconds(lambda: trace.run_block(0, x), repeats),
+            head=_median_cpu_seconds(lambda: model.lm_head(x), repeats),
+            products=_median_cpu_seconds(products, repeats),
+            gelu=_median_cpu_seconds(lambda: copy.mlp.act(hidden), repeats),
+        )
 
 
 def passes_of_each_way(layers: int) -> dict[str, tuple[int, int]]:
@@ -169,17 +206,31 @@ def passes_of_each_way(layers: int) -> dict[str, tuple[int, int]]:
     }
 
 
-def ceiling_line(layers: int, block: float, head: float) -> str:
-    """What each way's passes cost at the measured block and head times, and probekit's
-    largest possible ratio to each at equal block speed."""
-    cost = {
-        way: passes * block + heads * head
-        for way, (passes, heads) in passes_of_each_way(layers).items()
-    }
+def ceiling_line(layers: int, times: BlockTimes) -> str:
+    """What each way's passes cost at the measured times (probekit's blocks at its own block
+    time, the peers' at the Hugging Face one), and probekit's largest ratio to each."""
+    cost = {}
+    for way, (passes, heads) in passes_of_each_way(layers).items():
+        block = times.probekit if way == "probekit" else times.hf
+        cost[way] = passes * block + heads * times.head
     return "; ".join(
         f"{way} {passes} passes + {heads} heads = {cost[way]:.1f} s"
         + (f" ({cost[way] / cost['probekit']:.2f}x)" if way != "probekit" else "")
         for way, (passes, heads) in passes_of_each_way(layers).items()
+    )
+
+
+def parts_line(times: BlockTimes, block_flops: float, rate: float) -> str:
+    """probekit's block pass in parts, and the best fraction of the matmul limit a block pass
+    with this GELU and the rest reaches when its products run at the limit."""
+    at_limit = block_flops / rate / 1e9
+    rest = times.probekit - times.products - times.gelu
+    return (
+        f"    probekit's block pass in parts (each timed alone): weight products "
+        f"{times.products * 1e3:.2f} ms (at the matmul limit {at_limit * 1e3:.2f} ms), GELU "
+        f"{times.gelu * 1e3:.2f} ms, attention, norms and the rest {rest * 1e3:.2f} ms: with "
+        f"the products at the limit a block pass reaches at most "
+        f"{at_limit / (at_limit + times.gelu + max(rest, 0.0)):.0%} of it"
     )
 
 
@@ -200,23 +251,24 @@ def main() -> None:
     print(f"arithmetic of the depth analyses at the exact-resumption minimum: {work.describe()}")
     for threads in (1, 2):
         rate = matmul_rate(args.d_model, rows, threads, device=args.device, clock="cpu")
-        block, head = block_and_head_seconds(
-            args.d_model, args.heads, args.batch, args.seq, args.vocab, threads
-        )
-        floor = work.block_passes * block + work.heads * head
+        times = block_times(args.d_model, args.heads, args.batch, args.seq, args.vocab, threads)
+        floor = work.block_passes * times.probekit + work.heads * times.head
         print(
             f"{settings_line(threads, args.device)} float32 matmul, a block's products at "
             f"d_model {args.d_model}, {rows} rows: {rate:.1f} GFLOP per CPU second (median); "
-            "one Hugging "
-            f"Face block pass {block * 1e3:.2f} ms = {work.block_flops / block / 1e9 / rate:.0%} "
-            f"of it, one head {head * 1e3:.2f} ms = {work.head_flops / head / 1e9 / rate:.0%}; "
-            f"the minimum work at the matmul limit {work.total / rate / 1e9:.1f} s, in Hugging "
-            f"Face block passes and heads {floor:.1f} s ({work.total / floor / 1e9 / rate:.0%} "
-            "of the limit: the ceiling of any way that runs these blocks)"
+            f"one block pass: Hugging Face {times.hf * 1e3:.2f} ms = "
+            f"{work.block_flops / times.hf / 1e9 / rate:.0%} of it, probekit's "
+            f"{times.probekit * 1e3:.2f} ms = {work.block_flops / times.probekit / 1e9 / rate:.0%}"
+            f"; one head {times.head * 1e3:.2f} ms = "
+            f"{work.head_flops / times.head / 1e9 / rate:.0%}; the minimum work at the matmul "
+            f"limit {work.total / rate / 1e9:.1f} s, in probekit's block passes and heads "
+            f"{floor:.1f} s ({work.total / floor / 1e9 / rate:.0%} of the limit: probekit's "
+            "ceiling)"
         )
+        print(parts_line(times, work.block_flops, rate))
         print(
-            f"    at these block and head times (the ratio: probekit's ceiling over each peer "
-            f"at equal block speed): {ceiling_line(args.layers, block, head)}"
+            f"    at these block and head times (the ratio: probekit's ceiling over each peer): "
+            f"{ceiling_line(args.layers, times)}"
         )
     print(f"after:  {uptime()}")
 

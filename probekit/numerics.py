@@ -1,8 +1,8 @@
 """General numerics the model handle, the training loops and the analyses share.
 
-Nothing here knows a model: finiteness tests, free memory, a linear map computed in blocks of
-output features, the relative tolerances of comparisons between computations, and the guard
-that turns torch's "not implemented for Half" into one probekit error.
+Nothing here knows a model: finiteness tests, free memory, the relative tolerances of
+comparisons between computations, and the guard that turns torch's "not implemented for
+Half" into one probekit error.
 
 Example:
     >>> import torch
@@ -21,17 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from probekit.errors import UnsupportedModelError
-
-VOCAB_CHUNK = 2048
-"""Rows of the unembedding per matrix product in :meth:`probekit.model.Model.head` on a CPU
-(the default chunk of :func:`blocked_linear`): a ``[256, 50257]`` product in one call took 1.5x
-the time of the same product in blocks of 2048 output columns (measured interleaved at 2
-threads: its output does not stay in cache). The blocks give the one product's logits to
-float32 rounding (bit-identical in every case measured here; tests/test_fast_paths.py checks
-1e-6)."""
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -78,29 +69,6 @@ def available_memory(device: torch.device | str = "cpu") -> int | None:
         return None
 
 
-def blocked_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, chunk: int = VOCAB_CHUNK
-) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed ``chunk`` output features at a time into one
-    output tensor (same dtype and autocast behaviour as one call).
-
-    Example:
-        >>> x, w = torch.randn(3, 8), torch.randn(20, 8)
-        >>> bool(torch.allclose(blocked_linear(x, w, None, chunk=6), x @ w.T, atol=1e-6))
-        True
-    """
-    rows = x.reshape(-1, x.shape[-1])
-    out: torch.Tensor | None = None
-    for start in range(0, weight.shape[0], chunk):
-        part = slice(start, start + chunk)
-        block = nn.functional.linear(rows, weight[part], None if bias is None else bias[part])
-        if out is None:
-            out = block.new_empty(rows.shape[0], weight.shape[0])
-        out[:, part] = block
-    assert out is not None
-    return out.view(*x.shape[:-1], weight.shape[0])
-
-
 def tolerance(dtype: torch.dtype) -> float:
     """Relative tolerance of a comparison between two computations in ``dtype`` (the
     structure and replay checks of a model): 1e-3 from 32 bits up, else 5e-2."""
@@ -137,10 +105,8 @@ def dtype_guard(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
 
 
 __all__ = [
-    "VOCAB_CHUNK",
     "all_finite",
     "available_memory",
-    "blocked_linear",
     "dtype_guard",
     "relative_deviation",
     "tolerance",

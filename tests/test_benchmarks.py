@@ -50,3 +50,14 @@ def test_diagnosis_arithmetic_counts_resumed_passes():
     # variant 3 + 6 + 18 + 6 (a skipped block not run); the bridge loop 15 full forwards
     ways = passes_of_each_way(3)
     assert ways == {"probekit": (23, 12), "hf": (33, 12), "nnsight": (33, 12), "tl": (45, 15)}
+
+
+def test_the_ceiling_times_probekit_at_its_own_block_and_the_peers_at_hugging_faces():
+    from benchmarks.machine import BlockTimes, ceiling_line, parts_line
+
+    times = BlockTimes(hf=2.0, probekit=1.0, head=0.0, products=0.5, gelu=0.25)
+    line = ceiling_line(3, times)  # 3 layers: probekit 23 passes, the peers 33 and 45
+    assert "probekit 23 passes + 12 heads = 23.0 s" in line
+    assert "hf 33 passes + 12 heads = 66.0 s (2.87x)" in line
+    # products at the limit 0.5 s of a 1 s pass whose GELU and rest take 0.25 s each
+    assert "reaches at most 50% of it" in parts_line(times, block_flops=0.5e9, rate=1.0)

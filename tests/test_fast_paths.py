@@ -75,45 +75,46 @@ def test_all_finite_agrees_with_the_elementwise_test(dtype):
         assert all_finite(tensor) == bool(torch.isfinite(tensor).all())
 
 
-def test_the_blocked_head_is_bit_identical_and_yields_to_hooks(monkeypatch):
-    from probekit.model import output as model_module
-
+def test_the_head_writes_into_out_bit_identically_and_yields_to_hooks():
     model = _model("gpt2")
-    monkeypatch.setattr(model_module, "VOCAB_CHUNK", 7)  # blocks on a tiny vocabulary
-    calls = []
-    blocked = model_module.blocked_linear
-    monkeypatch.setattr(model_module, "blocked_linear", lambda *a: calls.append(1) or blocked(*a))
     [batch] = model.prepare(sample_tokens())
     trace = model.trace(batch)
     residual = trace.residuals[-1]
+    out = torch.full((*residual.shape[:-1], model.d_vocab), float("nan"))
     with torch.no_grad():
-        fast = model.head(residual)
         plain = model.bridge.unembed(model.bridge.ln_final(residual))
-    assert calls and torch.allclose(fast, plain, rtol=1e-6, atol=1e-7)
+        fast = model.head(residual, out)
+    assert fast.data_ptr() == out.data_ptr() and torch.equal(fast, plain)
     assert torch.allclose(fast, trace.logits, rtol=1e-6, atol=1e-7)
 
     def shift(tensor, hook):
         return tensor + 1.0
 
-    calls.clear()
+    out.fill_(float("nan"))
     with torch.no_grad(), model.hooks([("unembed.hook_out", shift)]):
-        hooked = model.head(residual)
-    assert not calls and torch.equal(hooked, plain + 1.0)  # the hook ran: no blocked path
+        hooked = model.head(residual, out)
+    assert hooked.data_ptr() != out.data_ptr() and torch.equal(hooked, plain + 1.0)
+    wrong_shape = torch.empty(1, model.d_vocab)
+    with torch.no_grad():
+        assert torch.equal(model.head(residual, wrong_shape), plain)
+    with torch.enable_grad():
+        with_grad = model.head(residual.clone().requires_grad_(True), out)
+    assert with_grad.requires_grad and with_grad.data_ptr() != out.data_ptr()
 
 
-def test_blocks_of_the_real_chunk_give_the_one_product():
-    from probekit.numerics import VOCAB_CHUNK, blocked_linear
-
-    g = torch.Generator().manual_seed(0)
-    weight = torch.randn(2 * VOCAB_CHUNK + 77, 64, generator=g)
-    bias = torch.randn(weight.shape[0], generator=g)
-    for rows in (1, 6, 300):
-        x = torch.randn(2, rows, 64, generator=g)
-        for b in (None, bias):
-            want = torch.nn.functional.linear(x, weight, b)
-            got = blocked_linear(x, weight, b)
-            assert got.shape == want.shape
-            assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+def test_measures_reuse_their_work_tensors_without_carrying_anything_over():
+    clean, changed, labels = _logits(300, 4.0, 0.5)
+    side = _common.clean_side(clean, labels)
+    other = changed.flip(0)
+    first = _common.output_change(side, changed, labels)
+    second = _common.output_change(side, other, labels)  # the same work tensors again
+    assert len(side._work) == 1
+    for got, fresh in ((first, changed), (second, other)):
+        want = _common.output_change(_common.clean_side(clean, labels), fresh, labels)
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+    few = _common.clean_side(clean[:, :3], labels[:, :3])  # fewer tokens than a chunk
+    assert few.work(_common.CHUNK_TOKENS).shape[1] == few.logits.shape[0]
 
 
 def test_identical_outputs_measure_exactly_zero():

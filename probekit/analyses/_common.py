@@ -83,6 +83,7 @@ class CleanSide:
     labels: torch.Tensor
     shape: tuple[int, ...]
     _top: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _work: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def top(self, k: int) -> torch.Tensor:
         """Indices ``[N, k]`` of the ``k`` largest clean logits (computed once per ``k``)."""
@@ -90,16 +91,29 @@ class CleanSide:
             self._top[k] = self.logits.topk(k, dim=-1).indices
         return self._top[k]
 
+    def work(self, chunk: int) -> torch.Tensor:
+        """Two float32 ``[chunk, vocab]`` work tensors that :func:`output_change` writes its
+        temporaries into, made once per clean side and reused by every variant measured
+        against it: fresh memory of that size per chunk took longer than the arithmetic
+        (a new page is zeroed by the system on first touch)."""
+        if chunk not in self._work:
+            rows = min(chunk, self.logits.shape[0])
+            self._work[chunk] = self.logits.new_empty(2, rows, self.logits.shape[1])
+        return self._work[chunk]
+
 
 def _chunks(n: int, chunk: int) -> Iterator[slice]:
     return (slice(s, min(s + chunk, n)) for s in range(0, n, chunk))
 
 
-def softmax_parts(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (float32) and log-sum-exp (float64) of float32 logits ``[n, V]``: one
-    exp over the chunk, the sum by torch's pairwise float32 summation, its log in float64."""
+def softmax_parts(
+    z: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities (float32, written into ``out`` if given) and log-sum-exp (float64) of
+    float32 logits ``[n, V]``: one exp over the chunk, the sum by torch's pairwise float32
+    summation, its log in float64."""
     top = z.amax(-1, keepdim=True)
-    e = (z - top).exp_()
+    e = torch.sub(z, top, out=out).exp_()
     total = e.sum(-1, keepdim=True)
     return e.div_(total), top[:, 0].double() + total[:, 0].double().log()
 
@@ -110,6 +124,7 @@ def _nll(z: torch.Tensor, lse: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(y != -100, lse - picked, 0.0)
 
 
+@torch.no_grad()  # measures, never differentiated: work tensors are written in place
 def clean_side(clean: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK_TOKENS) -> CleanSide:
     """The clean side of :func:`output_change` for logits ``[B, T, V]`` and labels ``[B, T]``.
 
@@ -124,7 +139,7 @@ def clean_side(clean: torch.Tensor, labels: torch.Tensor, chunk: int = CHUNK_TOK
     p = torch.empty_like(logits)
     lse = torch.empty(logits.shape[0], dtype=torch.float64, device=logits.device)
     for part in _chunks(logits.shape[0], chunk):
-        p[part], lse[part] = softmax_parts(logits[part])
+        lse[part] = softmax_parts(logits[part], out=p[part])[1]
     return CleanSide(logits, p, lse, _nll(logits, lse, flat_labels), flat_labels, shape)
 
 
@@ -146,6 +161,7 @@ def prob_l2_error_bound(vocab: int) -> float:
     return (2 * EXP_SAFE + 8 * math.log2(vocab) + 30) * 2.0**-24
 
 
+@torch.no_grad()  # measures, never differentiated: work tensors are written in place
 def output_change(
     clean: torch.Tensor | CleanSide,
     changed: torch.Tensor,
@@ -163,7 +179,8 @@ def output_change(
     KL(p || p') = log1p(S) - sum p d, ||p' - p|| = ||p (e^d - 1 - S)|| / (1 + S) and the loss
     change is log1p(S) - d[y]; per-token values are float64. Tokens whose logits rise by more
     than :data:`EXP_SAFE`, or whose S < -0.5 (1 + S would lose digits), are measured in float64.
-    One ``[chunk, vocab]`` temporary per chunk (d, then e^d - 1 in its place).
+    Its ``[chunk, vocab]`` temporaries (d, then e^d - 1 in its place; p d) are written into the
+    clean side's :meth:`CleanSide.work` tensors, made once per clean side.
 
     Accuracy against the float64 formulas on the same logits (tests/test_fast_paths.py): about
     1e-6 relative to the largest value in tests, 1e-7 to 1e-6 absolute for ``prob_l2`` on peaky
@@ -196,14 +213,15 @@ def output_change(
     flat = changed.reshape(-1, changed.shape[-1])
     n, f64 = flat.shape[0], torch.float64
     out = {name: torch.empty(n, dtype=f64, device=flat.device) for name in measures}
+    work = side.work(chunk)
     for part in _chunks(n, chunk):
         z, p, y = side.logits[part], side.p[part], side.labels[part]
-        d = flat[part].float() - z
+        d = torch.sub(flat[part].float(), z, out=work[0, : z.shape[0]])
         rise = d.amax(-1)
         if "logit_l2" in measures:
             out["logit_l2"][part] = torch.linalg.vector_norm(d, dim=-1).double()
         if "kl" in measures:
-            p_d = torch.linalg.vecdot(p, d).double()
+            p_d = torch.mul(p, d, out=work[1, : z.shape[0]]).sum(-1).double()
         picked = d.gather(-1, y.clamp(min=0)[:, None])[:, 0].double()
         pe = d.expm1_().mul_(p)  # d is not needed any more: e^d - 1 in its place, times p
         s = pe.sum(-1, keepdim=True)

@@ -463,17 +463,21 @@ class Model:
         [batch] = self.prepare((tokens, attention_mask) if attention_mask is not None else tokens)
         return self.forward(batch)
 
-    def head(self, residual: torch.Tensor) -> torch.Tensor:
+    def head(self, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction
         head (BERT's ``cls``, RoBERTa's ``lm_head``) of encoders; for decoders the final norm
         and unembedding, then the logit soft-capping (Gemma 2/3) or scaling (Granite, Cohere) the
         model's config defines. :meth:`check_structure` checks it against the model's forward.
 
+        ``out``: a tensor of the logits' shape and dtype that a plain unembedding on a CPU
+        writes them into (:func:`~probekit.model.output.unembed`), for callers that measure
+        each output before making the next; always use the returned tensor.
+
         A model without a head (:attr:`output_kind` ``hidden`` / ``embedding``) returns its
         final hidden state: the base model's final norm (decoders) or the residual itself
         (post-norm encoders such as BERT, whose last block ends in its norm); pooling is
         :meth:`pool`'s, applied where outputs are compared."""
-        return apply_head(self, residual)
+        return apply_head(self, residual, out)
 
     @torch.no_grad()
     def check_structure(self) -> None:

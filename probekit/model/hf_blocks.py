@@ -64,14 +64,38 @@ def _hf_module(module: nn.Module) -> nn.Module:
     return module
 
 
+TANH_GELUS = ("NewGELUActivation", "FastGELUActivation", "AccurateGELUActivation")
+"""Hugging Face activations that write the tanh approximation of GELU,
+``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, as six or seven element-wise torch
+operations (GPT-2's ``gelu_new``, ``gelu_fast``, ``gelu_accurate``). The copies run torch's
+one fused kernel of the same formula, ``nn.GELU(approximate="tanh")``, instead: the same
+function to float32 rounding (the copy check holds it to :data:`RAW_BLOCKS_TOLERANCE`), in
+one pass over the MLP's hidden layer instead of seven."""
+
+
+def _fused_activation(module: nn.Module) -> nn.Module | None:
+    """torch's fused tanh GELU for a Hugging Face activation of :data:`TANH_GELUS` (the
+    class itself, not a subclass that may change it); None for any other module."""
+    from transformers import activations
+
+    if any(type(module) is getattr(activations, name, None) for name in TANH_GELUS):
+        return nn.GELU(approximate="tanh")
+    return None
+
+
 def _pure_copy(module: nn.Module, memo: dict[int, nn.Module]) -> nn.Module:
     """A copy of the Hugging Face module tree under ``module`` with every TransformerLens
     component replaced by the module it wraps: each copied module shares its original's
     parameter and buffer dictionaries (the same tensors, later moves and edits included) and
-    attributes, but has no hooks, no instance-level ``forward`` patch, and copied children."""
+    attributes, but has no hooks, no instance-level ``forward`` patch, and copied children;
+    a tanh-GELU activation of :data:`TANH_GELUS` becomes torch's fused one."""
     module = _hf_module(module)
     if id(module) in memo:
         return memo[id(module)]
+    fused = _fused_activation(module)
+    if fused is not None:
+        memo[id(module)] = fused
+        return fused
     clone = copy.copy(module)
     clone.__dict__.pop("forward", None)  # a patch bound to the original would run it instead
     for name in _HOOK_DICTS:
@@ -251,6 +275,7 @@ def _compare_copies(model: Model, hf: HFBlocks, batches: list[Batch]) -> str | N
 __all__ = [
     "RAW_BLOCKS_ENV",
     "RAW_BLOCKS_TOLERANCE",
+    "TANH_GELUS",
     "HFBlocks",
     "block_path_refusal",
     "global_hooks",

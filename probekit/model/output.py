@@ -1,7 +1,7 @@
 """How a final residual becomes the model's output: the masked-LM prediction head of
-encoders, or the final norm and unembedding of decoders (computed in blocks of the vocabulary
-on a CPU when nothing can see the difference) with the logit scaling or soft-capping the
-config defines; a model without a head outputs its final hidden state.
+encoders, or the final norm and unembedding of decoders (written into a tensor the caller
+reuses, on a CPU when nothing can see the difference) with the logit scaling or soft-capping
+the config defines; a model without a head outputs its final hidden state.
 
 Example:
     >>> import torch
@@ -19,22 +19,23 @@ import torch
 from torch import nn
 
 from probekit.model.hf_blocks import global_hooks, hook_registries
-from probekit.numerics import VOCAB_CHUNK, blocked_linear
 
 if TYPE_CHECKING:
     from probekit.model.handle import Model
 
 
-def apply_head(model: Model, residual: torch.Tensor) -> torch.Tensor:
+def apply_head(
+    model: Model, residual: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``model``'s output on a final-layer residual ``[B, T, d_model]`` (see
-    :meth:`probekit.model.Model.head`)."""
+    :meth:`probekit.model.Model.head`; ``out`` as there)."""
     if model.headless is not None:
         return model.bridge.ln_final(residual) if model.headless.final_norm else residual
     for name in ("cls",) if model.is_causal else ("cls", "lm_head"):
         prediction_head = getattr(model.hf_model, name, None)
         if prediction_head is not None:
             return prediction_head(residual)
-    logits = unembed(model.bridge, model.bridge.ln_final(residual))
+    logits = unembed(model.bridge, model.bridge.ln_final(residual), out)
     config = model.hf_model.config
     scale = getattr(config, "logit_scale", None)
     if isinstance(scale, int | float) and scale != 1:
@@ -48,19 +49,37 @@ def apply_head(model: Model, residual: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def unembed(bridge: Any, normed: torch.Tensor) -> torch.Tensor:
-    """The bridge's unembedding of ``normed``; on a CPU, when it is a plain ``nn.Linear``
-    with no hook anywhere on it and no gradient is taken, the same product computed
-    :data:`~probekit.numerics.VOCAB_CHUNK` rows of the weight at a time (the same logits,
-    faster)."""
+def unembed(bridge: Any, normed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bridge's unembedding of ``normed``. Given ``out`` (a contiguous tensor of the
+    logits' shape and dtype), on a CPU, when the unembedding is a plain ``nn.Linear`` with no
+    hook anywhere on it and no gradient is taken, the same product is written into ``out``
+    (one ``addmm``, as ``nn.Linear`` computes it): a caller that measures each variant's
+    logits before making the next reuses one tensor instead of fresh memory per variant
+    (which the system zeroes page by page on first touch). Otherwise ``out`` is not used; the
+    returned tensor is the logits either way.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> model = toy_model(n_layers=2)
+        >>> normed = torch.randn(1, 3, model.d_model)
+        >>> out = torch.empty(1, 3, model.d_vocab)
+        >>> with torch.no_grad():
+        ...     logits = unembed(model.bridge, normed, out)
+        >>> logits.data_ptr() == out.data_ptr(), torch.equal(logits, model.bridge.unembed(normed))
+        (True, True)
+    """
     unembedding = bridge.unembed
     linear = getattr(unembedding, "original_component", None)
-    if type(linear) is not nn.Linear:
+    if out is None or type(linear) is not nn.Linear:
         return unembedding(normed)
     grad = torch.is_grad_enabled() and (normed.requires_grad or linear.weight.requires_grad)
     plain = (
         normed.device.type == "cpu"
-        and linear.out_features > 2 * VOCAB_CHUNK
+        and out.device == normed.device
+        and out.dtype == normed.dtype == linear.weight.dtype
+        and out.shape == (*normed.shape[:-1], linear.out_features)
+        and out.is_contiguous()
+        and not torch.is_autocast_enabled("cpu")
         and not grad
         and not hasattr(linear, "_hf_hook")
         and not global_hooks()
@@ -68,7 +87,12 @@ def unembed(bridge: Any, normed: torch.Tensor) -> torch.Tensor:
     )
     if not plain:
         return unembedding(normed)
-    return blocked_linear(normed, linear.weight, linear.bias, VOCAB_CHUNK)
+    rows, target = normed.reshape(-1, normed.shape[-1]), out.view(-1, linear.out_features)
+    if linear.bias is None:
+        torch.mm(rows, linear.weight.t(), out=target)
+    else:
+        torch.addmm(linear.bias, rows, linear.weight.t(), out=target)
+    return out
 
 
 __all__ = ["apply_head", "unembed"]

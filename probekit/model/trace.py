@@ -170,13 +170,15 @@ class Trace:
         order: Sequence[int] | None = None,
         fwd_hooks: HookList = (),
         observe: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits of the forward resumed at block ``start`` (``start == n_layers``: head only).
 
         ``residual`` replaces the cached input of block ``start`` (default: the clean one);
         ``order`` lists the blocks to run from there on (default ``start .. n_layers-1``), so a
         swap of layers i < j is ``resume(i, order=[j, i+1, ..., i, ...])``; ``fwd_hooks`` are
-        active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run.
+        active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run;
+        ``out`` is passed to :meth:`Model.head`.
 
         Example:
             >>> from probekit.toy import toy_model, toy_tokens
@@ -202,7 +204,7 @@ class Trace:
                 if observe is not None:
                     observe(layer, h, h_out)
                 h = h_out
-            return self.model.head(h)
+            return self.model.head(h, out)
 
 
 @torch.no_grad()

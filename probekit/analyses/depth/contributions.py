@@ -267,7 +267,8 @@ def _sublayer_ablated(
     else:
         hooks = masked_ablate_hooks(model, layer, component, intervene_at)
     with shared.precision():
-        logits = trace.resume(layer, fwd_hooks=hooks)
+        out = shared.logits_out(trace.residuals[-1])
+        logits = trace.resume(layer, fwd_hooks=hooks, out=out)
     check_outputs_finite(logits, "the outputs of an intervened forward")
     return shared.measure(batch, logits)
 

@@ -42,6 +42,7 @@ from probekit.progress import counted
 from probekit.result import Result
 
 
+@torch.no_grad()  # measures, never differentiated: work tensors are written in place
 def lens_measures(
     layer_logits: torch.Tensor, final_logits: torch.Tensor | CleanSide, k: int
 ) -> dict[str, torch.Tensor]:
@@ -59,11 +60,13 @@ def lens_measures(
     n, f64 = flat.shape[0], torch.float64
     kl = torch.empty(n, dtype=f64, device=flat.device)
     overlap = torch.empty(n, dtype=f64, device=flat.device)
+    work = side.work(CHUNK_TOKENS)  # the temporaries, reused chunk after chunk
     for start in range(0, n, CHUNK_TOKENS):
         part = slice(start, min(start + CHUNK_TOKENS, n))
-        z = flat[part].float()
-        q, lse = softmax_parts(z)
-        kl[part] = (q * (z - side.logits[part])).sum(-1).double() - (lse - side.lse[part])
+        z, rows = flat[part].float(), part.stop - part.start
+        q, lse = softmax_parts(z, out=work[0, :rows])
+        change = torch.sub(z, side.logits[part], out=work[1, :rows]).mul_(q)
+        kl[part] = change.sum(-1).double() - (lse - side.lse[part])
         top_layer = z.topk(k, dim=-1).indices
         hits = (top_layer[:, :, None] == top_final[part][:, None, :]).any(-1)
         overlap[part] = hits.double().sum(-1) / k
@@ -176,7 +179,7 @@ def logit_lens(
                 layer_logits = side.logits
             else:
                 with shared.precision():
-                    layer_logits = model.head(residual)
+                    layer_logits = model.head(residual, shared.logits_out(residual))
             measures = lens_measures(layer_logits, side, k)
             for name, values in measures.items():
                 reduction.add((depth, name), values, mask, ids)

@@ -108,6 +108,7 @@ class Shared:
         self._side: CleanSide | None = None
         self._costs: dict[str, torch.Tensor] = {}
         self._norms: dict[str, list[torch.Tensor]] = {}
+        self._logits: torch.Tensor | None = None
         self.skips: dict[tuple, SkipRecord] = {}
         self.swaps: dict[tuple, torch.Tensor] = {}
         self.runs = {"traces": 0, "skips": 0, "swaps": 0}
@@ -190,6 +191,19 @@ class Shared:
         clean = self._side if self._side is not None else trace.logits
         return variant_measures(self.model, trace.batch, clean, changed, measures)
 
+    def logits_out(self, final: torch.Tensor) -> torch.Tensor | None:
+        """The tensor this cache's variant logits are written into on a CPU (``out`` of
+        :meth:`~probekit.model.Model.head`), made once per shape of ``final`` and reused by
+        every variant, each measured before the next is made; None elsewhere (an accelerator's
+        allocator reuses its memory already) and for models without a vocabulary."""
+        if self.model.output_kind != "logits" or final.device.type != "cpu":
+            return None
+        shape = (*final.shape[:-1], self.model.d_vocab)
+        dtype = self.model.dtype
+        if self._logits is None or self._logits.shape != shape or self._logits.dtype != dtype:
+            self._logits = torch.empty(shape, dtype=dtype, device=final.device)
+        return self._logits
+
     def per_pass(self) -> int:
         """How many variants one stacked forward runs."""
         if self.variants_per_pass is not None:
@@ -238,7 +252,7 @@ class Shared:
 
     def _measure(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
         with self.precision():
-            logits = self.model.head(final)
+            logits = self.model.head(final, self.logits_out(final))
         check_outputs_finite(logits, "the outputs of a skipped-layer forward")
         trace = self._trace
         assert trace is not None
@@ -266,7 +280,7 @@ class Shared:
                 )
             for i, final in zip(group, finals, strict=True):
                 with self.precision():
-                    logits = self.model.head(final)
+                    logits = self.model.head(final, self.logits_out(final))
                 check_outputs_finite(logits, "the outputs of a swapped forward")
                 cost = cost_measure(self.model)
                 change = self.measure(batch, logits, (cost,))[cost]
