@@ -42,9 +42,14 @@ downloaded; 8 x 128 tokens), ``tiny`` (3 layers, d_model 64, 2 x 16 tokens: for 
 ``--batch`` / ``--seq`` change the tokens (printed). Without nnsight installed
 (``pip install -e .[bench]``) the benchmark says so and runs the other ways.
 
+``--parts`` times probekit's way alone, once after a warm-up, with a timer around every call
+of its output heads, output measures, clean traces and clean output sides (:data:`PARTS`),
+and prints each part and the rest (the block passes): where its time goes.
+
 Usage:
     python benchmarks/bench_peers.py [--model bench24|gpt2-small|tiny] [--repeats 1]
         [--ways probekit,hf,nnsight,tl] [--threads 1] [--batch B] [--seq T] [--no-memory]
+    python benchmarks/bench_peers.py --model gpt2-small --parts
 """
 
 from __future__ import annotations
@@ -308,6 +313,59 @@ def peak_memory(spec: SimpleNamespace, way: str) -> None:
     print(json.dumps({"way": way, "model_rss_mib": round(base, 1), "peak_mib": round(peak, 1)}))
 
 
+PARTS = (
+    ("output heads", "probekit.model.handle", "Model", "head"),
+    ("output measures", "probekit.analyses._common", None, "output_change"),
+    ("clean traces", "probekit.model.handle", "Model", "trace"),
+    ("clean output sides", "probekit.analyses.depth.shared", None, "clean_side"),
+)
+"""What ``--parts`` times in probekit's way: (name, module, class or None, function); none of
+them calls another, so their times add up."""
+
+
+def probekit_parts(run) -> None:
+    """One warm-up, then one run of probekit's way with a timer around every call of each of
+    :data:`PARTS`; print each part's seconds and calls, and the rest (block passes and
+    bookkeeping)."""
+    import importlib
+    import time
+
+    run()
+    seconds = dict.fromkeys([name for name, *_ in PARTS], 0.0)
+    calls = dict.fromkeys(seconds, 0)
+    originals = []
+
+    def timer(name, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - start
+                calls[name] += 1
+
+        return timed
+
+    for name, module_name, class_name, attr in PARTS:
+        owner = importlib.import_module(module_name)
+        owner = getattr(owner, class_name) if class_name else owner
+        originals.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, timer(name, getattr(owner, attr)))
+    try:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        for owner, attr, fn in originals:
+            setattr(owner, attr, fn)
+    parts = ", ".join(f"{name} {seconds[name]:.2f} s ({calls[name]} calls)" for name in seconds)
+    rest = total - sum(seconds.values())
+    print(
+        f"probekit's time in parts (one run after a warm-up, a timer around each call): {parts}"
+        f"; block passes and the rest {rest:.2f} s; total {total:.2f} s"
+    )
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=list(MODELS), default="bench24")
@@ -326,6 +384,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variants-per-pass", type=int, default=1, help="probekit's stacking")
     p.add_argument("--no-memory", action="store_true", help="leave out the peak-memory runs")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up run of each way")
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="time probekit's way alone, split into output heads, measures, clean traces and "
+        "the rest (block passes)",
+    )
     p.add_argument("--memory-only", choices=ALL_WAYS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
@@ -432,6 +496,13 @@ def main(argv=None) -> int:
     spec = spec_of(args)
     if args.memory_only:
         peak_memory(spec, args.memory_only)
+        return 0
+    if args.parts:
+        print(f"before: {uptime()}", flush=True)
+        settings = settings_line(spec.threads, spec.device)
+        print(f"model {args.model}: {spec.batch} x {spec.seq} tokens; {settings}")
+        probekit_parts(setup(spec, ["probekit"])["probekit"])
+        print(f"after:  {uptime()}")
         return 0
     ways = args.way_list
     if "nnsight" in ways and (why := nnsight_missing()):

@@ -61,3 +61,16 @@ def test_the_ceiling_times_probekit_at_its_own_block_and_the_peers_at_hugging_fa
     assert "hf 33 passes + 12 heads = 66.0 s (2.87x)" in line
     # products at the limit 0.5 s of a 1 s pass whose GELU and rest take 0.25 s each
     assert "reaches at most 50% of it" in parts_line(times, block_flops=0.5e9, rate=1.0)
+
+
+def test_the_parts_count_every_head_and_measure_and_put_the_functions_back(capsys):
+    from benchmarks import bench_peers
+    from probekit.model.handle import Model
+
+    head = Model.head
+    assert bench_peers.main(["--model", "tiny", "--parts"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "in parts" in x)
+    # 3 layers, one batch: 3 skips + 6 sublayer ablations + 2 swaps, each one head and measure
+    assert "(11 calls), output measures" in line and "clean traces" in line
+    assert "output measures" in line and line.count("(11 calls)") == 2
+    assert Model.head is head

@@ -169,18 +169,14 @@ def _today_step(stack) -> None:
         for m in range(M):
             if stack.diverged[m] is not None:
                 active[m] = False
-        before = {
-            k: (p.clone(), opt.exp_avg[k].clone(), opt.exp_avg_sq[k].clone())
-            for k, p in opt.params.items()
-        }
-        opt._update(list(grads), s, stack.settings.schedule(s))
+        updated = opt._update(list(grads), s, stack.settings.schedule(s))
         ok = torch.ones(M, dtype=torch.bool)
-        for k, p in opt.params.items():
-            for t in (p, opt.exp_avg[k], opt.exp_avg_sq[k]):
+        for tensors in updated.values():
+            for t in tensors:
                 ok &= torch.isfinite(t.reshape(M, -1)).all(1)
         applied = ok & active
-        for m in [m for m in range(M) if not bool(applied[m])]:
-            for k, (p, ea, eas) in before.items():
+        for m in [m for m in range(M) if bool(applied[m])]:  # a branch per run
+            for k, (p, ea, eas) in updated.items():
                 opt.params[k][m], opt.exp_avg[k][m], opt.exp_avg_sq[k][m] = p[m], ea[m], eas[m]
         finite &= applied | ~active
     stack.step += 1
@@ -203,9 +199,10 @@ def _poison_run_1(monkeypatch) -> None:
     real = optim_mod.StackedAdamW._update
 
     def update(self, grads, step, multiplier):
-        real(self, grads, step, multiplier)
-        if step == 2:
-            self.params["transformer.h.0.mlp.c_fc.weight"][1] *= float("inf")
+        updated = real(self, grads, step, multiplier)
+        if step == 2:  # the new weights of run 1
+            updated["transformer.h.0.mlp.c_fc.weight"][0][1] *= float("inf")
+        return updated
 
     monkeypatch.setattr(optim_mod.StackedAdamW, "_update", update)
 

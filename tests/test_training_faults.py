@@ -329,10 +329,11 @@ def poison_update(monkeypatch, at_step: int, runs: tuple[int, ...] = (0,)) -> No
     real = optim_mod.StackedAdamW._update
 
     def update(self, grads, step, multiplier):
-        real(self, grads, step, multiplier)
-        if step == at_step:
+        updated = real(self, grads, step, multiplier)
+        if step == at_step:  # the new weights of these runs
             for m in runs:
-                self.params["transformer.h.0.mlp.c_fc.weight"][m] *= float("inf")
+                updated["transformer.h.0.mlp.c_fc.weight"][0][m] *= float("inf")
+        return updated
 
     monkeypatch.setattr(optim_mod.StackedAdamW, "_update", update)
 

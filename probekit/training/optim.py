@@ -72,26 +72,27 @@ class StackedAdamW:
 
         A run whose update would make a weight or moment non-finite is left as it was too.
         Returns, per run, whether its update was applied (a tensor on the parameters' device;
-        nothing here waits for the device: the undo is a ``torch.where``, not a branch)."""
-        before = {
-            k: (p.clone(), self.exp_avg[k].clone(), self.exp_avg_sq[k].clone())
-            for k, p in self.params.items()
-        }
-        self._update(grads, step, multiplier)
+        nothing here waits for the device: the undo is a ``torch.where``, not a branch). The
+        update is computed out of place and each tensor takes the new values of the applied
+        runs in one ``torch.where`` into itself (no copy of the old values is kept)."""
+        updated = self._update(grads, step, multiplier)
         finite = torch.ones(self.n_runs, dtype=torch.bool, device=self.lr.device)
-        for k, p in self.params.items():
-            for t in (p, self.exp_avg[k], self.exp_avg_sq[k]):
+        for tensors in updated.values():
+            for t in tensors:
                 finite &= torch.isfinite(t.reshape(self.n_runs, -1)).all(1)
         applied = finite & active
-        for k, saved in before.items():
+        for k, new in updated.items():
             now = (self.params[k], self.exp_avg[k], self.exp_avg_sq[k])
             keep = applied.view((self.n_runs,) + (1,) * (now[0].dim() - 1))
-            for t, old in zip(now, saved, strict=True):
-                t.copy_(torch.where(keep, t, old))
+            for t, value in zip(now, new, strict=True):
+                torch.where(keep, value, t, out=t)
         return applied
 
-    def _update(self, grads: list[torch.Tensor], step: int, multiplier: float) -> None:
-        """The AdamW update of every run, in place."""
+    def _update(
+        self, grads: list[torch.Tensor], step: int, multiplier: float
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The AdamW update of every run, out of place: per parameter name the new weights,
+        first and second moments."""
         coef = self._clip_coefficients(grads)
         t = step + 1
         lr_t = self.lr * multiplier
@@ -99,16 +100,19 @@ class StackedAdamW:
         bc1 = 1 - b1**t
         bc2_sqrt = math.sqrt(1 - b2**t)
         step_size = lr_t / bc1
+        out = {}
         for (k, p), g in zip(self.params.items(), grads, strict=True):
             shape = (self.n_runs,) + (1,) * (p.dim() - 1)
             g = g * coef.view(shape)
-            if self.decays(k):
-                p.mul_((1 - lr_t * self.wd).view(shape))
-            ea, eas = self.exp_avg[k], self.exp_avg_sq[k]
-            ea.lerp_(g, 1 - b1)
-            eas.mul_(b2).addcmul_(g, g, value=1 - b2)
+            ea = self.exp_avg[k].lerp(g, 1 - b1)
+            eas = self.exp_avg_sq[k].mul(b2).addcmul_(g, g, value=1 - b2)
             denom = (eas.sqrt() / bc2_sqrt).add_(self.eps)
-            p.sub_(step_size.view(shape) * ea / denom)
+            change = step_size.view(shape) * ea / denom
+            if self.decays(k):
+                out[k] = (p.mul((1 - lr_t * self.wd).view(shape)).sub_(change), ea, eas)
+            else:
+                out[k] = (p - change, ea, eas)
+        return out
 
     def state_dict(self, index: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """The moments ``{"exp_avg": {name: t}, "exp_avg_sq": {...}}``, of run ``index`` only
