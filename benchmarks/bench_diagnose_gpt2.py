@@ -104,21 +104,26 @@ def run_diagnose(args) -> dict:
     original = report._run
 
     def timed_run(steps, progress):
-        results = {}
+        results, not_defined = {}, {}
         for name, step in steps.items():
             start = time.perf_counter()
-            results.update(original({name: step}, progress))
+            done, undefined = original({name: step}, progress)
+            results.update(done)
+            not_defined.update(undefined)
             times[name] = round(time.perf_counter() - start, 2)
-        return results
+        return results, not_defined
 
     report._run = timed_run
-    with PeakRSS() as peak:
-        seconds, _ = timed(
-            lambda: report.diagnose(
-                model, tokens, n_bootstrap=args.bootstrap, batch_size=args.batch_size
-            ),
-            model.device,
-        )
+    try:
+        with PeakRSS() as peak:
+            seconds, _ = timed(
+                lambda: report.diagnose(
+                    model, tokens, n_bootstrap=args.bootstrap, batch_size=args.batch_size
+                ),
+                model.device,
+            )
+    finally:
+        report._run = original
     return {
         "mode": "diagnose",
         "device": str(model.device),

@@ -16,13 +16,14 @@ whole) and the L - 1 adjacent swaps (L - i blocks each), 2L^2 + 2L - 1 block pas
 positions); a head ``2 * tokens * d * vocab``.
 
 Run alone it prints, at 1 and 2 threads, the rate, one Hugging Face GPT-2 block pass, the same
-block pass as probekit runs it (its Hugging Face copy with torch's fused tanh GELU) and one
-output head at the model's shape (medians of 15, inference mode), all in CPU seconds of the
-process (``time.process_time``: on a shared machine the work done, not the time other jobs held
-the cores); probekit's weight products and GELU timed alone on its block's modules, which bound
-the fraction of the matmul limit a block pass with these kernels reaches; and what the
-minimum work costs at the rate and in those block passes (probekit's ceiling), with each peer's
-passes at the Hugging Face block time::
+block pass as probekit runs it (its Hugging Face copy with torch's fused tanh GELU; both timed
+as ``--layers`` passes in a row, divided by their number) and one output head at the model's
+shape (medians of 9 to 100 after a warm-up, each call timed in turn, inference mode), all in
+CPU seconds of the process (``time.process_time``: on a shared machine the work done, not the
+time other jobs held the cores); probekit's weight products and GELU timed alone on its
+block's modules, which bound the fraction of the matmul limit a block pass with these kernels
+reaches; and what the minimum work costs at the rate and in those block passes (probekit's
+ceiling), with each peer's passes at the Hugging Face block time::
 
     python benchmarks/machine.py                    # bench24: 24 layers, d_model 256, 8 x 64
     python benchmarks/machine.py --layers 12 --d-model 768 --heads 12 --vocab 50257 --seq 128
@@ -140,21 +141,45 @@ class BlockTimes:
     gelu: float
 
 
-def _median_cpu_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
+def _interleaved_medians(
+    calls: dict, repeats: int, warm_seconds: float = 1.0, seconds: float = 3.0
+) -> dict[str, float]:
+    """Median CPU seconds of each call, the calls timed in turn (so every call meets the same
+    state of the process's memory): rounds for at least ``warm_seconds`` (3 at least) as a
+    warm-up, then at least ``repeats`` rounds and until ``seconds`` have passed (at most
+    100)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    warm_end = time.perf_counter() + warm_seconds
+    rounds = 0
+    while rounds < 3 or time.perf_counter() < warm_end:
+        for fn in calls.values():
+            fn()
+        rounds += 1
+    end, done = time.perf_counter() + seconds, next(iter(times.values()))
+    while len(done) < repeats or (time.perf_counter() < end and len(done) < 100):
+        for name, fn in calls.items():
+            start = time.process_time()
+            fn()
+            times[name].append(time.process_time() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def block_times(
-    d: int, heads: int, batch: int, seq: int, vocab: int, threads: int, repeats: int = 15
+    d: int,
+    heads: int,
+    batch: int,
+    seq: int,
+    vocab: int,
+    threads: int,
+    layers: int = 1,
+    repeats: int = 9,
 ) -> BlockTimes:
     """The :class:`BlockTimes` at this shape, in inference mode: what one block pass and one
-    head cost a way that runs Hugging Face blocks, and probekit's block pass and its parts."""
+    head cost a way that runs Hugging Face blocks, and probekit's block pass and its parts.
+    The block passes are timed as they run, ``layers`` after one another (a Hugging Face
+    ``transformer`` forward of that depth; probekit resuming its copies from the first block),
+    and divided by ``layers``: a block timed alone, over and over, meets another state of the
+    allocator's memory than a block between others (its temporaries' sizes repeat)."""
     import torch
     import transformers
 
@@ -163,7 +188,7 @@ def block_times(
 
     torch.set_num_threads(threads)
     config = transformers.GPT2Config(
-        vocab_size=vocab, n_embd=d, n_layer=1, n_head=heads, n_positions=max(seq, 64)
+        vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=max(seq, 64)
     )
     config.bos_token_id = config.eos_token_id = 0
     torch.manual_seed(0)
@@ -181,14 +206,18 @@ def block_times(
     def products() -> None:
         copy.attn.c_attn(x), copy.attn.c_proj(x), copy.mlp.c_fc(x), copy.mlp.c_proj(hidden)
 
+    calls = {
+        "hf": lambda: model.transformer(inputs_embeds=x, use_cache=False),
+        "probekit": lambda: trace.resume_stacked([0], [x]),
+        "head": lambda: model.lm_head(x),
+        "products": products,
+        "gelu": lambda: copy.mlp.act(hidden),
+    }
     with torch.inference_mode():
-        return BlockTimes(
-            hf=_median_cpu_seconds(lambda: model.transformer.h[0](x), repeats),
-            probekit=_median_cpu_seconds(lambda: trace.run_block(0, x), repeats),
-            head=_median_cpu_seconds(lambda: model.lm_head(x), repeats),
-            products=_median_cpu_seconds(products, repeats),
-            gelu=_median_cpu_seconds(lambda: copy.mlp.act(hidden), repeats),
-        )
+        times = _interleaved_medians(calls, repeats)
+    times["hf"] /= layers
+    times["probekit"] /= layers
+    return BlockTimes(**times)
 
 
 def passes_of_each_way(layers: int) -> dict[str, tuple[int, int]]:
@@ -251,7 +280,9 @@ def main() -> None:
     print(f"arithmetic of the depth analyses at the exact-resumption minimum: {work.describe()}")
     for threads in (1, 2):
         rate = matmul_rate(args.d_model, rows, threads, device=args.device, clock="cpu")
-        times = block_times(args.d_model, args.heads, args.batch, args.seq, args.vocab, threads)
+        times = block_times(
+            args.d_model, args.heads, args.batch, args.seq, args.vocab, threads, args.layers
+        )
         floor = work.block_passes * times.probekit + work.heads * times.head
         print(
             f"{settings_line(threads, args.device)} float32 matmul, a block's products at "

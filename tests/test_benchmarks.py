@@ -74,3 +74,17 @@ def test_the_parts_count_every_head_and_measure_and_put_the_functions_back(capsy
     assert "(11 calls), output measures" in line and "clean traces" in line
     assert "output measures" in line and line.count("(11 calls)") == 2
     assert Model.head is head
+
+
+def test_the_gpt2_diagnosis_benchmark_times_each_analysis():
+    from types import SimpleNamespace
+
+    from benchmarks import bench_diagnose_gpt2
+
+    args = SimpleNamespace(layers=1, batch=1, seq=8, device="cpu", bootstrap=0, batch_size=None)
+    out = bench_diagnose_gpt2.run_diagnose(args)
+    assert out["mode"] == "diagnose" and out["seconds"] > 0
+    assert {"contributions", "skip_effects"} <= set(out["per_analysis_s"])
+    from probekit import report
+
+    assert report._run.__name__ == "_run"  # put back

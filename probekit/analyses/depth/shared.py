@@ -19,7 +19,7 @@ It keeps:
 Hook-free variants (whole-layer skips, swaps) can run several at a time stacked along the
 batch dimension (:meth:`probekit.model.Trace.resume_stacked`): ``variants_per_pass`` sets how
 many (``None``: as many as half the free accelerator memory holds; 1 on CPU, where stacking
-does not pay), and ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under
+gains little, see docs/speed.md), and ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under
 ``torch.autocast`` with the measures still taken in float32.
 
 Example:
