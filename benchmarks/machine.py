@@ -181,22 +181,18 @@ def block_times(
     and divided by ``layers``: a block timed alone, over and over, meets another state of the
     allocator's memory than a block between others (its temporaries' sizes repeat)."""
     import torch
-    import transformers
 
     import probekit
+    from benchmarks.common import random_gpt2
     from probekit.data import Batch
 
     torch.set_num_threads(threads)
-    config = transformers.GPT2Config(
-        vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=max(seq, 64)
-    )
-    config.bos_token_id = config.eos_token_id = 0
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
+    shape = dict(vocab=vocab, n_positions=max(seq, 64), d_model=d, layers=layers, heads=heads)
+    model = random_gpt2(**shape)
     x = torch.randn(batch, seq, d)
     hidden = torch.randn(batch, seq, 4 * d)
     tokens = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
-    handle = probekit.load(transformers.GPT2LMHeadModel(config).eval())
+    handle = probekit.load(random_gpt2(**shape))
     [prepared] = handle.prepare(Batch(tokens), batch_size=batch)
     trace = handle.trace(prepared)
     if handle.block_path != "hf":
