@@ -204,6 +204,24 @@ def measures(clean, changed, labels):
     }
 
 
+def measures_log_space(clean, changed, labels):
+    """The per-token output measures in float64 from log-probabilities: exact for any finite
+    logits (nothing overflows: probabilities are exponentials of values <= 0; a probability
+    that underflows to 0 contributes 0 to the KL sum, never 0 * inf). Loss change 0 where a
+    label is -100."""
+    z, zq = clean.double(), changed.double()
+    logp, logq = torch.log_softmax(z, -1), torch.log_softmax(zq, -1)
+    p, q = torch.exp(logp), torch.exp(logq)
+    y = labels.clamp(min=0)[..., None]
+    loss = (torch.gather(logp, -1, y) - torch.gather(logq, -1, y))[..., 0]
+    return {
+        "logit_l2": torch.sqrt(((zq - z) ** 2).sum(-1)),
+        "kl": torch.where(p > 0, p * (logp - logq), 0.0).sum(-1),
+        "prob_l2": torch.sqrt(((q - p) ** 2).sum(-1)),
+        "loss_delta": torch.where(labels != -100, loss, 0.0),
+    }
+
+
 # ---- Csordas, Manning & Potts 2025 conventions (issue 11) ----------------------------------
 # A port of the formulas of github.com/RobertCsordas/llm_effective_depth, analysis/
 # (analyze_future_effects.py: merge_io, intervene_layer, test_effect, test_future_max_effect;

@@ -147,6 +147,13 @@ EXP_SAFE = 60.0
 """Largest logit increase the float32 ``expm1`` path of :func:`output_change` takes; tokens
 with a larger one are measured by the float64 formulas instead (no overflow)."""
 
+SUM_SAFE = 2.0**60
+"""Largest S = sum p (e^d - 1) the float32 path of :func:`output_change` takes: the
+``prob_l2`` norm squares terms up to about 2 S, and (2 S + 2)^2 stays below the float32
+limit (2^128) only while S <= 2^60. A logit rise of 44 to 60 on a token holding a quarter of
+the probability gives S of 2^61 to 2^85, whose square overflowed to an infinite ``prob_l2``
+(issue 31); such tokens are measured in float64."""
+
 
 def prob_l2_error_bound(vocab: int) -> float:
     """Worst-case absolute error per token of the float32 ``prob_l2`` of :func:`output_change`
@@ -178,7 +185,9 @@ def output_change(
     with S = sum p (e^d - 1) (``expm1``), lse(z') - lse(z) = log1p(S), so
     KL(p || p') = log1p(S) - sum p d, ||p' - p|| = ||p (e^d - 1 - S)|| / (1 + S) and the loss
     change is log1p(S) - d[y]; per-token values are float64. Tokens whose logits rise by more
-    than :data:`EXP_SAFE`, or whose S < -0.5 (1 + S would lose digits), are measured in float64.
+    than :data:`EXP_SAFE`, whose S < -0.5 (1 + S would lose digits) or S > :data:`SUM_SAFE`
+    (the squares of the ``prob_l2`` norm would overflow), or with any non-finite float32 value,
+    are measured in float64, exact over the whole float range.
     Its ``[chunk, vocab]`` temporaries (d, then e^d - 1 in its place; p d) are written into the
     clean side's :meth:`CleanSide.work` tensors, made once per clean side.
 
@@ -235,7 +244,7 @@ def output_change(
             )
         if "loss_delta" in measures:
             out["loss_delta"][part] = torch.where(y != -100, shift - picked, 0.0)
-        wild = (rise > EXP_SAFE) | (s[:, 0] < -0.5)  # e^d overflows, or 1 + S loses digits
+        wild = _needs_float64(rise, s[:, 0], [out[name][part] for name in measures])
         if bool(wild.any()):
             rows = torch.arange(part.start, part.stop, device=flat.device)[wild]
             exact = _output_change64(z[wild], flat[part][wild].float(), y[wild])
@@ -244,19 +253,38 @@ def output_change(
     return {name: values.view(side.shape) for name, values in out.items()}
 
 
+def _needs_float64(rise: torch.Tensor, s: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+    """Tokens ``[n]`` the float32 path of :func:`output_change` cannot measure: e^d overflows
+    (``rise`` > :data:`EXP_SAFE`), 1 + S loses digits (S < -0.5), the squares of the
+    ``prob_l2`` norm may overflow (S > :data:`SUM_SAFE`), or any value came out non-finite."""
+    wild = (rise > EXP_SAFE) | (s < -0.5) | (s > SUM_SAFE) | ~torch.isfinite(s)
+    for value in values:
+        wild |= ~torch.isfinite(value)
+    return wild
+
+
 def _output_change64(z: torch.Tensor, zq: torch.Tensor, y: torch.Tensor) -> dict:
-    """The measures of logits ``[n, V]`` in float64 from their definitions (few tokens)."""
+    """The measures of logits ``[n, V]`` in float64 from their definitions (few tokens), exact
+    for any finite float32 logits; :class:`NumericalError` if a value is still not finite
+    (infinite or NaN logits), never an infinite measure."""
     z, zq = z.double(), zq.double()
     logp, logq = z.log_softmax(-1), zq.log_softmax(-1)
     p, q = logp.exp(), logq.exp()
     safe = y.clamp(min=0)[:, None]
     loss = (logp.gather(-1, safe) - logq.gather(-1, safe))[:, 0]
-    return {
+    out = {
         "logit_l2": (zq - z).norm(dim=-1),
         "kl": (p * (logp - logq)).sum(-1),
         "prob_l2": (q - p).norm(dim=-1),
         "loss_delta": torch.where(y != -100, loss, 0.0),
     }
+    for name, values in out.items():
+        if not bool(torch.isfinite(values).all()):
+            raise NumericalError(
+                f"the output measure {name} is not finite even in float64",
+                fix="check that the model's logits are finite (probekit.load checks the weights)",
+            )
+    return out
 
 
 HIDDEN_MEASURES = ("rel_l2", "cos_dist")
