@@ -41,7 +41,7 @@ from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, st
 
 HEADLINES = (
     ("second_half_share", "second-half share of the output change", "{:.1%}"),
-    ("depth_score", "skip-effect depth score (layers)", "{:.2f}"),
+    ("depth_score", "skip-effect depth score (centre of mass, layer)", "{:.2f}"),
     ("prediction_formed_at_depth", "logit lens matches the final prediction after (blocks)", "{}"),
     ("clean_loss", "loss of the unmodified model (nats)", "{:.3f}"),
     ("n_layers", "layers", "{}"),

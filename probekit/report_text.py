@@ -137,8 +137,10 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
         f"{_share(s['second_half_share'])} of the output change."
     ),
     "skip_effects": lambda s: (
-        f"Depth score {s['depth_score']:.2f} of {s['n_layers'] - 1} "
-        "possible: how much the later layers' work depends on the earlier ones."
+        f"Depth score {s['depth_score']:.2f} on a scale of 0 to {s['n_layers'] - 1}: where in "
+        "depth skipping a layer changes the output, as a centre of mass over the skipped "
+        "layers (0 = the first), not how much; a model whose layers all matter alike (a "
+        f"random one) is near {(s['n_layers'] - 1) / 2:g}."
     ),
     "layer_swaps": lambda s: (
         f"{s['n_blocks']} block(s) at a tolerance of {s['tolerance']:.3g} "

@@ -45,8 +45,8 @@ WORDS = {
     "resid_grad_norm": "residual stream at the layer's output",
     # timelines
     "second_half_share": "second-half share of the output change (fraction)",
-    "depth_score_normalized": "skip-effect depth score (÷ layers − 1)",
-    "depth_score": "skip-effect depth score (layers)",
+    "depth_score_normalized": "skip-effect depth score (centre of mass ÷ layers − 1)",
+    "depth_score": "skip-effect depth score (centre of mass, layer)",
     # probes
     "score": "probe score (accuracy or R²)",
     "selectivity": "selectivity over shuffled labels",
@@ -69,10 +69,17 @@ LABELS = {
     "clean_loss": "loss of the unmodified model (nats)",
     "loss": "loss (nats)",
     "perplexity": "perplexity",
-    "depth_score": "depth score (how much later layers depend on earlier ones)",
+    "depth_score": (
+        "depth score: where skipping a layer changes the output, as a centre of mass over the "
+        "skipped layers (0 to layers − 1; layers that all matter alike give (layers − 1) ÷ 2)"
+    ),
     "depth_score_normalized": "depth score ÷ (layers − 1)",
-    "depth_score_layer": "depth score from the effects on later layers",
-    "depth_score_layer_normalized": "depth score from the effects on later layers ÷ (layers − 1)",
+    "depth_score_layer": (
+        "later-layer depth score: where skipping a layer changes the later layers' updates, as "
+        "a centre of mass over the skipped layers (the last layer has no later layer, so 0 "
+        "with 2 layers)"
+    ),
+    "depth_score_layer_normalized": "later-layer depth score ÷ (layers − 1)",
     "max_downstream_effect": "largest effect of skipping a layer on a later layer",
     "formed_at_depth": "blocks until the logit lens matches the final prediction",
     "mean_kl_second_half": "mean KL from the final output over the second half (nats)",

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from probekit.report import diagnose, write_report
+from probekit.report_text import conclusion
 from probekit.toy import toy_model, toy_tokens
 from probekit.verdict import blocks_line
 
@@ -42,3 +43,21 @@ def test_report_sections_speak_in_words(untrained, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["headline"]["permutable_blocks_convention"].startswith("half-open")
     assert summary["measured"]["positions"] == "all"
+
+
+def test_the_depth_score_is_named_a_position_in_report_table_and_figure(untrained, tmp_path):
+    # issue 31: "how much the later layers' work depends on the earlier ones" read a centre of
+    # mass (a random model is near (L-1)/2) as an amount; the table's "depth score from the
+    # effects on later layers: 0" then seemed to contradict the headline's 0.52
+    page = write_report(untrained, tmp_path).read_text()
+    assert "depends on the earlier ones" not in page
+    assert "how much later layers depend on earlier ones" not in page
+    assert "depth score from the effects on later layers" not in page
+    skips = untrained.results["skip_effects"]
+    sentence = conclusion("skip_effects", skips)
+    assert f"Depth score {skips.summary['depth_score']:.2f} on a scale of 0 to 1" in sentence
+    assert "centre of mass" in sentence and "near 0.5" in sentence
+    assert "later-layer depth score: where skipping a layer changes the later layers" in page
+    assert "depth score: where skipping a layer changes the output" in page
+    title = skips.figure().layout.title.text
+    assert "later-layer depth score 0.00" in title and "output depth score" in title

@@ -110,7 +110,9 @@ class SkipEffectResult(Result):
             x=list(mat.columns),
             y=list(mat.index),
             title="Effect of skipping layer s on the update of each later layer l, "
-            f"‖D_l − D'_l‖ ÷ ‖D_l‖ (depth score {self.summary['depth_score']:.2f})",
+            f"‖D_l − D'_l‖ ÷ ‖D_l‖ (where skipping matters, as a centre of mass over s: "
+            f"later-layer depth score {self.summary['depth_score_layer']:.2f}, "
+            f"output depth score {self.summary['depth_score']:.2f})",
             x_title="affected layer l",
             y_title="skipped layer s",
             colorbar="relative change of the update",
