@@ -65,7 +65,7 @@ def _edit_config(folder: Path, **changes) -> None:
 def test_the_lens_records_its_model_and_is_read_on_that_model(lens_dir):
     model = _gpt2()
     saved = json.loads((lens_dir / "config.json").read_text())
-    assert saved["version"] == 2
+    assert saved["version"] == 3
     assert (
         saved["fit_info"]["model_identity"]["fingerprint"] == model_identity(model)["fingerprint"]
     )
@@ -80,7 +80,7 @@ def test_the_lens_records_its_model_and_is_read_on_that_model(lens_dir):
 def test_a_lens_of_another_model_of_the_same_shapes_is_refused_naming_both(lens_dir, other):
     if other.startswith("gpt2"):
         model = _gpt2(seed=1)
-        reason = "the embedding weights differ"
+        reason = "the weights differ in the embedding"
     else:
         model = probekit.load(make_hf("llama", n_layers=2))
         reason = "its architecture is"

@@ -9,7 +9,7 @@ Example:
     >>> identity_mismatch(saved, model_identity(toy_model(n_layers=2, seed=0))) is None
     True
     >>> identity_mismatch(saved, model_identity(toy_model(n_layers=2, seed=1)))
-    'the embedding weights differ'
+    'the weights differ in the embedding'
 """
 
 from __future__ import annotations
@@ -28,53 +28,87 @@ from probekit.numerics import all_finite, available_memory, tolerance, within_to
 FORMAT = "probekit.tuned_lens"
 WEIGHTS_FILE, CONFIG_FILE = "lens.safetensors", "config.json"
 
-VERSION = 2
-"""Version 2 records the identity of the model a lens was fit on (:func:`model_identity`);
-version 1 lenses have none (see :meth:`TunedLens.check_model`)."""
+VERSION = 3
+"""Version 3 fingerprints every parameter tensor of the model a lens was fit on
+(:func:`model_identity`); version 2 fingerprinted only the embedding, the unembedding and the
+first and last block, so a model differing in a middle block or a norm passed (issue 31);
+version 1 lenses record no model. Lenses of versions 1 and 2 are read but refused for a model
+until re-identified (see :meth:`TunedLens.check_model`); a version above this one is refused
+on load."""
+
+FINGERPRINT_OF = "every parameter tensor"
+"""What a version-3 identity's fingerprint covers (``model_identity(...)["fingerprint_of"]``)."""
 
 CONFIG_BYTES = 1 << 30
 """The largest lens config.json read (its loss history holds one number per step)."""
 
 FINGERPRINT_SAMPLES = 16
-"""Values sampled from each fingerprinted weight tensor (:func:`model_identity`)."""
+"""Values sampled from each fingerprinted weight tensor at seeded random positions, besides as
+many at evenly strided positions (the first and last included); a tensor of at most twice as
+many values is recorded whole (:func:`model_identity`)."""
 
 
-def _sampled(weight: torch.Tensor) -> list[float] | None:
-    """:data:`FINGERPRINT_SAMPLES` values of ``weight`` at positions drawn from its size (the
-    same positions for every model of that shape); None for a weight with no values here
-    (offloaded to the meta device)."""
-    if weight.device.type == "meta" or weight.numel() == 0:
-        return None
-    g = torch.Generator().manual_seed(weight.numel())
-    flat = torch.randint(weight.numel(), (FINGERPRINT_SAMPLES,), generator=g)
-    index = tuple(i.to(weight.device) for i in torch.unravel_index(flat, weight.shape))
-    return [float(v) for v in weight.detach()[index].float().cpu()]
+def _positions(numel: int) -> torch.Tensor:
+    """The flat positions sampled from a tensor of ``numel`` values: the same for every model
+    of that size."""
+    if numel <= 2 * FINGERPRINT_SAMPLES:
+        return torch.arange(numel)
+    strided = torch.linspace(0, numel - 1, FINGERPRINT_SAMPLES).round().long()
+    g = torch.Generator().manual_seed(numel)
+    return torch.cat([strided, torch.randint(numel, (FINGERPRINT_SAMPLES,), generator=g)])
 
 
-def _largest(model: Model, layer: int) -> torch.Tensor:
-    """The largest weight tensor of block ``layer`` (not a norm's gain, which starts at 1)."""
-    return max((group[0] for group in model.layer_weights(layer)), key=lambda p: p.numel())
+def _parameters(model: Model) -> dict[str, torch.Tensor]:
+    """Every parameter tensor of ``model`` by name (the bridge's wrapper level left out of the
+    names), the input embedding named ``embedding`` and an untied output embedding
+    ``unembedding``."""
+    hf = model.hf_model
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    special = {} if head is None else {id(head.weight): "unembedding"}
+    special[id(hf.get_input_embeddings().weight)] = "embedding"  # wins when tied
+    out = {"embedding": hf.get_input_embeddings().weight}
+    for name, weight in hf.named_parameters():
+        out[special.get(id(weight), name.replace("._original_component", ""))] = weight
+    return out
+
+
+def _fingerprint(weights: dict[str, torch.Tensor]) -> dict[str, dict[str, Any] | None]:
+    """Per tensor its shape and the values at :func:`_positions` (one transfer per device);
+    None for a tensor with no values here (offloaded to the meta device)."""
+    picked: dict[str, torch.Tensor] = {}
+    for name, weight in weights.items():
+        if weight.device.type != "meta" and weight.numel() > 0:
+            flat = _positions(weight.numel())
+            index = tuple(i.to(weight.device) for i in torch.unravel_index(flat, weight.shape))
+            picked[name] = weight.detach()[index].float()
+    values: dict[str, list[float]] = {}
+    by_device: dict[torch.device, list[str]] = {}
+    for name, tensor in picked.items():
+        by_device.setdefault(tensor.device, []).append(name)
+    for names in by_device.values():
+        joined = torch.cat([picked[n] for n in names]).cpu().tolist()
+        for name in names:
+            values[name], joined = joined[: picked[name].numel()], joined[picked[name].numel() :]
+    return {
+        name: {"shape": list(weight.shape), "values": values[name]} if name in values else None
+        for name, weight in weights.items()
+    }
 
 
 def model_identity(model: Model) -> dict[str, Any]:
     """What a lens records of the model it is fit on: architecture, shapes, dtype, where it
-    was loaded from, and a weight fingerprint (:data:`FINGERPRINT_SAMPLES` values each of the
-    embedding, the unembedding and the largest weight of the first and the last block).
+    was loaded from, and a weight fingerprint of every parameter tensor (its shape and
+    values at :func:`_positions`: all of a small tensor such as a norm's gain, else
+    2 x :data:`FINGERPRINT_SAMPLES` of them), so a model differing in any one tensor -- a
+    middle block, a LayerNorm weight -- is told apart.
 
     Example:
         >>> from probekit.toy import toy_model
         >>> identity = model_identity(toy_model(n_layers=2))
-        >>> identity["n_layers"], sorted(identity["fingerprint"])
-        (2, ['embedding', 'first block', 'last block', 'unembedding'])
+        >>> identity["n_layers"], identity["fingerprint_of"], len(identity["fingerprint"])
+        (2, 'every parameter tensor', 40)
     """
     hf = model.hf_model
-    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
-    weights = {
-        "embedding": hf.get_input_embeddings().weight,
-        "unembedding": None if head is None else head.weight,
-        "first block": _largest(model, 0),
-        "last block": _largest(model, model.n_layers - 1),
-    }
     return {
         "architecture": model.architecture,
         "n_layers": model.n_layers,
@@ -82,7 +116,8 @@ def model_identity(model: Model) -> dict[str, Any]:
         "d_vocab": model.d_vocab,
         "dtype": str(model.dtype).removeprefix("torch."),
         "source": str(getattr(hf.config, "_name_or_path", "") or ""),
-        "fingerprint": {k: None if w is None else _sampled(w) for k, w in weights.items()},
+        "fingerprint_of": FINGERPRINT_OF,
+        "fingerprint": _fingerprint(_parameters(model)),
     }
 
 
@@ -115,17 +150,37 @@ def identity_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | N
     mine = current.get("fingerprint") or {}
     if not isinstance(theirs, dict):
         return "its weight fingerprint is unreadable"
-    for name, values in theirs.items():
-        if values is None or mine.get(name) is None:
-            continue
-        try:
-            want = torch.tensor(values, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            return f"its {name} fingerprint is unreadable"
-        got = torch.tensor(mine[name], dtype=torch.float64)
-        if want.shape != got.shape or not within_tolerance(got, want, tol):
-            return f"the {name} weights differ"
+    if set(theirs) != set(mine):
+        missing, extra = sorted(set(theirs) - set(mine)), sorted(set(mine) - set(theirs))
+        return (
+            f"its tensors differ (only the lens's model has {missing[:3]}, only this {extra[:3]})"
+        )
+    for name, entry in theirs.items():
+        reason = _tensor_mismatch(name, entry, mine[name], tol)
+        if reason is not None:
+            return reason
     return None
+
+
+def _tensor_mismatch(name: str, saved: Any, current: Any, tol: float) -> str | None:
+    """How one tensor's fingerprint ``current`` differs from the ``saved`` one (None: equal to
+    ``tol``, or either has no values here)."""
+    if saved is None or current is None:
+        return None
+    try:
+        want = torch.tensor(saved["values"], dtype=torch.float64)
+        shape = [int(n) for n in saved["shape"]]
+    except (TypeError, ValueError, RuntimeError, KeyError):
+        return f"its {name} fingerprint is unreadable"
+    got = torch.tensor(current["values"], dtype=torch.float64)
+    if shape != current["shape"]:
+        return f"the shape of {name} is {shape}, this model's {current['shape']}"
+    if want.shape != got.shape or not within_tolerance(got, want, tol):
+        return f"the weights differ in {'the ' if name in _NAMED else ''}{name}"
+    return None
+
+
+_NAMED = ("embedding", "unembedding")
 
 
 def check_translators_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
@@ -172,7 +227,8 @@ def check_lens_shape(mine: tuple[int, int, int | None], model: Model) -> None:
 def check_identity(saved: Any, current: dict[str, Any], where: str) -> None:
     """Raise :class:`InputError` naming both models unless the lens ``where``, which records
     the model identity ``saved``, was fit on the model of identity ``current``. A lens that
-    records none (saved before lenses did) is refused too, with the way to record it."""
+    records none (saved before lenses did), or a fingerprint of only some tensors (before
+    version 3), is refused too, with the way to record it."""
     refit = (
         "fit a lens on this model (probekit diagnose --tuned-lens, or TunedLens.fit(model, "
         "data)) or pass the model the lens was fit on"
@@ -183,6 +239,15 @@ def check_identity(saved: Any, current: dict[str, Any], where: str) -> None:
             f"saved before lenses did), so it cannot be checked against this model, "
             f"{describe_identity(current)}",
             fix=f"{refit}; if it was fit on this very model, record that: lens = "
+            "TunedLens.load(path); lens.identify(model); lens.save(path)",
+        )
+    if saved.get("fingerprint_of") != FINGERPRINT_OF:
+        raise InputError(
+            f"the tuned lens {where} records a fingerprint of only some of its model's weights "
+            "(the embedding, the unembedding, the first and last block: a lens saved before "
+            f"lens format {VERSION}), so a model differing in a middle block or a norm would "
+            f"pass as the same; this model is {describe_identity(current)}",
+            fix=f"{refit}; if it was fit on this very model, record it again: lens = "
             "TunedLens.load(path); lens.identify(model); lens.save(path)",
         )
     reason = identity_mismatch(saved, current)

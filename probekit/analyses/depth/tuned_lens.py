@@ -229,9 +229,9 @@ class TunedLens(nn.Module):
     def identify(self, model: Model) -> TunedLens:
         """Record ``model`` as the model this lens belongs to (:func:`model_identity`; done by
         :meth:`zeros` and :meth:`fit`). Call it only on a lens you know was fit on ``model``:
-        a lens saved before lenses recorded their model (version 1) is refused by
-        :meth:`check_model` until then (``lens = TunedLens.load(path); lens.identify(model);
-        lens.save(path)``)."""
+        a lens saved before lenses recorded their model (version 1), or before they
+        fingerprinted every tensor (version 2), is refused by :meth:`check_model` until
+        then (``lens = TunedLens.load(path); lens.identify(model); lens.save(path)``)."""
         model = load(model)
         self.check_shape(model)
         self.fit_info["model_identity"] = model_identity(model)
@@ -251,8 +251,9 @@ class TunedLens(nn.Module):
     def check_model(self, model: Model, where: str = "") -> None:
         """Refuse to read ``model`` through this lens unless it is the model the lens was fit
         on: :class:`InputError` for another shape (:meth:`check_shape`), another architecture
-        or other weights (:func:`identity_mismatch`), and for a lens that records no model (a
-        version-1 lens: refused rather than trusted, see :meth:`identify`);
+        or other weights in any tensor (:func:`identity_mismatch`), and for a lens that records
+        no model (version 1) or a fingerprint of only some tensors (version 2): refused rather
+        than trusted, see :meth:`identify`;
         :class:`NumericalError` for a NaN or infinite translator; :class:`CheckpointError` for
         ``fit_sequences`` that are not int64 hashes. ``where`` names the lens's folder."""
         self.check_shape(model)
