@@ -71,6 +71,8 @@ def compare(
         raise InputError(
             f"{len(checkpoints)} checkpoint(s) to compare", fix="pass two or more checkpoints"
         )
+    if data_label:
+        options.setdefault("data_source", data_label)
     table = diagnose_many(
         checkpoints,
         data,

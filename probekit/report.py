@@ -102,6 +102,7 @@ def diagnose(
     lens_steps: int | None = None,
     variants_per_pass: int | None = 1,
     autocast: str | None = None,
+    data_source: str | None = None,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -115,6 +116,9 @@ def diagnose(
     ``contributions`` and ``skip_effects``, the clean traces); ``variants_per_pass`` (None: from
     free accelerator memory) stacks that many hook-free variants into one forward and
     ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
+    ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
+    in the meta): the "at chance" warning says random tokens are unpredictable to any model
+    only when they are random tokens.
     """
     model = load(model)
     if lens is not None or lens_data is not None:
@@ -130,10 +134,12 @@ def diagnose(
         model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens, shared
     )
     results, not_defined = _run(steps, progress)
-    headline, verdict = headline_and_verdict(model, results)
+    headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
     )
+    if data_source is not None:
+        meta = {"data_source": data_source, **meta}
     return Diagnosis(repr(model), results, verdict, headline, meta, not_defined)
 
 
@@ -180,13 +186,14 @@ def diagnose_checkpoint(
     if tuned_lens and options.get("lens") is None:  # a lens is fitted on other data than it reads
         options["lens_data"], _ = default_data(path, **source, purpose="fit")
     chosen = data_positions if positions == "auto" else positions
-    diagnosis = diagnose(model, data, positions=chosen, **options)
+    source_words = data_source(path, data, seed=seed)
+    diagnosis = diagnose(model, data, positions=chosen, data_source=source_words, **options)
     folder = os.path.abspath(path)
     diagnosis.meta = {
         "checkpoint": f"{label} (snapshot {folder})" if label else folder,
-        "data_source": data_source(path, data, seed=seed),
+        "data_source": source_words,
         "dtype": dtype,
-        **diagnosis.meta,
+        **{k: v for k, v in diagnosis.meta.items() if k != "data_source"},
     }
     title = f"probekit depth diagnosis: {label or path}"
     page, _ = save_report(diagnosis, out_dir, title=title, images=images)

@@ -524,6 +524,21 @@ def _texts(
     return sources.stdlib_texts(split), what, 0
 
 
+RANDOM_TOKENS_WORDS = "tokens drawn uniformly from the vocabulary"
+"""How :func:`data_source` names tokens drawn at random (``--random-tokens``, or a model with
+no tokenizer): the only data on which being "at chance" says nothing about the model."""
+
+
+def is_random_tokens(source: str | None) -> bool:
+    """Whether the data source ``source`` (:func:`data_source`'s words) is random tokens.
+
+    Example:
+        >>> is_random_tokens(data_source("gpt2", None)), is_random_tokens("a text file")
+        (True, False)
+    """
+    return isinstance(source, str) and source.startswith(RANDOM_TOKENS_WORDS)
+
+
 def data_source(model: str | os.PathLike, data: Any, *, seed: int = 0) -> str:
     """In words, where the ``data`` :func:`default_data` chose for the checkpoint path
     ``model`` came from (``seed`` as passed to it): data that say what they are (text, a
@@ -542,7 +557,7 @@ def data_source(model: str | os.PathLike, data: Any, *, seed: int = 0) -> str:
 
     if load_run(checkpoint_of(model)) is not None:
         return "the validation split of the run's byte corpus"
-    return f"tokens drawn uniformly from the vocabulary (seed {seed})"
+    return f"{RANDOM_TOKENS_WORDS} (seed {seed})"
 
 
 def _answer_labelled(data: Any) -> dict[str, Any]:
@@ -623,6 +638,8 @@ __all__ = [
     "data_source",
     "default_data",
     "ignored_files",
+    "RANDOM_TOKENS_WORDS",
+    "is_random_tokens",
     "random_tokens",
     "steps_of",
     "text_tokens",

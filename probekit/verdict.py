@@ -19,14 +19,18 @@ from typing import Any
 from probekit.figures import swap_cost
 from probekit.model import Model
 from probekit.result import Result, layer_ranges
+from probekit.sources import is_random_tokens
 
 SKIPPABLE_FRACTION = 0.01
 """A layer is called skippable when removing it raises the loss by less than this fraction of
 the clean loss."""
 
 
-def headline_and_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, list[str]]:
-    """The headline numbers and the verdict lines of a diagnosis."""
+def headline_and_verdict(
+    model: Model, results: dict[str, Result], data_source: str | None = None
+) -> tuple[dict, list[str]]:
+    """The headline numbers and the verdict lines of a diagnosis; ``data_source`` names the
+    data in words (:func:`probekit.sources.data_source`; None: not known)."""
     if model.output_kind != "logits":
         return _hidden_verdict(model, results)
     contrib, swaps, lens = results["contributions"], results["layer_swaps"], results["logit_lens"]
@@ -55,7 +59,7 @@ def headline_and_verdict(model: Model, results: dict[str, Result]) -> tuple[dict
     }
     first_late = (n + 1) // 2
     late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
-    verdict = _chance_warning(clean_loss, model.d_vocab) + [
+    verdict = _chance_warning(clean_loss, model.d_vocab, is_random_tokens(data_source)) + [
         f"The second half of the network ({late}) accounts for "
         f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share"
         + (
@@ -132,16 +136,18 @@ def _lens_line(lens: Result, n: int) -> str:
     )
 
 
-def _chance_warning(clean_loss: float, d_vocab: int) -> list[str]:
-    """A warning line when the clean loss is near ln(vocab), the loss of a uniform guess."""
+def _chance_warning(clean_loss: float, d_vocab: int, random_tokens: bool = False) -> list[str]:
+    """A warning line when the clean loss is near ln(vocab), the loss of a uniform guess; on
+    ``random_tokens`` it says that no model can do better there."""
     chance = math.log(d_vocab)
     if not clean_loss >= 0.9 * chance:
         return []
+    why = " (random tokens are unpredictable to any model)" if random_tokens else ""
     return [
         f"Warning: the clean loss {clean_loss:.3f} is close to ln(vocabulary) = {chance:.3f}, "
-        "the loss of a uniform guess: the model looks untrained or at chance on this data "
-        "(random tokens are unpredictable to any model), so the depth measures below describe "
-        "an untrained network, not learned computation."
+        f"the loss of a uniform guess: the model looks untrained or at chance on this "
+        f"data{why}, so the depth measures below describe an untrained network, not learned "
+        "computation."
     ]
 
 

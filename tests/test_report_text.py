@@ -6,10 +6,12 @@ import json
 
 import pytest
 
+import probekit
 from probekit.report import diagnose, write_report
 from probekit.report_text import conclusion
+from probekit.sources import data_source
 from probekit.toy import toy_model, toy_tokens
-from probekit.verdict import blocks_line
+from probekit.verdict import blocks_line, headline_and_verdict
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +63,46 @@ def test_the_depth_score_is_named_a_position_in_report_table_and_figure(untraine
     assert "depth score: where skipping a layer changes the output" in page
     title = skips.figure().layout.title.text
     assert "later-layer depth score 0.00" in title and "output depth score" in title
+
+
+RANDOM_WHY = "random tokens are unpredictable to any model"
+
+
+@pytest.mark.parametrize(
+    "source, random",
+    [
+        (data_source("gpt2", None, seed=3), True),
+        (None, False),  # not known (the API with plain tokens)
+        ("the Python standard library's sources (validation files; real text)", False),
+        ("text file /tmp/notes.txt", False),
+        ("data set corpus.jsonl (split train, column text)", False),
+    ],
+)
+def test_the_at_chance_warning_blames_random_tokens_only_for_random_tokens(
+    untrained, source, random
+):
+    # issue 31: the warning said "(random tokens are unpredictable ...)" on real text too
+    model = probekit.load(toy_model("gpt2", n_layers=2))
+    _, verdict = headline_and_verdict(model, untrained.results, source)
+    assert verdict[0].startswith("Warning: the clean loss")
+    assert (RANDOM_WHY in verdict[0]) is random
+
+
+def test_diagnose_records_the_data_source_and_words_the_warning_by_it():
+    source = data_source("gpt2", None)
+    diagnosis = diagnose(
+        toy_model("gpt2", n_layers=2), toy_tokens(4, 8), n_bootstrap=0, data_source=source
+    )
+    assert diagnosis.meta["data_source"] == source and RANDOM_WHY in diagnosis.verdict[0]
+
+
+def test_the_layer_swap_table_names_the_loss_change_it_is_measured_by(untrained, tmp_path):
+    # issue 31: the table said "change of the output probabilities (L2)" under a heading,
+    # tolerance and colour bar in nats of loss
+    swaps = untrained.results["layer_swaps"]
+    assert swaps.summary["measure"] == "loss_delta"
+    assert swaps.figure().data[0].colorbar.title.text.startswith("Δ loss")
+    page = write_report(untrained, tmp_path).read_text()
+    section = page.split("Layer swaps and permutable blocks</h2>")[1].split("<h2>")[0]
+    assert "change of the loss (nats)" in section
+    assert "change of the output probabilities (L2)" not in section

@@ -43,7 +43,13 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
-from probekit.analyses._common import loss_mask, output_note, result_meta, sequence_mask
+from probekit.analyses._common import (
+    cost_measure,
+    loss_mask,
+    output_note,
+    result_meta,
+    sequence_mask,
+)
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
@@ -421,7 +427,9 @@ def layer_swaps(
     df = pd.DataFrame(rows)
     df["in_estimate"] = df["in_estimate"].fillna(False).astype(bool)
     summary = _swap_summary(swaps, point, found, boundary_counts, n_bootstrap, pairs, tolerance)
-    summary.update(output_note(model))
+    # the cost the swaps are judged by (the loss change in nats with a vocabulary), as in the
+    # heading, the tolerance and the colour bar; not the headline measure of the other analyses
+    summary.update(output_note(model), measure=cost_measure(model))
     if model.output_kind != "logits":
         summary["clean_loss"] = float("nan")  # no loss without a vocabulary
     meta = result_meta(
