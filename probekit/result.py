@@ -237,6 +237,7 @@ def _checked_payload(payload: Any) -> dict[str, Any]:
             raise ValueError(f"its {key!r} is a {type(payload[key]).__name__}, not an object")
     for key in ("summary", "meta"):
         _check_counts(payload[key], key)
+    _check_numbers(payload["summary"])
     table = payload["df"]
     if "schema" in table:  # the older pandas table JSON, read by pandas
         return payload
@@ -276,6 +277,40 @@ def _check_counts(entries: dict[str, Any], where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
             raise ValueError(
                 f"its {where} entry {key!r} is {value!r:.40}, not a count in [0, {limit}]"
+            )
+
+
+NUMBER_KEYS = frozenset(
+    {
+        "clean_loss", "chance_loss", "loss", "perplexity", "second_half_share", "depth_score",
+        "max_downstream_effect", "tolerance", "max_adjacent_swap_delta",
+        "mean_adjacent_swap_delta", "min_boundary_confidence", "kl_threshold",
+        "mean_kl_second_half", "k", "threshold", "min_selectivity", "mean_score",
+        "neighbour_ratio", "order_corr", "second_half_over_first_half", "most_important_layer",
+        "least_important_layer", "formed_at_depth", "top1_formed_at_depth", "top1_agreement",
+        "seen_test_accuracy", "emb_cov_top_share", "kl_final_first", "skippable_threshold",
+    }
+)  # fmt: skip
+"""Summary entries probekit writes as numbers (or null for NaN), besides those named by
+:data:`NUMBER_PREFIXES` and :data:`NUMBER_SUFFIXES` and the counts (``n_*``)."""
+NUMBER_PREFIXES = ("second_half_share_", "depth_score_", "cos_")
+NUMBER_SUFFIXES = ("_first_half", "_second_half")
+
+
+def _check_numbers(summary: dict[str, Any]) -> None:
+    """The summary entries probekit writes as numbers (:data:`NUMBER_KEYS`) are numbers or
+    null: a hand-edited ``"clean_loss": "abc"`` would otherwise load silently and fail, or
+    print, later (issue 31)."""
+    for key, value in summary.items():
+        numeric = (
+            key in NUMBER_KEYS or key.startswith(NUMBER_PREFIXES) or key.endswith(NUMBER_SUFFIXES)
+        )
+        if not numeric or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(
+                f"its summary entry {key!r} is a JSON {type(value).__name__} ({value!r:.40}), "
+                "not a number"
             )
 
 

@@ -267,15 +267,23 @@ def _is_count(value: Any) -> bool:
 
 
 def read_lens_config(path: Path) -> dict[str, Any]:
-    """The checked config.json of the lens folder ``path``: a regular file of the format, with
-    whole-number ``n_layers`` and ``d_model`` (and ``d_vocab`` or null) and an object
-    ``fit_info``; anything else is one :class:`CheckpointError`."""
+    """The checked config.json of the lens folder ``path``: a regular file of the format, of a
+    ``version`` this probekit reads (1 to :data:`VERSION`; a newer or unknown one is refused,
+    not guessed at), with whole-number ``n_layers`` and ``d_model`` (and ``d_vocab`` or null)
+    and an object ``fit_info``; anything else is one :class:`CheckpointError`."""
     if not path.is_dir():
         raise CheckpointError(f"cannot read a tuned lens from {path} (not a folder)", fix=_READ_FIX)
     config = read_json(path / CONFIG_FILE, CONFIG_BYTES, "a tuned lens's config", fix=_READ_FIX)
     problem = None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         problem = f"{CONFIG_FILE} is not a {FORMAT} config"
+    elif not _is_count(version := config.get("version")) or version > VERSION:
+        raise CheckpointError(
+            f"cannot read a tuned lens from {path} (its format version is {version!r:.40}; "
+            f"this probekit reads versions 1 to {VERSION})",
+            fix="read it with the probekit version that saved it, or fit the lens again "
+            "with this one (probekit diagnose --tuned-lens, or TunedLens.fit)",
+        )
     elif not all(_is_count(config.get(k)) for k in ("n_layers", "d_model")):
         problem = f"n_layers {config.get('n_layers')!r} or d_model {config.get('d_model')!r}"
         problem += " is not a whole number >= 1"
