@@ -31,6 +31,7 @@ import os
 import re
 import socket
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,11 +261,13 @@ def loopback_join(address: str | None) -> Iterator[None]:
             fix=f"run with {LOOPBACK_ENV}=0 to keep Ray on loopback, or start the head on this "
             "machine's address (`ray start --head`) and pass the address it prints",
         )
-    from probekit.training.executor import log
+    from tqdm.auto import tqdm
 
-    log(
-        f"Ray address {address}: the head's nodes are on loopback, so probekit keeps Ray there "
-        f"({LOOPBACK_ENV}=0 does the same); Ray would otherwise join {rewritten}"
+    tqdm.write(
+        f"[{time.strftime('%H:%M:%S')}] Ray address {address}: the head's nodes are on "
+        "loopback, so probekit keeps Ray there "
+        f"({LOOPBACK_ENV}=0 does the same); Ray would otherwise join {rewritten}",
+        file=sys.stderr,
     )
     before = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
