@@ -184,7 +184,8 @@ def checkpoints_to_compare(
     or Hub names (resolved, :mod:`probekit.model.hub`); one Hub name with ``revisions``; with
     ``run``, one folder that holds checkpoints below it stands for them, ordered by step. Names
     are ``names`` or the folders' (the run's for a folder named ``checkpoint``, ``name@rev``
-    for a Hub revision), made unique."""
+    for a Hub revision, a ``/`` of the revision written ``-``: ``name@refs-pr-1``), made
+    unique."""
     items = _expanded(list(items), revisions, run)
     if len(items) < 2:
         raise InputError(f"{len(items)} checkpoint(s) to compare", fix="pass two or more")
@@ -209,7 +210,7 @@ def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> l
                 "--revisions takes exactly one Hub name without @revision",
                 fix="pass e.g. EleutherAI/pythia-70m --revisions step1000,step2000",
             )
-        return [f"{items[0]}@{rev.strip()}" for rev in revisions if rev.strip()]
+        return [f"{items[0]}@{rev.strip()}" for rev in revisions]  # each checked as a name
     if run and len(items) == 1 and os.path.isdir(items[0]):
         if not any((Path(items[0]) / m).exists() for m in CHECKPOINT_MARKERS):
             found = [os.fspath(p) for p in checkpoints_below(items[0], limit=10_000)]
@@ -233,7 +234,7 @@ def _names(items: Sequence[str], given: Sequence[str] | None) -> list[str]:
         parsed = None if os.path.lexists(item) else hub_name(item)
         if parsed is not None:
             repo, rev = parsed
-            name = repo.split("/")[-1] + (f"@{rev}" if rev else "")
+            name = repo.split("/")[-1] + (f"@{rev.replace('/', '-')}" if rev else "")
         else:
             name = path.parent.name if path.name == "checkpoint" else path.name
         names.append(name.strip(".") or "checkpoint")

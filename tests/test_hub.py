@@ -13,8 +13,10 @@ import torch
 from huggingface_hub import constants
 
 import probekit
+from probekit.cli import main
 from probekit.errors import CheckpointError
-from probekit.model.hub import fetch_command, resolve
+from probekit.model.hub import check_revision, fetch_command, hub_name, resolve
+from probekit.sources import checkpoints_to_compare
 from probekit.toy import toy_hf_model
 
 MAIN = "a" * 40
@@ -41,6 +43,8 @@ def hub_cache(tmp_path, monkeypatch):
         "main": _snapshot(cache, "org/tiny", MAIN, ["main"], seed=0),
         "v1": _snapshot(cache, "org/tiny", V1, ["v1"], seed=1),
     }
+    (cache / "models--org--tiny" / "refs" / "refs" / "pr").mkdir(parents=True)
+    (cache / "models--org--tiny" / "refs" / "refs" / "pr" / "1").write_text(V1)  # a Hub PR
     _snapshot(cache, "org/pickled", MAIN, ["main"], seed=2, pickled=True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -113,3 +117,69 @@ def test_diagnose_takes_a_hub_name_with_a_revision(hub_cache, tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.count("\n") == 1 and "hf download org/missing" in missing.stderr
     assert not (tmp_path / "r2").exists()
+
+
+BAD_NAMES = ["fuzz/ti--ny", "fuzz/tiny.", "fuzz/tiny-", "fuzz/tïny", "fuzz/tiny.git", "a..b"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_names_the_hub_refuses_are_refused_before_any_lookup(hub_cache, name):
+    with pytest.raises(CheckpointError, match="not a valid Hugging Face Hub name"):
+        hub_name(name)
+    with pytest.raises(CheckpointError, match="not a valid Hugging Face Hub name"):
+        probekit.load(name)
+
+
+def test_a_name_with_white_space_around_it_is_refused_not_stripped(hub_cache):
+    for name in ("org/tiny\n", " org/tiny", "org/tiny\t"):
+        with pytest.raises(CheckpointError, match="white space around it"):
+            probekit.load(name)
+    assert hub_name("a b") is None and hub_name("./x") is None and hub_name("x/y/z") is None
+
+
+def test_the_cli_refuses_a_bad_hub_name_in_one_line(hub_cache, tmp_path):
+    cache, _ = hub_cache
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    for name in ("fuzz/ti--ny", "org/tiny\n"):
+        done = _cli("diagnose", name, "--out", str(tmp_path / "o"), env=env)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1 and "Fix:" in done.stderr
+        assert not (tmp_path / "o").exists()
+
+
+BAD_REVISIONS = ["../../../x", "refs/../../x", 123, "", " main", "main\n", "/main", "main/", "a b"]
+
+
+@pytest.mark.parametrize("revision", BAD_REVISIONS)
+def test_a_bad_revision_is_refused_before_the_cache_is_read(hub_cache, revision):
+    with pytest.raises(CheckpointError, match="not a Hub revision|must be a string") as info:
+        probekit.load("org/tiny", revision=revision)
+    assert "Fix:" in str(info.value)
+    if isinstance(revision, str) and "\n" not in revision and " " not in revision:
+        with pytest.raises(CheckpointError, match="is not a Hub revision"):
+            probekit.load(f"org/tiny@{revision}")
+
+
+def test_a_pull_request_revision_loads_and_names_a_timeline_folder(hub_cache, tmp_path, capsys):
+    cache, models = hub_cache
+    assert check_revision("refs/pr/1") == "refs/pr/1"
+    assert _same_weights(probekit.load("org/tiny", revision="refs/pr/1"), models["v1"])
+    assert _same_weights(probekit.load("org/tiny@refs/pr/1"), models["v1"])
+    found = checkpoints_to_compare(["org/tiny"], revisions=["main", "refs/pr/1"], run=True)
+    assert list(found) == ["tiny@main", "tiny@refs-pr-1"]
+    out = tmp_path / "timeline"
+    argv = ["timeline", "org/tiny", "--revisions", "main,refs/pr/1", "--out", str(out)]
+    fast = [
+        "--quiet",
+        "--random-tokens",
+        "--bootstrap",
+        "0",
+        "--n-sequences",
+        "2",
+        "--seq-len",
+        "4",
+    ]
+    assert main([*argv, *fast]) == 0, capsys.readouterr().err
+    assert (out / "tiny@refs-pr-1" / "summary.json").is_file()
+    with pytest.raises(CheckpointError, match="revision '' of org/tiny@"):
+        checkpoints_to_compare(["org/tiny"], revisions=["main", "", "v1"], run=True)

@@ -13,6 +13,10 @@ Example:
     ('EleutherAI/pythia-70m', 'step1000')
     >>> hub_name("gpt2"), hub_name("./runs/model"), hub_name("a b")
     (('gpt2', None), None, None)
+    >>> hub_name("org/ti--ny")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    probekit.errors.CheckpointError: 'org/ti--ny' is not a folder here, and not a valid ... Fix: ...
 """
 
 from __future__ import annotations
@@ -31,17 +35,90 @@ sentence-transformers model), safetensors weights and their index, tokenizer fil
 PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.ckpt", "tf_model.h5", "flax_model")
 """Names of weight files that probekit never reads (pickles and other frameworks)."""
 
-_NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}(?:/[\w.-]{1,96})?)(?:@(?P<rev>[^\s@]+))?$")
+_NAME = re.compile(
+    r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}(?:/[\w.-]{1,96})?)(?:@(?P<rev>.*))?", re.DOTALL
+)
+"""How a Hub name is written (matched whole): ``name`` or ``org/name``, then ``@revision``.
+Whether the name is one the Hub allows is then decided by ``huggingface_hub``'s own rules."""
+
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|//|@\{")
+"""What git's ref-name rules forbid anywhere in a revision (``git check-ref-format``)."""
 
 
 def hub_name(text: str | os.PathLike) -> tuple[str, str | None] | None:
     """``(repo_id, revision)`` when ``text`` is written as a Hub name (``name``, ``org/name``,
-    either with ``@revision``), else ``None`` (a path such as ``./x`` or ``/x/y/z``)."""
+    either with ``@revision``), else ``None`` (a path such as ``./x`` or ``/x/y/z``).
+
+    Call it for a text that is not a path on disk. A text written as a Hub name that the Hub's
+    rules refuse (``org/a--b``, a trailing ``.`` or ``-``, a non-ASCII name, a bad revision,
+    white space around the name) raises :class:`~probekit.errors.CheckpointError` instead of
+    being taken for another name."""
     text = os.fspath(text)
-    match = _NAME.match(text)
-    if match is None or ".." in text or text.startswith("."):
+    match = _NAME.fullmatch(text)
+    if match is None:
+        if text != text.strip() and _NAME.fullmatch(text.strip()):
+            raise CheckpointError(
+                f"{text!r} is not a folder here, and a Hub name with white space around it",
+                fix="pass the name without the spaces or line breaks around it",
+            )
         return None
+    _check_repo_id(text, match["repo"])
+    if match["rev"] is not None:
+        check_revision(match["rev"], text)
     return match["repo"], match["rev"]
+
+
+def _check_repo_id(text: str, repo_id: str) -> None:
+    """Refuse a name the Hub's own rules refuse (``huggingface_hub.utils.validate_repo_id``)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+        repo_id.encode("ascii")
+    except (HFValidationError, UnicodeEncodeError) as err:
+        reason = "letters beyond ASCII" if isinstance(err, UnicodeEncodeError) else err
+        raise CheckpointError(
+            f"{text!r} is not a folder here, and not a valid Hugging Face Hub name ({reason})",
+            fix="pass an existing model folder, or a Hub name as the Hub spells it (letters, "
+            "digits, '-', '_', '.'; no '--' or '..'; not starting or ending with '-' or '.')",
+        ) from None
+
+
+def check_revision(revision: object, name: str | None = None) -> str:
+    """``revision`` when it is a Hub revision (a branch, tag, commit or ``refs/pr/N``) that
+    git's ref-name rules allow, else :class:`~probekit.errors.CheckpointError`: not a string,
+    empty, white space or control characters, ``..``, a leading or trailing ``/``, ``//``,
+    ``~^:?*[\\``, ``@{``, a part starting with ``.`` or ending with ``.lock``, a trailing ``.``.
+
+    Example:
+        >>> check_revision("refs/pr/1")
+        'refs/pr/1'
+        >>> check_revision("../../x")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        probekit.errors.CheckpointError: revision '../../x' is not a Hub revision ... Fix: ...
+    """
+    of = f" of {name}" if name else ""
+    fix = "pass a branch, tag or commit such as main, v1.0, refs/pr/1 or a 40-digit commit hash"
+    if not isinstance(revision, str):
+        raise CheckpointError(
+            f"revision{of} must be a string, not {type(revision).__name__} ({revision!r})", fix=fix
+        )
+    parts = revision.split("/")
+    if (
+        not revision
+        or revision == "@"
+        or _REF_FORBIDDEN.search(revision)
+        or revision.startswith("/")
+        or revision.endswith(("/", "."))
+        or any(p.startswith(".") or p.endswith(".lock") for p in parts)
+    ):
+        raise CheckpointError(
+            f"revision {revision!r}{of} is not a Hub revision (a git ref name has no '..', "
+            "no leading or trailing '/', no white space)",
+            fix=fix,
+        )
+    return revision
 
 
 def fetch_command(repo_id: str, revision: str | None) -> str:
@@ -74,6 +151,8 @@ def _repo_and_revision(name: str, revision: str | None) -> tuple[str, str | None
             fix="pass a model folder, or a Hub name such as gpt2 or EleutherAI/pythia-70m@main",
         )
     repo_id, named = parsed
+    if revision is not None:
+        check_revision(revision, name)
     if revision is not None and named is not None and revision != named:
         raise CheckpointError(
             f"{name!r} names revision {named!r} but revision={revision!r} was given",

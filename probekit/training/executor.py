@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.errors import ConfigError
+from probekit.training.ray_address import check_ray_address, loopback_join
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = 'pip install -e ".[ray]"'
@@ -83,58 +84,16 @@ def import_ray() -> Any:
     return ray
 
 
-PROBE_SECONDS = 3.0
-"""How long :func:`check_ray_address` waits for a Ray head to accept a connection."""
-
 PENDING_SECONDS = 20.0
 """How long Ray tasks may sit unstarted before probekit says what the cluster lacks."""
-
-_FIX_ADDRESS = (
-    "start the head with `ray start --head --port=6379` and pass the address it prints (e.g. "
-    "--ray-address 10.0.0.1:6379), or leave --ray-address out (and RAY_ADDRESS unset) to start "
-    "a local Ray"
-)
-
-
-def check_ray_address(address: str | None) -> None:
-    """Refuse, in seconds, a Ray address nothing answers at: ``address`` (or, without one, the
-    ``RAY_ADDRESS`` that ``ray.init`` would join) must be ``host:port`` with a port in 1..65535
-    whose host resolves and accepts a TCP connection within :data:`PROBE_SECONDS`. Ray itself
-    retries an unreachable address for minutes. ``"auto"``, ``"local"`` and ``ray://``
-    client addresses are left to Ray.
-
-    Example:
-        >>> check_ray_address("127.0.0.1:99999")
-        Traceback (most recent call last):
-        ...
-        probekit.errors.ConfigError: Ray address '127.0.0.1:99999': 99999 is not a port \
-(1..65535). Fix: start the head with `ray start --head --port=6379` and pass the address it \
-prints (e.g. --ray-address 10.0.0.1:6379), or leave --ray-address out (and RAY_ADDRESS unset) \
-to start a local Ray.
-    """
-    import socket
-
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address is None or address in ("auto", "local") or address.startswith("ray://"):
-        return
-    host, _, port_text = address.rpartition(":")
-    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        what = f"{port_text or 'no port'} is not a port (1..65535)" if host else "no host:port"
-        raise ConfigError(f"Ray address {address!r}: {what}", fix=_FIX_ADDRESS)
-    try:
-        with socket.create_connection((host.strip("[]"), int(port_text)), PROBE_SECONDS):
-            return
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise ConfigError(
-            f"nothing answers at the Ray address {address!r} ({reason})", fix=_FIX_ADDRESS
-        ) from err
 
 
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[Any]:
     """Ray, connected: an already initialised Ray is used as it is (and left running);
-    otherwise connect to ``address`` (a running cluster) or, with none, start a local Ray
+    otherwise connect to ``address`` (a running cluster: checked first with
+    :func:`~probekit.training.ray_address.check_ray_address`, joined on loopback where its head
+    is, :func:`~probekit.training.ray_address.loopback_join`) or, with none, start a local Ray
     sized to this machine, and shut it down at the end."""
     ray = import_ray()
     if ray.is_initialized():
@@ -143,7 +102,8 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     check_ray_address(address)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     try:
-        ray.init(address=address, **kwargs)
+        with loopback_join(address):
+            ray.init(address=address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as err:
         raise ConfigError(
             f"cannot connect to the Ray cluster at {address!r} ({err})",
@@ -289,6 +249,7 @@ __all__ = [
     "RAY_INSTALL",
     "Failed",
     "check_executor",
+    "check_ray_address",
     "import_ray",
     "log",
     "ray_session",
