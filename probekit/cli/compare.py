@@ -43,12 +43,16 @@ def _check(args: argparse.Namespace) -> dict[str, str]:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    """``probekit compare`` / ``probekit timeline``: check, diagnose each, write the page."""
+    """``probekit compare`` / ``probekit timeline``: check, diagnose each, write the page.
+
+    Exits 1 when a checkpoint's diagnosis failed (after the others are written, the failure
+    listed on the page and in diagnoses.csv), printing one error line per failed checkpoint,
+    also with ``--quiet``."""
     checkpoints = _check(args)
     from probekit import compare, report
 
     out = report.check_out_dir(args.out, force=args.force, protect=tuple(checkpoints.values()))
-    page = compare.compare_checkpoints(
+    page, failed = compare.compare_checkpoints(
         checkpoints,
         out,
         timeline=args.command == "timeline",
@@ -63,9 +67,11 @@ def compare_command(args: argparse.Namespace) -> int:
         pairs=args.pairs,
         n_bootstrap=args.bootstrap,
     )
+    for name, error in failed.items():
+        print(f"probekit: error: checkpoint {name} failed: {error}", file=sys.stderr)
     if not args.quiet:
         print(f"comparison: {page}", file=sys.stdout)
-    return 0
+    return 1 if failed else 0
 
 
 def add_compare_parsers(subparsers: Any) -> None:
