@@ -101,7 +101,7 @@ def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch, datasets_cach
         list(dataset_texts(tmp_path / "saved"))
     with pytest.raises(InputError, match="no split 'test'"):
         list(dataset_texts(tmp_path / "saved", split="test", column="body"))
-    with pytest.raises(InputError, match="cannot load the data set org/absent"):
+    with pytest.raises(InputError, match="org/absent is neither in the local datasets cache"):
         list(dataset_texts("org/absent"))
 
 
@@ -198,3 +198,39 @@ def test_a_non_utf8_txt_data_set_warns_as_text_does(checkpoint, tmp_path, capsys
         assert main([*argv, "--out", str(tmp_path / out), flag, str(tmp_path / "latin1.txt")]) == 0
         err = capsys.readouterr().err
         assert "probekit: warning:" in err and "latin1.txt is not valid UTF-8" in err, (flag, err)
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (a connection to it is refused at once)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_a_data_set_name_not_cached_fails_as_fast_as_a_model_name(
+    hub, tmp_path, monkeypatch, datasets_cache
+):
+    """Nothing cached: offline (HF_HUB_OFFLINE=1) or with the Hub unreachable (here a local
+    port that refuses), one error in a moment; datasets retried the Hub for 26-34 s."""
+    import time
+
+    import datasets
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    offline = hub == "offline"
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    endpoint = f"http://127.0.0.1:{_closed_port()}"  # never the real Hub
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    why = "HF_HUB_OFFLINE=1 forbids" if offline else "the Hugging Face Hub is unreachable"
+    start = time.monotonic()
+    with pytest.raises(InputError, match=f"wikitext is neither in the local datasets cache.*{why}"):
+        next(dataset_texts("wikitext", config="wikitext-2-raw-v1"))
+    assert time.monotonic() - start < 10
+    _hub_dataset(tmp_path / "hub")  # what is cached still loads, as fast
+    assert list(dataset_texts("org/texts", split="validation")) == ROWS
+    assert time.monotonic() - start < 20

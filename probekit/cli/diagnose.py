@@ -57,8 +57,8 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path]:
     the checkpoint folder and the output folder."""
     check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
     check_flags(args)
+    warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
     path, lines = checkpoint_to_diagnose(args.model, text=args.text)
-    warning = check_dataset(dataset_choice(args))  # name, split, column: before the load
     lines += [f"warning: {warning}"] if warning else []
     from probekit import report  # the analyses, plotly and torch
 

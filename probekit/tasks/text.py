@@ -206,18 +206,86 @@ def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> 
 def _named_dataset(name: str, config: str | None, split: str) -> Any:
     """A data set by its Hub name: through ``datasets`` (its own cache when offline), else
     from the repository's files in the local Hugging Face cache (``datasets--org--name``, where
-    ``datasets`` and ``hf download --repo-type dataset`` keep them), read as a local folder."""
-    import datasets
-    from huggingface_hub import snapshot_download
+    ``datasets`` and ``hf download --repo-type dataset`` keep them), read as a local folder.
 
+    Offline (``HF_HUB_OFFLINE=1``), or when one request to the Hub (no retries) cannot reach
+    it, only the local caches are read, so a data set that is not cached fails in a moment
+    (``datasets`` itself retries an unreachable Hub for half a minute)."""
+    import datasets
+
+    if datasets.config.HF_HUB_OFFLINE:
+        return _cached_dataset(name, config, split, "HF_HUB_OFFLINE=1 forbids a download")
+    unreachable = _hub_unreachable(name)
+    if unreachable is not None:
+        return _cached_dataset(name, config, split, unreachable)
     try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as first:
         try:
-            folder = snapshot_download(name, repo_type="dataset", local_files_only=True)
+            return _from_hub_cache(name, config, split)
         except Exception:
             raise first from None  # it says more than "not in the cache either"
+
+
+def _hub_unreachable(name: str) -> str | None:
+    """Why the Hugging Face Hub cannot be reached for the data set ``name`` (one request, no
+    retries), or None when it answered (whatever it answered: ``datasets`` says the rest)."""
+    import datasets
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import httpx  # the HTTP client huggingface_hub uses
+
+    try:
+        HfApi(endpoint=datasets.config.HF_ENDPOINT).dataset_info(
+            name, timeout=constants.HF_HUB_ETAG_TIMEOUT
+        )
+    except (httpx.TransportError, ConnectionError, TimeoutError) as err:  # not connected
+        return f"the Hugging Face Hub is unreachable ({type(err).__name__}: {str(err)[:200]})"
+    except Exception:  # an answer (not found, gated, a bad name): datasets says the rest
+        return None
+    return None
+
+
+def _cached_dataset(name: str, config: str | None, split: str, why: str) -> Any:
+    """The data set ``name`` from the local caches only (``why``: why not from the Hub):
+    ``datasets``' own cache, else the repository's files in the Hugging Face cache."""
+    import datasets
+
+    offline = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True  # read by datasets at each call: no request, no retry
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as first:
+        try:
+            return _from_hub_cache(name, config, split)
+        except Exception:
+            if isinstance(first, ValueError | KeyError):  # cached, but no such config or split
+                raise first from None
+            raise _not_cached(name, why) from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
+
+
+def _from_hub_cache(name: str, config: str | None, split: str) -> Any:
+    """The data set ``name`` from its repository's files in the local Hugging Face cache."""
+    import datasets
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(name, repo_type="dataset", local_files_only=True)
     return datasets.load_dataset(folder, config, split=split)
+
+
+def _not_cached(name: str, why: str) -> InputError:
+    import datasets
+    from huggingface_hub import constants
+
+    return InputError(
+        f"the data set {name} is neither in the local datasets cache "
+        f"({datasets.config.HF_DATASETS_CACHE}) nor in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}), and {why}",
+        fix=f"fetch it once where the Hub is reachable (hf download {name} --repo-type "
+        f"dataset, or datasets.load_dataset({name!r}, ...)), or pass a save_to_disk folder "
+        "or a local .jsonl/.parquet file",
+    )
 
 
 def _split_of(splits: Any, split: str, name: Any) -> str:
