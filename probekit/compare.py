@@ -71,23 +71,38 @@ def compare(
         raise InputError(
             f"{len(checkpoints)} checkpoint(s) to compare", fix="pass two or more checkpoints"
         )
-    if data_label:
-        options.setdefault("data_source", data_label)
-    table = diagnose_many(
+    return _compared(
         checkpoints,
         data,
-        out_dir,
+        Path(out_dir),
+        timeline=timeline,
+        title=title,
+        data_label=data_label,
         executor=executor,
         ray_address=ray_address,
         progress=progress,
-        resume=False,
         **options,
-    )
-    out = Path(out_dir)
+    )[0]
+
+
+def _compared(
+    checkpoints: Mapping[str, str | os.PathLike],
+    data: Any,
+    out: Path,
+    *,
+    timeline: bool,
+    title: str,
+    data_label: str,
+    **options: Any,
+) -> tuple[Path, dict[str, str]]:
+    """:func:`compare`'s work: the page, and ``{name: error}`` of the checkpoints that failed."""
+    if data_label:
+        options.setdefault("data_source", data_label)
+    table = diagnose_many(checkpoints, data, out, resume=False, **options)
     results = {name: _read_results(out / name) for name in table.df["name"]}
     steps = steps_of(list(checkpoints)) if timeline else None
     page = comparison_page(table, results, title=title, steps=steps, data_label=data_label)
-    return atomic_write_text(out / "index.html", page)
+    return atomic_write_text(out / "index.html", page), dict(table.summary.get("failed", {}))
 
 
 def compare_checkpoints(
@@ -101,13 +116,15 @@ def compare_checkpoints(
     n_sequences: int = N_SEQUENCES,
     seq_len: int = SEQ_LEN,
     **options: Any,
-) -> Path:
-    """``probekit compare``/``timeline``'s work: the data :func:`~probekit.sources.
-    default_data` picks for the first checkpoint (``text``, ``dataset``, ``random_tokens``;
-    they must share its vocabulary), then :func:`compare` on it at its positions."""
+) -> tuple[Path, dict[str, str]]:
+    """``probekit compare``/``timeline``'s work: every checkpoint checked
+    (:func:`check_checkpoints`), the data :func:`~probekit.sources.default_data` picks for the
+    first checkpoint (``text``, ``dataset``, ``random_tokens``; they must share its
+    vocabulary), then :func:`compare` on it at its positions. Returns the page and
+    ``{name: error}`` of the checkpoints whose diagnosis failed (listed on the page too)."""
     from probekit.model import load
 
-    _check_vocabularies(checkpoints)
+    check_checkpoints(checkpoints)
     first = next(iter(checkpoints.values()))
     data, positions = default_data(
         first,
@@ -120,16 +137,28 @@ def compare_checkpoints(
     )
     title = "probekit timeline" if timeline else "probekit comparison"
     label = data_source(first, data)
-    return compare(
+    return _compared(
         checkpoints,
         data,
-        out_dir,
+        Path(out_dir),
         timeline=timeline,
         title=title,
         data_label=label,
         positions=positions,
         **options,
     )
+
+
+def check_checkpoints(checkpoints: Mapping[str, str | os.PathLike]) -> None:
+    """Refuse, before any work, a checkpoint that :func:`probekit.load` would refuse before
+    reading its weights (:func:`probekit.model.check_loadable`: a plain file, a missing or bad
+    config.json, missing or truncated weights, an unsupported architecture), and checkpoints of
+    different vocabularies."""
+    from probekit.model import check_loadable
+
+    for folder in checkpoints.values():
+        check_loadable(folder)
+    _check_vocabularies(checkpoints)
 
 
 def _check_vocabularies(checkpoints: Mapping[str, str]) -> None:
@@ -314,4 +343,10 @@ def _blocks(found: Mapping[str, Result]) -> str:
     return layer_ranges(swaps.summary["blocks"])
 
 
-__all__ = ["compare", "compare_checkpoints", "comparison_page", "headline_table"]
+__all__ = [
+    "check_checkpoints",
+    "compare",
+    "compare_checkpoints",
+    "comparison_page",
+    "headline_table",
+]

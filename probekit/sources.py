@@ -490,13 +490,18 @@ class DatasetChoice:
         return f"data set {self.name} ({', '.join([*parts, f'column {self.column}'])})"
 
 
-def check_dataset(dataset: DatasetChoice | None) -> None:
+def check_dataset(dataset: DatasetChoice | None) -> str | None:
     """Open the data set ``dataset`` names and read its first text, so a wrong name, split or
-    column is reported before a model loads (``None``: nothing to check)."""
+    column is reported before a model loads (``None``: nothing to check). A ``.txt`` file is
+    checked as ``--text`` is (:func:`check_text_file`); returns its warning for text that is
+    not UTF-8, else None."""
     if dataset is None:
-        return
+        return None
     from probekit.tasks.text import dataset_texts
 
+    warning = None
+    if Path(dataset.name).suffix == ".txt" and os.path.lexists(dataset.name):
+        warning = check_text_file(dataset.name)
     texts = dataset_texts(
         dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
     )
@@ -504,6 +509,7 @@ def check_dataset(dataset: DatasetChoice | None) -> None:
         raise InputError(
             f"{dataset.describe()} holds no text", fix="pass another split or --column"
         )
+    return warning
 
 
 def _texts(

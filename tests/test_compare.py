@@ -4,6 +4,7 @@ with its own report, and one page that sets them side by side."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from huggingface_hub import constants
@@ -32,7 +33,24 @@ def folders(tmp_path_factory):
                                ("run/step20", 2, 3), ("run/step300", 2, 4)):  # fmt: skip
         toy_hf_model("gpt2", n_layers=layers, seed=seed).save_pretrained(root / name)
     toy_hf_model("gpt2", n_layers=2, vocab_size=60).save_pretrained(root / "other_vocab")
+    _damaged(root)
     return root
+
+
+def _damaged(root):
+    """Copies of L2 broken one way each: truncated weights, a config.json that is not JSON,
+    a tensor missing (found only when the weights load), and a plain file."""
+    for name in ("truncated", "bad_config", "missing_tensor"):
+        shutil.copytree(root / "L2", root / name)
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (root / "bad_config" / "config.json").write_text("{not json")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(root / "missing_tensor" / "model.safetensors")
+    weights.pop("transformer.h.1.mlp.c_fc.weight")
+    save_file(weights, root / "missing_tensor" / "model.safetensors", metadata={"format": "pt"})
+    (root / "README.md").write_text("# not a checkpoint\n")
 
 
 def test_compare_writes_each_report_and_one_page_side_by_side(folders, tmp_path, capsys):
@@ -90,6 +108,10 @@ def test_bad_inputs_get_one_line_and_nothing_written(folders, tmp_path, capsys):
         (["compare", str(folders / "L2"), str(folders / "L3"), "--names", "a"], "1 names for 2"),
         (["timeline", str(folders / "L2"), "--revisions", "a,b"], "exactly one Hub name"),
         (["compare", str(folders / "L2"), str(folders / "L3"), "--ray-address", "x:1"], "--ray"),
+        (["compare", str(folders / "L2"), str(folders / "README.md")], "is a file, not a dir"),
+        (["compare", str(folders / "L2"), str(folders / "truncated")], "truncated"),
+        (["compare", str(folders / "bad_config"), str(folders / "L2")], "not valid JSON"),
+        (["timeline", str(folders / "L2"), str(folders / "truncated")], "truncated"),
     ]
     for argv, message in cases:
         code, err = _run([*argv, "--out", str(out), *FAST], capsys)
@@ -98,3 +120,22 @@ def test_bad_inputs_get_one_line_and_nothing_written(folders, tmp_path, capsys):
         assert not out.exists()
     summary = json.dumps(sorted(p.name for p in tmp_path.iterdir()))
     assert "bad" not in summary
+
+
+@pytest.mark.parametrize("command", ["compare", "timeline"])
+def test_a_checkpoint_failing_during_the_run_exits_1_and_is_named(
+    command, folders, tmp_path, capsys
+):
+    """A failure only the load finds (a missing tensor): the others' reports and the page are
+    written, the failure is on the page and in diagnoses.csv, one error line names it (also
+    with --quiet) and the exit status is 1, not 0."""
+    out = tmp_path / "cmp"
+    argv = [command, str(folders / "L2"), str(folders / "missing_tensor"), "--out", str(out)]
+    code, err = _run([*argv, *FAST], capsys)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("probekit: error: checkpoint missing_tensor")
+    assert "missing tensor" in lines[0]
+    assert (out / "L2" / "report.html").is_file() and (out / "index.html").is_file()
+    assert "failed" in (out / "index.html").read_text()
+    assert "missing_tensor,failed" in (out / "diagnoses.csv").read_text().replace('"', "")

@@ -36,6 +36,18 @@ def checkpoint(tmp_path_factory):
     return folder
 
 
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """``datasets`` caches what it reads below tmp_path, not in ~/.cache/huggingface (its
+    config reads the environment once, at import)."""
+    import datasets
+
+    folder = tmp_path / "datasets-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(folder))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", folder)
+    return folder
+
+
 def _decoded(ids) -> str:
     inverse = {i: t for t, i in _char_tokenizer().get_vocab().items()}
     return "".join(inverse[int(i)] for i in ids)
@@ -72,7 +84,7 @@ def _hub_dataset(cache):
     (root / "snapshots" / commit / "data" / "validation.jsonl").write_text(lines)
 
 
-def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch):
+def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch, datasets_cache):
     import pandas as pd
 
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in ROWS))
@@ -80,7 +92,6 @@ def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch):
     _save_to_disk(tmp_path / "saved")
     _hub_dataset(tmp_path / "hub")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     assert list(dataset_texts(tmp_path / "rows.jsonl")) == ROWS
     assert list(dataset_texts(tmp_path / "rows.parquet")) == ROWS
     assert list(dataset_texts(tmp_path / "saved", column="body")) == ROWS
@@ -90,7 +101,7 @@ def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch):
         list(dataset_texts(tmp_path / "saved"))
     with pytest.raises(InputError, match="no split 'test'"):
         list(dataset_texts(tmp_path / "saved", split="test", column="body"))
-    with pytest.raises(InputError, match="cannot load the data set org/absent"):
+    with pytest.raises(InputError, match="org/absent is neither in the local datasets cache"):
         list(dataset_texts("org/absent"))
 
 
@@ -103,7 +114,7 @@ def test_a_text_is_read_only_as_far_as_needed():
     assert len(windows) == 4 and _decoded(windows[0]) == "abcdefgh"
 
 
-def test_diagnose_on_a_data_set_and_its_flag_errors(checkpoint, tmp_path, capsys):
+def test_diagnose_on_a_data_set_and_its_flag_errors(checkpoint, tmp_path, capsys, datasets_cache):
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in ROWS))
     out = tmp_path / "report"
     argv = ["diagnose", str(checkpoint), "--out", str(out), "--quiet", "--no-images"]
@@ -117,6 +128,9 @@ def test_diagnose_on_a_data_set_and_its_flag_errors(checkpoint, tmp_path, capsys
         (["--split", "train"], "--split was given without --dataset"),
         (["--dataset", str(tmp_path / "rows.jsonl"), "--column", "body"], "no column 'body'"),
         (["--dataset", str(tmp_path / "rows.jsonl"), "--random-tokens"], "not allowed with"),
+        (["--dataset", str(tmp_path / "rows.jsonl"), "--split", ""], "--split '' is empty"),
+        (["--dataset", str(tmp_path / "rows.jsonl"), "--column", " "], "--column ' ' is empty"),
+        (["--dataset", "wikitext", "--dataset-config", ""], "--dataset-config '' is empty"),
     ):
         capsys.readouterr()
         try:
@@ -134,3 +148,89 @@ def test_dataset_choice_in_words():
     assert choice.describe() == (
         "data set wikitext (config wikitext-2-raw-v1, split validation, column text)"
     )
+
+
+@pytest.mark.parametrize("what", ["config", "split", "column"])
+def test_an_empty_config_split_or_column_is_refused(what, tmp_path, datasets_cache):
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in ROWS))
+    with pytest.raises(InputError, match=f"data set's {what} '' is empty"):
+        next(dataset_texts(tmp_path / "rows.jsonl", **{what: ""}))
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("rows.jsonl", b'{"text": "caf\xe9 au lait"}\n' * 3),
+        ("rows.json", b'[{"text": "caf\xe9 au lait"}]'),
+        ("rows.csv", b"text\ncaf\xe9 au lait\n"),
+    ],
+    ids=["jsonl", "json", "csv"],
+)
+def test_a_data_set_file_that_is_not_utf8_is_refused_naming_it(
+    name, content, tmp_path, datasets_cache
+):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(InputError, match=f"{name} is not valid UTF-8 .*Fix: convert it to UTF-8"):
+        next(dataset_texts(tmp_path / name))
+
+
+def test_a_long_row_is_read_in_pieces(tmp_path, monkeypatch, datasets_cache):
+    """A row of 60 MB was tokenized whole (the tokenizer aborted the process); rows are cut
+    like a .txt file's chunks (here with a chunk of 1000 characters for speed)."""
+    from probekit.tasks import text
+
+    monkeypatch.setattr(text, "CHUNK_CHARS", 1000)
+    row = "".join(f"word{i} " + ("\n" if i % 97 == 0 else "") for i in range(5000))
+    (tmp_path / "long.jsonl").write_text(json.dumps({"text": row}) + "\n")
+    pieces = list(dataset_texts(tmp_path / "long.jsonl"))
+    assert len(pieces) > 30 and max(map(len, pieces)) <= 1000
+    assert "".join(pieces) == row
+    cuts = zip(pieces, pieces[1:], strict=False)  # after a line end, else before a space
+    assert all(a.endswith("\n") or b.startswith(" ") for a, b in cuts)
+
+
+def test_a_non_utf8_txt_data_set_warns_as_text_does(checkpoint, tmp_path, capsys):
+    (tmp_path / "latin1.txt").write_bytes("café au lait, déjà vu\n".encode("latin-1") * 20)
+    argv = ["diagnose", str(checkpoint), "--quiet", "--no-images", "--seq-len", "8"]
+    argv += ["--n-sequences", "2", "--bootstrap", "0"]
+    for flag, out in (("--text", "r1"), ("--dataset", "r2")):
+        capsys.readouterr()
+        assert main([*argv, "--out", str(tmp_path / out), flag, str(tmp_path / "latin1.txt")]) == 0
+        err = capsys.readouterr().err
+        assert "probekit: warning:" in err and "latin1.txt is not valid UTF-8" in err, (flag, err)
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (a connection to it is refused at once)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_a_data_set_name_not_cached_fails_as_fast_as_a_model_name(
+    hub, tmp_path, monkeypatch, datasets_cache
+):
+    """Nothing cached: offline (HF_HUB_OFFLINE=1) or with the Hub unreachable (here a local
+    port that refuses), one error in a moment; datasets retried the Hub for 26-34 s."""
+    import time
+
+    import datasets
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    offline = hub == "offline"
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    endpoint = f"http://127.0.0.1:{_closed_port()}"  # never the real Hub
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    why = "HF_HUB_OFFLINE=1 forbids" if offline else "the Hugging Face Hub is unreachable"
+    start = time.monotonic()
+    with pytest.raises(InputError, match=f"wikitext is neither in the local datasets cache.*{why}"):
+        next(dataset_texts("wikitext", config="wikitext-2-raw-v1"))
+    assert time.monotonic() - start < 10
+    _hub_dataset(tmp_path / "hub")  # what is cached still loads, as fast
+    assert list(dataset_texts("org/texts", split="validation")) == ROWS
+    assert time.monotonic() - start < 20

@@ -228,6 +228,14 @@ def add_data_flags(diag: Flags) -> None:
     diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
 
 
+DATASET_FLAG_EXAMPLES = {
+    "--dataset-config": "--dataset-config wikitext-2-raw-v1",
+    "--split": "--split validation",
+    "--column": "--column text",
+}
+"""An example of each data-set flag, for the error that refuses an empty one."""
+
+
 def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
     """The data set ``--dataset`` and its flags name, or ``None``; a data-set flag without
     ``--dataset`` is refused."""
@@ -240,6 +248,13 @@ def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
         return None
     if not args.dataset.strip():
         raise ConfigError("--dataset is empty", fix="name a data set or a data file")
+    for flag, value in extras.items():
+        if value is not None and not value.strip():
+            raise ConfigError(
+                f"{flag} {value!r} is empty",
+                fix=f"name one (e.g. {DATASET_FLAG_EXAMPLES[flag]}), or leave {flag} out "
+                "for the default",
+            )
     return DatasetChoice(args.dataset, args.dataset_config, args.split, args.column or "text")
 
 

@@ -29,8 +29,9 @@ from probekit.cli.common import (
 from probekit.sources import N_SEQUENCES, SEQ_LEN, check_dataset, checkpoints_to_compare
 
 
-def _check(args: argparse.Namespace) -> dict[str, str]:
-    """Every check that needs no model; the ``{name: folder}`` to compare."""
+def _check(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
+    """Every check that needs no model; the ``{name: folder}`` to compare, and the warning
+    for a ``--dataset`` .txt that is not UTF-8 (or None)."""
     check_int_flags(args)
     check_executor_flags(args)
     names = args.names.split(",") if getattr(args, "names", None) else None
@@ -38,17 +39,22 @@ def _check(args: argparse.Namespace) -> dict[str, str]:
     found = checkpoints_to_compare(
         args.checkpoints, names=names, revisions=revisions, run=args.command == "timeline"
     )
-    check_dataset(dataset_choice(args))
-    return found
+    return found, check_dataset(dataset_choice(args))
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    """``probekit compare`` / ``probekit timeline``: check, diagnose each, write the page."""
-    checkpoints = _check(args)
+    """``probekit compare`` / ``probekit timeline``: check, diagnose each, write the page.
+
+    Exits 1 when a checkpoint's diagnosis failed (after the others are written, the failure
+    listed on the page and in diagnoses.csv), printing one error line per failed checkpoint,
+    also with ``--quiet``."""
+    checkpoints, warning = _check(args)
     from probekit import compare, report
 
     out = report.check_out_dir(args.out, force=args.force, protect=tuple(checkpoints.values()))
-    page = compare.compare_checkpoints(
+    if warning:
+        print(f"probekit: warning: {warning}", file=sys.stderr)
+    page, failed = compare.compare_checkpoints(
         checkpoints,
         out,
         timeline=args.command == "timeline",
@@ -63,9 +69,11 @@ def compare_command(args: argparse.Namespace) -> int:
         pairs=args.pairs,
         n_bootstrap=args.bootstrap,
     )
+    for name, error in failed.items():
+        print(f"probekit: error: checkpoint {name} failed: {error}", file=sys.stderr)
     if not args.quiet:
         print(f"comparison: {page}", file=sys.stdout)
-    return 0
+    return 1 if failed else 0
 
 
 def add_compare_parsers(subparsers: Any) -> None:

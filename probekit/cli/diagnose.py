@@ -53,12 +53,13 @@ def check_flags(args: argparse.Namespace) -> None:
 def prepare(args: argparse.Namespace) -> tuple[str, Path]:
     """Every check of ``probekit diagnose`` that needs no model, the cheap ones first (a wrong
     path is reported before torch loads): the checkpoint path and ``--out``. Prints a warning
-    for a non-UTF-8 ``--text`` and a notice per ignored file. Returns the checkpoint folder and
-    the output folder."""
+    for a non-UTF-8 ``--text`` (or ``--dataset`` .txt) and a notice per ignored file. Returns
+    the checkpoint folder and the output folder."""
     check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
     check_flags(args)
+    warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
     path, lines = checkpoint_to_diagnose(args.model, text=args.text)
-    check_dataset(dataset_choice(args))  # its name, split and column, before the model loads
+    lines += [f"warning: {warning}"] if warning else []
     from probekit import report  # the analyses, plotly and torch
 
     out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))

@@ -184,6 +184,40 @@ def _load_folder(
     path: Path, device: Any, dtype: torch.dtype | None, placement: dict | None = None
 ) -> Model:
     """A handle on the checkpoint folder ``path``, every file checked before it is read."""
+    folder, pooling, arch, head, dtype = _checked_folder(path, dtype, fits=not placement)
+    hf_model = _from_folder(folder, arch, dtype, placement or {})
+    if not placement:
+        hf_model.to(device or _default_device())
+    if head is not None:
+        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
+    return Model(attach_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+
+
+def check_loadable(source: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+    """Every check :func:`load` makes of the checkpoint folder (or cached Hub snapshot)
+    ``source`` before it reads a weight: it is a folder with a config.json that parses to an
+    object of a supported architecture (or a sentence-transformers folder), safetensors weights
+    whose headers parse and whose files hold all the data they declare (none truncated), and a
+    model that fits in memory. Raises the :class:`~probekit.errors.CheckpointError` or
+    :class:`~probekit.errors.UnsupportedModelError` that :func:`load` would; reads headers only.
+
+    Example:
+        >>> import tempfile
+        >>> check_loadable(tempfile.mkdtemp())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        probekit.errors.CheckpointError: ... is neither a transformers checkpoint ...
+    """
+    _checked_folder(local_folder(source), dtype, fits=True)
+
+
+def _checked_folder(
+    path: Path, dtype: torch.dtype | None, *, fits: bool
+) -> tuple[Path, Pooling | None, str, str | None, torch.dtype]:
+    """The checks of the checkpoint folder ``path`` before any weight is read (with ``fits``,
+    also that the model fits in memory): the folder of the weights, the sentence-transformers
+    pooling (or None), the architecture, its head class for a base model (or None) and the
+    dtype to load in."""
     pooling = None
     if (path / "modules.json").exists() and path.is_dir():
         folder, pooling = read_sentence_transformers(path)
@@ -193,7 +227,7 @@ def _load_folder(
         check_not_a_checkpoint(path)
     config, stored = check_checkpoint_dir(folder)
     dtype = dtype or stored_dtype(folder, config)
-    if not placement:
+    if fits:
         check_fits(folder, config, stored, dtype)
     archs = config.get("architectures") or []
     arch = archs[0] if archs else config.get("model_type", "<unknown>")
@@ -206,12 +240,7 @@ def _load_folder(
             "model with an LM head, not a base model",
             fix="save the sentence-transformers model with its base (AutoModel) transformer",
         )
-    hf_model = _from_folder(folder, arch, dtype, placement or {})
-    if not placement:
-        hf_model.to(device or _default_device())
-    if head is not None:
-        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
-    return Model(attach_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+    return folder, pooling, arch, head, dtype
 
 
 def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> nn.Module:
@@ -259,4 +288,4 @@ def _headless_model(
     return Model(bridge, source=source, headless=headless)
 
 
-__all__ = ["load"]
+__all__ = ["check_loadable", "load"]

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import Any
 from probekit.errors import InputError
 
 CHUNK_CHARS = 1 << 20
-"""Characters of a text file read at a time (cut at the last line end)."""
+"""Characters of a text file read at a time (cut at the last line end), and the most
+characters of a data set's row tokenized at once (a longer row is cut in pieces)."""
 
 VALIDATION_FRACTION = 0.05
 """Share of the standard library's files in the validation split (as in ByteCorpus)."""
@@ -89,7 +91,10 @@ def dataset_texts(
     column: str = "text",
 ) -> Iterator[str]:
     """The non-empty strings of ``column`` of the data set ``name`` (see the module docstring;
-    ``split`` defaults to "validation" for a named data set and "train" for a local file)."""
+    ``split`` defaults to "validation" for a named data set and "train" for a local file), a
+    row longer than :data:`CHUNK_CHARS` in pieces of at most that many characters (a row of
+    60 MB is never tokenized whole). A local .jsonl/.json/.csv file must be UTF-8."""
+    check_dataset_names(config=config, split=split, column=column)
     path = Path(name)
     if path.is_file() and path.suffix == ".txt":
         yield from file_texts(path)
@@ -101,8 +106,69 @@ def dataset_texts(
             f"{', '.join(rows.column_names)})",
             fix="pass --column with one of its text columns",
         )
-    for block in rows.iter(batch_size=1000):  # lazily: a diagnosis needs few rows
-        yield from (v for v in block[column] if isinstance(v, str) and v.strip())
+    try:
+        for block in rows.iter(batch_size=1000):  # lazily: a diagnosis needs few rows
+            for value in block[column]:
+                if isinstance(value, str) and value.strip():
+                    yield from text_chunks(value, CHUNK_CHARS)
+    except UnicodeDecodeError as err:  # text stored without checking its encoding
+        raise not_utf8(name, err.start) from err
+
+
+def check_dataset_names(
+    *, config: str | None = None, split: str | None = None, column: str = "text"
+) -> None:
+    """Refuse an empty (or blank) config, split or column name: ``--split ''`` would otherwise
+    be taken silently as the default split."""
+    for what, value in (("config", config), ("split", split), ("column", column)):
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise InputError(
+                f"the data set's {what} {value!r} is empty",
+                fix=f"name a {what}, or leave it out for the default",
+            )
+
+
+def text_chunks(text: str, chunk_chars: int) -> Iterator[str]:
+    """``text`` in pieces of at most ``chunk_chars`` characters, each cut after its last line
+    end, else before its last space (a word keeps its leading space), else at the limit.
+
+    Example:
+        >>> list(text_chunks("one two\\nthree four five", 12))
+        ['one two\\n', 'three four', ' five']
+    """
+    start = 0
+    while len(text) - start > chunk_chars:
+        window = text[start : start + chunk_chars]
+        cut = window.rfind("\n") + 1 or max(window.rfind(" "), 0) or chunk_chars
+        yield window[:cut]
+        start += cut
+    yield text[start:]
+
+
+def not_utf8(name: str | os.PathLike, offset: int | None = None) -> InputError:
+    """The error for a data-set file that is not UTF-8 (its first bad byte at ``offset``)."""
+    where = f" (first bad byte at offset {offset})" if offset is not None else ""
+    return InputError(
+        f"the data set file {os.fspath(name)} is not valid UTF-8{where}",
+        fix="convert it to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8 FILE > NEW) and pass the new "
+        "file; a .txt file is read with U+FFFD replacement characters instead",
+    )
+
+
+def check_utf8(path: Path, block: int = CHUNK_CHARS) -> None:
+    """Refuse a file that is not valid UTF-8 (read ``block`` bytes at a time, to its end)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    with open(path, "rb") as handle:
+        while True:
+            data = handle.read(block)
+            try:
+                decoder.decode(data, final=not data)
+            except UnicodeDecodeError as err:
+                raise not_utf8(path, done + err.start) from err
+            if not data:
+                return
+            done += len(data)
 
 
 def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> Any:
@@ -122,6 +188,8 @@ def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> 
                     f"cannot read a data set from a {path.suffix or 'suffix-less'} file",
                     fix=f"use one of {', '.join([*DATASET_FILES, '.txt'])}, or --text",
                 )
+            if builder != "parquet":  # text files: datasets would raise mid-read
+                check_utf8(path)
             return datasets.load_dataset(builder, data_files=str(path), split=split or "train")
         return _named_dataset(os.fspath(name), config, split or "validation")
     except InputError:
@@ -138,18 +206,86 @@ def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> 
 def _named_dataset(name: str, config: str | None, split: str) -> Any:
     """A data set by its Hub name: through ``datasets`` (its own cache when offline), else
     from the repository's files in the local Hugging Face cache (``datasets--org--name``, where
-    ``datasets`` and ``hf download --repo-type dataset`` keep them), read as a local folder."""
-    import datasets
-    from huggingface_hub import snapshot_download
+    ``datasets`` and ``hf download --repo-type dataset`` keep them), read as a local folder.
 
+    Offline (``HF_HUB_OFFLINE=1``), or when one request to the Hub (no retries) cannot reach
+    it, only the local caches are read, so a data set that is not cached fails in a moment
+    (``datasets`` itself retries an unreachable Hub for half a minute)."""
+    import datasets
+
+    if datasets.config.HF_HUB_OFFLINE:
+        return _cached_dataset(name, config, split, "HF_HUB_OFFLINE=1 forbids a download")
+    unreachable = _hub_unreachable(name)
+    if unreachable is not None:
+        return _cached_dataset(name, config, split, unreachable)
     try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as first:
         try:
-            folder = snapshot_download(name, repo_type="dataset", local_files_only=True)
+            return _from_hub_cache(name, config, split)
         except Exception:
             raise first from None  # it says more than "not in the cache either"
+
+
+def _hub_unreachable(name: str) -> str | None:
+    """Why the Hugging Face Hub cannot be reached for the data set ``name`` (one request, no
+    retries), or None when it answered (whatever it answered: ``datasets`` says the rest)."""
+    import datasets
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import httpx  # the HTTP client huggingface_hub uses
+
+    try:
+        HfApi(endpoint=datasets.config.HF_ENDPOINT).dataset_info(
+            name, timeout=constants.HF_HUB_ETAG_TIMEOUT
+        )
+    except (httpx.TransportError, ConnectionError, TimeoutError) as err:  # not connected
+        return f"the Hugging Face Hub is unreachable ({type(err).__name__}: {str(err)[:200]})"
+    except Exception:  # an answer (not found, gated, a bad name): datasets says the rest
+        return None
+    return None
+
+
+def _cached_dataset(name: str, config: str | None, split: str, why: str) -> Any:
+    """The data set ``name`` from the local caches only (``why``: why not from the Hub):
+    ``datasets``' own cache, else the repository's files in the Hugging Face cache."""
+    import datasets
+
+    offline = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True  # read by datasets at each call: no request, no retry
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as first:
+        try:
+            return _from_hub_cache(name, config, split)
+        except Exception:
+            if isinstance(first, ValueError | KeyError):  # cached, but no such config or split
+                raise first from None
+            raise _not_cached(name, why) from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
+
+
+def _from_hub_cache(name: str, config: str | None, split: str) -> Any:
+    """The data set ``name`` from its repository's files in the local Hugging Face cache."""
+    import datasets
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(name, repo_type="dataset", local_files_only=True)
     return datasets.load_dataset(folder, config, split=split)
+
+
+def _not_cached(name: str, why: str) -> InputError:
+    import datasets
+    from huggingface_hub import constants
+
+    return InputError(
+        f"the data set {name} is neither in the local datasets cache "
+        f"({datasets.config.HF_DATASETS_CACHE}) nor in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}), and {why}",
+        fix=f"fetch it once where the Hub is reachable (hf download {name} --repo-type "
+        f"dataset, or datasets.load_dataset({name!r}, ...)), or pass a save_to_disk folder "
+        "or a local .jsonl/.parquet file",
+    )
 
 
 def _split_of(splits: Any, split: str, name: Any) -> str:
@@ -212,4 +348,12 @@ def _special_wrapping(tokenizer: Any, n_special: int) -> tuple[list[int], list[i
     )
 
 
-__all__ = ["dataset_texts", "file_texts", "stdlib_texts", "token_windows"]
+__all__ = [
+    "check_dataset_names",
+    "check_utf8",
+    "dataset_texts",
+    "file_texts",
+    "stdlib_texts",
+    "text_chunks",
+    "token_windows",
+]
