@@ -6,6 +6,15 @@ with ``input_ids`` (or ``tokens``), ``attention_mask`` and ``labels`` keys (and 
 entry per batch; averages are then taken over all valid tokens of all batches, never by averaging
 batch means). Task data (:class:`TaskData`) also say what their answers mean.
 
+Token ids may have any integer dtype (``uint8`` and ``int16`` included: they are read as the
+same ids in ``int64``). A 1-D tensor is one sequence (a batch of one). The batches of a list
+may differ in length: each runs as it is, and the averages are over all their valid tokens;
+analyses that stack positions across sequences (:func:`~probekit.analyses.linear_probes`) and
+``Model.logits``, which returns one tensor, need one length and say so. Plain Python lists of
+token ids (``[[1, 2, 3], [4, 5]]``) are refused with the way to pass them:
+``torch.tensor(ids)``, or for sequences of different lengths the padded ids with an attention
+mask (what a tokenizer returns with ``padding=True``).
+
 ``labels[b, t]`` is the token the model should predict *at* position ``t`` (``-100`` = no target).
 When labels are omitted, the model handle fills them in: the next token for decoders, the token
 itself for masked-LM encoders.
@@ -97,11 +106,31 @@ def _one_batch(item: Any) -> Batch:
         return Batch(_tensor(tokens), _opt(item.get("attention_mask")), _opt(item.get("labels")))
     if isinstance(item, tuple) and 1 <= len(item) <= 3:
         return Batch(*(_opt(x) for x in item))
+    if isinstance(item, list | int):
+        raise InputError(
+            "a plain list of token ids is not read as tokens (a list is a list of batches)",
+            fix="pass torch.tensor(ids) for sequences of one length; for sequences of different "
+            "lengths pad them to one length and pass (tokens, attention_mask), 0 marking the "
+            "padding (a tokenizer called with padding=True returns both)",
+        )
     raise InputError(
         f"cannot read data of type {type(item).__name__}",
         fix="pass a token tensor [batch, pos], a (tokens, attention_mask) tuple, a dict with "
         "'input_ids', or a list of these",
     )
+
+
+def check_one_length(batches: Sequence[Batch], what: str) -> int:
+    """The one sequence length of ``batches``; :class:`InputError` when they differ, saying
+    that ``what`` needs one length and how to get it."""
+    lengths = sorted({int(b.tokens.shape[-1]) for b in batches})
+    if len(lengths) > 1:
+        raise InputError(
+            f"{what} needs sequences of one length, but the batches have lengths {lengths}",
+            fix="pad every sequence to one length and pass (tokens, attention_mask) in one batch "
+            "(0 marks the padding)",
+        )
+    return lengths[0]
 
 
 def _tensor(x: Any) -> torch.Tensor:

@@ -328,8 +328,114 @@ def write_image(
     laid out again (:func:`resize`) for a paper ``preset`` (``"one-column"``: 3.5 in,
     ``"two-column"``: 7 in wide) and rendered at ``dpi`` dots per inch, the height sized to
     the content. Needs kaleido and a Chrome/Chromium; :func:`write_images` writes several in
-    one browser session."""
+    one browser session.
+
+    Before anything is rendered, ``dpi`` must be a number in [:data:`MIN_DPI`,
+    :data:`MAX_DPI`] and ``path`` a file name with one of the suffixes of
+    :data:`IMAGE_SUFFIXES` in a writable folder that exists; otherwise :class:`InputError`
+    names the problem. Without kaleido or a Chrome/Chromium the error says which is missing
+    and how to install it (as ``probekit diagnose`` does).
+
+    Example:
+        >>> write_image(go.Figure(), "fig.png", dpi=0)
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: dpi 0 is not a number of dots per inch in [50, 1200]. \
+Fix: pass e.g. dpi=300.
+    """
     return write_images([fig], [path], preset=preset, dpi=dpi)[0]
+
+
+MIN_DPI, MAX_DPI = 50, 1200
+"""The dots per inch :func:`write_image` takes (a print figure is 300; 1200 at 7 in is an
+8400-pixel-wide image)."""
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp")
+"""The image formats the export writes, named by the file's suffix."""
+
+
+def check_dpi(dpi: object) -> None:
+    """Refuse a ``dpi`` that is not a finite number in [:data:`MIN_DPI`, :data:`MAX_DPI`]
+    (a bool or a string such as ``"300"`` included)."""
+    ok = isinstance(dpi, int | float | np.integer | np.floating) and not isinstance(
+        dpi, bool | np.bool_
+    )
+    if not ok or not (np.isfinite(dpi) and MIN_DPI <= dpi <= MAX_DPI):
+        raise InputError(
+            f"dpi {dpi!r} is not a number of dots per inch in [{MIN_DPI}, {MAX_DPI}]",
+            fix="pass e.g. dpi=300",
+        )
+
+
+def check_image_path(path: object) -> Path:
+    """``path`` as a :class:`~pathlib.Path` once it names a new or existing file (not a
+    folder) with a suffix of :data:`IMAGE_SUFFIXES` in a writable folder that exists;
+    :class:`InputError` naming the problem otherwise."""
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise InputError(
+            f"image path {path!r} is not a file name", fix='pass a path such as "fig.png"'
+        )
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{target} is a folder", fix="pass a file name inside it")
+    if target.suffix.lower() not in IMAGE_SUFFIXES:
+        raise InputError(
+            f"{target} has no image suffix, so its format is unknown",
+            fix=f"end the file name with one of {', '.join(IMAGE_SUFFIXES)}",
+        )
+    folder = target.parent
+    if not folder.is_dir():
+        problem = "is not a folder" if folder.exists() else "does not exist"
+        raise InputError(
+            f"the folder of {target} ({folder}) {problem}",
+            fix="create the folder first or choose another path",
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(
+            f"the folder {folder} is not writable, so {target.name} cannot be written there",
+            fix="choose a folder you can write to",
+        )
+    return target
+
+
+def check_image_export() -> None:
+    """Refuse when the kaleido package is not installed, naming the install command."""
+    import importlib.util
+
+    if importlib.util.find_spec("kaleido") is None:
+        raise ProbekitError(
+            "no PNG/SVG/PDF images: missing the kaleido package",
+            fix='pip install -e ".[png]", or pip install kaleido',
+        )
+
+
+def _browser_missing(err: Exception) -> bool:
+    """Whether kaleido's error says it found no Chrome/Chromium to render with."""
+    words = str(err)
+    return type(err).__name__ == "ChromeNotFoundError" or (
+        isinstance(err, RuntimeError) and "requires" in words and "Chrome" in words
+    )
+
+
+def _export(pio, copies, temps, sizes, missing: list[int]) -> None:
+    """One kaleido export of the figures ``missing`` into their temporary files; a missing
+    Chrome/Chromium is said as ``probekit diagnose`` says it."""
+    widths, heights, scales = sizes
+    try:
+        pio.write_images(
+            [copies[i] for i in missing],
+            [str(temps[i]) for i in missing],
+            width=[widths[i] for i in missing],
+            height=[heights[i] for i in missing],
+            scale=[scales[i] for i in missing],
+        )
+    except Exception as err:  # kaleido's error classes are private to it
+        if _browser_missing(err):
+            raise ProbekitError(
+                "no PNG/SVG/PDF images: missing a Chrome/Chromium browser",
+                fix="install one (e.g. apt-get install chromium, or run plotly_get_chrome)",
+            ) from err
+        raise
 
 
 def write_images(
@@ -342,6 +448,15 @@ def write_images(
     caller's figures keep their sizes)."""
     import plotly.io as pio
 
+    check_dpi(dpi)
+    targets = [check_image_path(p) for p in paths]  # before anything is rendered
+    if len(targets) != len(figs):
+        raise InputError(
+            f"{len(figs)} figures but {len(targets)} paths", fix="pass one path per figure"
+        )
+    if preset is not None:
+        paper_size(preset)
+    check_image_export()
     copies, widths, heights, scales = [], [], [], []
     for fig in figs:
         fig = go.Figure(fig)
@@ -355,20 +470,13 @@ def write_images(
         widths.append(int(fig.layout.width or 1000))
         heights.append(int(fig.layout.height or 600))
         scales.append(scale)
-    targets = [Path(p) for p in paths]
     temps = [t.with_name(f".{t.stem}.{os.getpid()}.tmp{t.suffix}") for t in targets]
     try:
         missing = list(range(len(targets)))
         for attempt in range(KALEIDO_TRIES):
             try:
-                pio.write_images(
-                    [copies[i] for i in missing],
-                    [str(temps[i]) for i in missing],
-                    width=[widths[i] for i in missing],
-                    height=[heights[i] for i in missing],
-                    scale=[scales[i] for i in missing],
-                )
-            except Exception as err:  # kaleido's error classes are private to it
+                _export(pio, copies, temps, (widths, heights, scales), missing)
+            except Exception as err:
                 if "kaleido_scopes" not in str(err) or attempt == KALEIDO_TRIES - 1:
                     raise
             missing = [i for i in missing if not _written(temps[i])]
@@ -384,9 +492,17 @@ def write_images(
             )
         for temp, target in zip(temps, targets, strict=True):
             os.replace(temp, target)  # whole images only: a failed export leaves the old ones
+    except OSError as err:
+        raise InputError(
+            f"could not write {', '.join(map(str, targets))} ({err.strerror or err})",
+            fix="choose a folder you can write to, with free space",
+        ) from err
     finally:
         for temp in temps:
-            temp.unlink(missing_ok=True)
+            try:
+                temp.unlink(missing_ok=True)
+            except OSError:  # a clean-up that cannot run must not hide the error above
+                pass
     return targets
 
 

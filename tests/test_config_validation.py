@@ -418,3 +418,31 @@ def test_cli_config_of_a_stack_still_reads(tmp_path, capsys) -> None:
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps([tiny(steps=2).to_dict()]))
     assert main(_train_argv(tmp_path, "--config", str(path))) == 0
+
+
+# ----------------------------------------------------------------------------- issue 31 item 15
+@pytest.mark.parametrize(
+    "lr, weight_decay", [(1e300, 0.01), (1e-3, 1e300), (1e300, 1e300), (10.0, 0.1), (1.0, 1.0)]
+)
+def test_a_weight_decay_step_of_one_or_more_is_refused_in_both_trainers(lr, weight_decay):
+    with pytest.raises(ConfigError, match="lr .* x weight_decay .* is not below 1"):
+        tiny(lr=lr, weight_decay=weight_decay)
+    with pytest.raises(ConfigError, match="is not below 1"):
+        LMConfig(**{**TINY_LM, "lr": lr, "weight_decay": weight_decay}).validate()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--lr", "1e300"],
+        ["--weight-decay", "1e300"],
+        ["--lr", "1e300", "--weight-decay", "0"],  # refused inside training: files removed
+    ],
+)
+def test_train_with_a_runaway_lr_or_weight_decay_writes_nothing(flags, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet"]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("probekit: error:")
+    assert not out.exists(), sorted(p.name for p in out.iterdir())

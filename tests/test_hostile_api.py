@@ -119,3 +119,61 @@ def test_deep_truncated_fifo_and_device_result_files_are_refused(tmp_path):
     ):
         with pytest.raises(CheckpointError, match=message):
             Result.load(bad)
+
+
+# ----------------------------------------------------------------------------- issue 31 item 15
+def test_logits_of_a_model_without_its_lm_head_are_refused():
+    import torch
+    import transformers
+
+    from probekit.errors import UnsupportedModelError
+
+    config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    base = probekit.load(transformers.GPT2Model(config).eval())
+    with pytest.raises(UnsupportedModelError, match="Model.logits needs .* without an LM head"):
+        base.logits(toy_tokens())
+    [batch] = base.prepare(toy_tokens())
+    assert base.forward(batch).shape[-1] == 32  # its output: the final hidden state
+    assert isinstance(base.forward(batch), torch.Tensor)
+
+
+def test_uint8_and_1d_token_ids_are_read_as_the_same_ids(model):
+    import torch
+
+    tokens = toy_tokens(batch=3, length=6)
+    want = model.logits(tokens)
+    assert torch.equal(model.logits(tokens.to(torch.uint8)), want)
+    assert torch.equal(model.logits(tokens[0]), want[:1])  # a 1-D tensor: one sequence
+    a = probekit.contributions(model, tokens.to(torch.uint8)).df
+    assert a.equals(probekit.contributions(model, tokens).df)
+
+
+@pytest.mark.parametrize("data", [[[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5, 6]], [1, 2, 3]])
+def test_plain_lists_of_token_ids_are_refused_with_the_way_to_pass_them(model, data):
+    with pytest.raises(InputError, match="plain list of token ids") as info:
+        probekit.contributions(model, data)
+    assert "torch.tensor(ids)" in str(info.value) and "attention_mask" in str(info.value)
+
+
+def test_batches_of_different_lengths(model):
+    import torch
+
+    short, long = toy_tokens(batch=20, length=4), toy_tokens(batch=20, length=6)
+    assert probekit.contributions(model, [short, long]).df is not None  # each batch runs as is
+    both = model.logits([long[:2], long[2:4]])  # one length: one tensor
+    assert torch.equal(both, model.logits(long[:4]))
+    with pytest.raises(InputError, match="Model.logits .* one length.*lengths \\[4, 6\\]"):
+        model.logits([short, long])
+    with pytest.raises(InputError, match="linear_probes .* one length") as info:
+        probekit.linear_probes(model, [short, long], labels={"p": torch.arange(40) % 2})
+    assert "attention_mask" in str(info.value)
+
+
+@pytest.mark.parametrize("labels", [[0] * 40, [3.5] * 40])
+def test_linear_probes_refuse_a_single_class_or_value(model, labels):
+    import numpy as np
+
+    tokens = toy_tokens(batch=40, length=4)
+    with pytest.raises(InputError, match="'c' have a single .* nothing for a probe") as info:
+        probekit.linear_probes(model, tokens, labels={"c": np.array(labels)})
+    assert "at least two different" in str(info.value)

@@ -106,7 +106,14 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
-LIGHT_CLI = ("cli/__init__", "cli/common", "cli/demo", "cli/diagnose", "cli/compare")
+LIGHT_CLI = (
+    "cli/__init__",
+    "cli/common",
+    "cli/demo",
+    "cli/diagnose",
+    "cli/compare",
+    "cli/shutdown",
+)
 """The command line's modules that ``probekit diagnose`` and ``probekit demo`` import."""
 
 

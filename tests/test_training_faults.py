@@ -462,3 +462,27 @@ def test_checkpoint_folders_get_the_users_umask(tmp_path: Path) -> None:
         os.umask(old)
     for folder in (tmp_path / "a" / "checkpoint", tmp_path / "b" / "final", tmp_path / "grown"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+
+
+def test_a_fresh_run_that_diverges_before_its_first_checkpoint_leaves_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 31 item 15: no config.json / metrics.jsonl of a run that never checkpointed."""
+    poison_update(monkeypatch, at_step=2)
+    out = tmp_path / "run"
+    with pytest.raises(NumericalError, match="no checkpoint was written"):
+        train(tiny(checkpoint_every=4), out, progress=False)
+    assert not out.exists()
+    out.mkdir()  # a folder the user made: kept, empty
+    with pytest.raises(NumericalError, match="no checkpoint was written"):
+        train(tiny(checkpoint_every=4), out, progress=False)
+    assert out.is_dir() and not list(out.iterdir())
+
+
+def test_a_run_that_diverges_after_a_checkpoint_keeps_its_files(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "run"
+    poison_update(monkeypatch, at_step=3)
+    for _ in range(2):  # a fresh start, then a resume: both keep the checkpoint of step 2
+        with pytest.raises(NumericalError, match="checkpoint of step 2"):
+            train(tiny(checkpoint_every=2), out, progress=False)
+        assert {"checkpoint", "config.json", "metrics.jsonl"} <= {p.name for p in out.iterdir()}

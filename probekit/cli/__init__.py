@@ -35,6 +35,7 @@ from probekit.cli.common import (
 from probekit.cli.compare import add_compare_parsers
 from probekit.cli.demo import add_demo_parser
 from probekit.cli.diagnose import add_diagnose_parser
+from probekit.cli.shutdown import EXIT_TERMINATED, Terminated, graceful_shutdown
 from probekit.errors import ProbekitError
 
 LIGHT_COMMANDS = ("diagnose", "demo", "compare", "timeline")
@@ -78,11 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Before torch is imported it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
     it: OpenMP threads that spin while they wait slow a shared machine down several times.
+    The command runs under :func:`~probekit.cli.shutdown.graceful_shutdown`: a reader that
+    closes the pipe early (``| head -1``) costs no traceback and no exit status, and SIGTERM
+    stops it as Ctrl-C does, its temporary files removed (exit 143; Ctrl-C: 130).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_command(argv))
-    args = parser.parse_args(argv)
+    with graceful_shutdown():
+        parser = build_parser(_command(argv))
+        args = parser.parse_args(argv)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; a problem is one line on stderr and its exit status."""
     try:
         set_threads(args.threads)
         return int(args.func(args) or 0)
@@ -92,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("probekit: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("probekit: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
 
 
 __all__ = ["LIGHT_COMMANDS", "LIMITS", "build_parser", "check_device", "check_int_flags", "main"]

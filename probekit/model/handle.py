@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probekit.data import Batch, Data, as_batches, right_padded
+from probekit.data import Batch, Data, as_batches, check_one_length, right_padded
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model import inputs
 from probekit.model import structure as block_structure
@@ -459,9 +459,18 @@ class Model:
 
     @torch.no_grad()
     def logits(self, tokens: Any, attention_mask: Any = None) -> torch.Tensor:
-        """Logits ``[batch, pos, vocab]`` of the model on ``tokens`` (validated)."""
-        [batch] = self.prepare((tokens, attention_mask) if attention_mask is not None else tokens)
-        return self.forward(batch)
+        """Logits ``[batch, pos, vocab]`` of the model on ``tokens`` (validated; any data form
+        :meth:`prepare` takes, its sequences of one length).
+
+        A model loaded without its LM head has no logits: refused with
+        :class:`UnsupportedModelError` (its output, the final hidden state, is :meth:`forward`'s
+        on a prepared batch)."""
+        self.require_vocabulary("Model.logits")
+        batches = self.prepare((tokens, attention_mask) if attention_mask is not None else tokens)
+        check_one_length(batches, "Model.logits (one tensor of logits)")
+        if len(batches) == 1:
+            return self.forward(batches[0])
+        return torch.cat([self.forward(batch) for batch in batches])
 
     def head(self, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction

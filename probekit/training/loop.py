@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from probekit.errors import CheckpointError
+from probekit.errors import CheckpointError, ConfigError
 from probekit.training.checks import (
     MAX_STEPS,
     STEPS_WHY,
@@ -53,7 +53,7 @@ from probekit.training.checks import (
     check_real,
     check_seed,
 )
-from probekit.training.lock import run_folder_lock
+from probekit.training.lock import LOCK_NAME, run_folder_lock
 from probekit.training.memory import check_fits
 from probekit.training.precision import (
     check_deterministic,
@@ -115,8 +115,23 @@ class RunSettings:
         check_real("weight_decay", self.weight_decay, 0, example=self.EXAMPLES["weight_decay"])
         check_real("grad_clip", self.grad_clip, example="e.g. 1.0 (<= 0 turns clipping off)")
         check_real("min_lr_ratio", self.min_lr_ratio, 0, 1, example=self.EXAMPLES["min_lr_ratio"])
+        self._check_decay()
         check_precision(self.precision)
         check_flag("deterministic", self.deterministic)
+
+    def _check_decay(self) -> None:
+        """Refuse ``lr * weight_decay >= 1``: the decoupled decay multiplies every weight by
+        ``1 - lr * weight_decay`` at the peak of the schedule, which then zeroes the weights or
+        flips their sign at each step (and overflows to NaN for ``--lr 1e300``)."""
+        product = self.lr * self.weight_decay
+        if product >= 1:
+            raise ConfigError(
+                f"lr {self.lr!r} x weight_decay {self.weight_decay!r} = {product:.3g} is not "
+                "below 1: the decoupled weight decay multiplies every weight by 1 - lr x "
+                "weight_decay at each step, which zeroes or flips them",
+                fix="lower lr or weight_decay so that their product is well below 1 "
+                "(e.g. lr 1e-3, weight_decay 0.01)",
+            )
 
     def last_evaluation(self, step: int) -> int:
         """The step of the last evaluation at or before ``step`` (every ``eval_every`` and the
@@ -411,12 +426,36 @@ def _train_locked(trainer: Trainer, resume: bool, progress: bool) -> None:
         trainer.resume()
     else:
         trainer.start_over()
+    fresh = _holds_nothing(trainer.out)
     trainer.write_config()
-    trained = not trainer.finished()
-    if trained:
-        with deterministic_mode(trainer.settings.deterministic, trainer.device):
-            run_loop(trainer, progress)
-    trainer.finish(trained)
+    try:
+        trained = not trainer.finished()
+        if trained:
+            with deterministic_mode(trainer.settings.deterministic, trainer.device):
+                run_loop(trainer, progress)
+        trainer.finish(trained)
+    except Exception:
+        if fresh:  # a run that fails before its first checkpoint leaves nothing behind
+            _remove_records(trainer.out)
+        raise
+
+
+RUN_RECORDS = ("config.json", "run_config.json", "metrics.jsonl")
+"""The files a run writes before its first checkpoint: its settings and metrics."""
+
+
+def _holds_nothing(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but the run-folder lock."""
+    return all(entry.name == LOCK_NAME for entry in folder.iterdir())
+
+
+def _remove_records(folder: Path) -> None:
+    """Remove the :data:`RUN_RECORDS` of a run that wrote nothing else into ``folder`` (no
+    checkpoint): a failed first start leaves the folder as it found it."""
+    written = {entry.name for entry in folder.iterdir()} - {LOCK_NAME}
+    if written <= set(RUN_RECORDS):
+        for name in written:
+            (folder / name).unlink(missing_ok=True)
 
 
 def disk_full(err: BaseException) -> bool:
@@ -438,6 +477,7 @@ def disk_full(err: BaseException) -> bool:
 
 __all__ = [
     "MAX_PREPARED",
+    "RUN_RECORDS",
     "RUN_SETTINGS",
     "RunSettings",
     "Trainer",

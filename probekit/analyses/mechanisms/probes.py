@@ -54,7 +54,7 @@ from probekit.analyses._activations import (
     single_roles,
 )
 from probekit.analyses._common import DataOrTask, result_meta
-from probekit.data import TaskData
+from probekit.data import TaskData, check_one_length
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.progress import counted
@@ -262,6 +262,19 @@ def _kind(name: str, values: np.ndarray, kinds: Mapping[str, str], n: int) -> st
     return kind
 
 
+def _check_varies(name: str, values: np.ndarray, kind: str) -> None:
+    """Refuse a variable with a single class (or a single value): every probe, and the control
+    on shuffled labels, would score 1.0 and nothing would be learned."""
+    distinct = np.unique(values)
+    if len(distinct) < 2:
+        what = "class" if kind == "class" else "value"
+        raise InputError(
+            f"labels {name!r} have a single {what} ({distinct.tolist()[0]!r} for all "
+            f"{len(values)} sequences), so there is nothing for a probe to decode",
+            fix=f"pass labels with at least two different {what}s, or leave {name!r} out",
+        )
+
+
 # ---------------------------------------------------------------- sites
 def _site_hooks(model: Model, sites: Sequence[str]) -> list[tuple[str, int, str]]:
     """(site, layer, hook) of every probe site: ``resid`` at depths 0..L (see
@@ -380,14 +393,17 @@ def linear_probes(
         >>> sorted(set(res.df.layer)), res.first_layer("parity") in (None, 0, 1)
         ([0, 1], True)
     """
-    # 71 lines long: 17 are the signature and 28 the docstring documenting every parameter.
+    # 73 lines long: 17 are the signature and 28 the docstring documenting every parameter.
     model = load(model)
     task, batches = batches_of(model, data, batch_size)
+    check_one_length(batches, "linear_probes (it stacks positions over the sequences)")
     n = sum(len(b.tokens) for b in batches)
     variables, var_kinds = _labels(task, labels, kinds, n)
     n_test = _check_settings(sites, probe, test_size, n)
     n_pos = batches[0].tokens.shape[1]
     pos_list = _positions(positions, n_pos, task)
+    for name, values in variables.items():
+        _check_varies(name, values, var_kinds[name])
     all_valid = np.concatenate([b.valid.cpu().numpy() for b in batches])
     index = {pos: row_positions(pos, task, all_valid) for pos in pos_list}
     split = _Split.draw(n, n_test, variables, seed)
