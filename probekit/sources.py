@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probekit.errors import CheckpointError, InputError
+from probekit.errors import CheckpointError, InputError, ProbekitWarning
 from probekit.model.hub import hub_name, resolve
 
 N_SEQUENCES = 32
@@ -463,10 +463,27 @@ def default_data(
         split = "train" if fit else "validation"
         return corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences), "all"
     if random or model.tokenizer is None and text is None and dataset is None:
+        if not random and not fit:
+            warn_no_tokenizer(path)
         return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
     texts, what, skip = _texts(text, dataset, fit)
     length = min(seq_len, model.n_ctx)
     return _tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
+
+
+def warn_no_tokenizer(path: str | os.PathLike) -> None:
+    """Warn (:class:`~probekit.errors.ProbekitWarning`) that the checkpoint at ``path`` has no
+    tokenizer, so it is diagnosed on random tokens, and say how to give it text."""
+    import warnings
+
+    warnings.warn(
+        f"{path} has no tokenizer, so it is diagnosed on tokens drawn uniformly from the "
+        "vocabulary (random tokens, not language); to diagnose text, save the model's "
+        "tokenizer into that folder (tokenizer.save_pretrained(FOLDER)) and pass --text FILE "
+        "or --dataset NAME, or pass --random-tokens to choose random tokens without this warning",
+        ProbekitWarning,
+        stacklevel=3,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,27 @@ def test_quiet_prints_only_where_the_report_is(checkpoint, tmp_path, capsys):
     _plain(captured.out + captured.err)
 
 
+def test_a_folder_without_a_tokenizer_says_so_on_the_terminal(checkpoint, tmp_path, capsys):
+    """Random tokens instead of text: one warning line naming how to give text, even with
+    --quiet; none when random tokens are asked for."""
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "r"), *FAST, "--no-images"]
+    assert main([*argv, "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"probekit: warning: {checkpoint} has no tokenizer")
+    assert "random tokens" in warned[0] and "--text" in warned[0] and "--dataset" in warned[0]
+    assert main([*argv, "--force", "--random-tokens", "--quiet"]) == 0
+    assert "no tokenizer" not in capsys.readouterr().err
+
+
+def test_default_data_warns_in_python_too(checkpoint):
+    from probekit.errors import ProbekitWarning
+    from probekit.sources import default_data
+
+    with pytest.warns(ProbekitWarning, match="has no tokenizer"):
+        default_data(checkpoint, n_sequences=2, seq_len=4)
+
+
 def test_quiet_demo_and_comparison_print_their_page(checkpoint, tmp_path, capsys, monkeypatch):
     import probekit.compare
     import probekit.demo

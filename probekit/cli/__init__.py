@@ -30,6 +30,7 @@ from probekit.cli.common import (
     add_threads,
     check_device,
     check_int_flags,
+    one_line_warnings,
     set_threads,
 )
 from probekit.cli.compare import add_compare_parsers
@@ -85,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         set_threads(args.threads)
-        return int(args.func(args) or 0)
+        with one_line_warnings():  # a ProbekitWarning: "probekit: warning: ..."
+            return int(args.func(args) or 0)
     except ProbekitError as err:
         print("probekit: error: " + " ".join(str(err).split()), file=sys.stderr)
         return 2

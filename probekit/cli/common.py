@@ -20,9 +20,12 @@ import argparse
 import difflib
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from probekit.errors import ConfigError, InputError
+from probekit.errors import ConfigError, InputError, ProbekitWarning
 from probekit.sources import DatasetChoice
 
 
@@ -276,6 +279,25 @@ def check_executor_flags(args: argparse.Namespace) -> None:
         check_ray_address(args.ray_address)
 
 
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """While the block runs, a :class:`~probekit.errors.ProbekitWarning` is printed as one line
+    on stderr, ``probekit: warning: ...`` (other warnings as Python shows them)."""
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, ProbekitWarning):
+            print("probekit: warning: " + " ".join(str(message).split()), file=sys.stderr)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 LIMITS = {
     "n_sequences": (1, 100_000),
     "seq_len": (1, 2**20),
@@ -326,5 +348,6 @@ __all__ = [
     "add_quiet",
     "add_threads",
     "check_device",
+    "one_line_warnings",
     "set_threads",
 ]
