@@ -185,9 +185,9 @@ def checkpoints_to_compare(
     ``run``, one folder that holds checkpoints below it stands for them, ordered by step. Names
     are ``names`` or the folders' (the run's for a folder named ``checkpoint``, ``name@rev``
     for a Hub revision), made unique."""
-    items = _expanded(list(items), revisions, run)
+    given, items = list(items), _expanded(list(items), revisions, run)
     if len(items) < 2:
-        raise InputError(f"{len(items)} checkpoint(s) to compare", fix="pass two or more")
+        _too_few(given, len(items), revisions is not None, run)
     folders = []
     for item in items:
         check_path_names(item)
@@ -200,6 +200,26 @@ def checkpoints_to_compare(
         check_checkpoint_folder(folder)
         folders.append(checkpoint_of(folder))
     return dict(zip(_names(items, names), folders, strict=True))
+
+
+def _too_few(given: list[str], found: int, revisions: bool, run: bool) -> None:
+    """Refuse fewer than two checkpoints, saying how ``compare`` or ``timeline`` gets more:
+    ``--revisions`` for a Hub name, a run folder or more checkpoints otherwise."""
+    what = f"{found} checkpoint(s) to compare"
+    hub = "probekit timeline ORG/NAME --revisions REV1,REV2 for a Hub model's revisions"
+    if revisions:
+        fix = "name two or more revisions in --revisions, e.g. --revisions step1000,step2000"
+    elif len(given) == 1 and not os.path.lexists(given[0]) and hub_name(given[0]):
+        what += f": {given[0]} is one Hub name and no --revisions were given"
+        fix = (
+            f"pass probekit timeline {given[0].split('@')[0]} --revisions REV1,REV2 (e.g. "
+            "step1000,step2000), or two or more checkpoints"
+        )
+    elif run:
+        fix = f"pass a run folder with checkpoints below it, two or more checkpoints, or {hub}"
+    else:
+        fix = f"pass two or more checkpoints (folders or Hub names), or {hub}"
+    raise InputError(what, fix=fix)
 
 
 def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> list[str]:

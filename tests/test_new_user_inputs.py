@@ -1,0 +1,43 @@
+"""What a new user types wrong, or leaves out, gets one line that names the fix: a Hub name
+without --revisions, a data file whose text column has another name, a mistyped folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from probekit.cli import main
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own errors
+        code = exit.code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
+    return code, err
+
+
+def test_timeline_of_a_hub_name_without_revisions_names_the_flag(tmp_path, capsys):
+    code, err = _run(["timeline", "org/name", "--out", str(tmp_path / "t")], capsys)
+    assert code == 2 and "org/name is one Hub name" in err
+    assert "probekit timeline org/name --revisions REV1,REV2" in err
+    code, err = _run(["timeline", "org/name", "--revisions", "a", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "two or more revisions in --revisions" in err
+    code, err = _run(["compare", str(tmp_path), "--out", str(tmp_path / "c")], capsys)
+    assert code == 2 and "two or more checkpoints" in err and "--revisions" in err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.fixture()
+def parquet(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+
+    def write(**columns) -> str:
+        path = tmp_path / "data.parquet"
+        pd.DataFrame(columns).to_parquet(path)
+        return str(path)
+
+    return write
