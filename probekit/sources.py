@@ -552,6 +552,9 @@ def _texts(
     if text is not None:
         return sources.file_texts(text), f"text file {os.path.abspath(text)}", int(fit)
     if dataset is not None:
+        choice = dict(config=dataset.config, split=dataset.split, column=dataset.column)
+        column = sources.dataset_column(dataset.name, **choice)  # "text": maybe the only one
+        dataset = dataclasses.replace(dataset, column=column)
         texts = sources.dataset_texts(
             dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
         )

@@ -41,3 +41,23 @@ def parquet(tmp_path):
         return str(path)
 
     return write
+
+
+def test_a_parquet_file_with_one_string_column_needs_no_column_flag(parquet):
+    from probekit.errors import InputError
+    from probekit.tasks.text import dataset_column, dataset_texts
+
+    one = parquet(body=["a first text", "a second one"], n=[1, 2])
+    assert dataset_column(one) == "body"
+    assert list(dataset_texts(one)) == ["a first text", "a second one"]
+    several = parquet(title=["t"], body=["b"], n=[1])
+    with pytest.raises(InputError, match="text columns: title, body"):
+        list(dataset_texts(several))
+    assert list(dataset_texts(several, column="title")) == ["t"]
+
+
+def test_the_report_names_the_column_it_read(parquet):
+    from probekit.sources import DatasetChoice, _texts
+
+    texts, what, _ = _texts(None, DatasetChoice(parquet(body=["x y"])), fit=False)
+    assert list(texts) == ["x y"] and "column body" in what
