@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -191,6 +192,7 @@ def checkpoints_to_compare(
     folders = []
     for item in items:
         check_path_names(item)
+        check_local_folder(item)
         if not os.path.lexists(item) and hub_name(item) is None:
             raise CheckpointError(
                 f"checkpoint path {item} does not exist",
@@ -276,6 +278,36 @@ def check_path_names(*paths: str | os.PathLike | None) -> None:
             raise InputError(f"{text!r} is not a path", fix="pass a file or folder name")
 
 
+def check_local_folder(model: str | os.PathLike) -> None:
+    """Refuse a name written like a Hub name that does not exist here but whose parent folder
+    does (``models/typo`` where ``models/`` is here): a mistyped folder rather than a Hub
+    model, said with the closest name beside it (other missing paths: "does not exist").
+
+    Example:
+        >>> check_local_folder("no-such-org-here/name")  # no folder no-such-org-here/: a Hub name
+    """
+    path = Path(model)
+    parent = path.parent
+    if hub_name(model) is None or os.path.lexists(path) or os.fspath(parent) in ("", "."):
+        return
+    if not parent.is_dir():
+        return
+    near = difflib.get_close_matches(path.name, _entries(parent), n=1, cutoff=0.5)
+    fix = f"did you mean {parent / near[0]}? (ls {parent})" if near else f"check it: ls {parent}"
+    fix += f"; for the Hub model {model}, run probekit where there is no {parent}/ folder"
+    raise CheckpointError(
+        f"no such folder here: {model} ({parent}/ is here but holds no {path.name})", fix=fix
+    )
+
+
+def _entries(folder: Path) -> list[str]:
+    """The names in ``folder`` (up to 1000), or none when it cannot be read."""
+    try:
+        return sorted(p.name for p in list(folder.iterdir())[:1000])
+    except OSError:
+        return []
+
+
 def check_diagnose_inputs(
     model: str | os.PathLike,
     *,
@@ -286,6 +318,7 @@ def check_diagnose_inputs(
     imported): the checkpoint path and ``text`` are paths, the checkpoint path exists, and
     ``lens`` (a saved tuned lens) is a folder."""
     check_path_names(model, text)
+    check_local_folder(model)
     if not os.path.lexists(model) and hub_name(model) is None:
         raise CheckpointError(
             f"checkpoint path {model} does not exist",

@@ -61,3 +61,18 @@ def test_the_report_names_the_column_it_read(parquet):
 
     texts, what, _ = _texts(None, DatasetChoice(parquet(body=["x y"])), fit=False)
     assert list(texts) == ["x y"] and "column body" in what
+
+
+def test_a_mistyped_local_folder_is_no_such_folder_not_a_hub_error(tmp_path, capsys, monkeypatch):
+    (tmp_path / "models" / "gpt2-small").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(["diagnose", "models/gpt2-smal", "--out", "r"], capsys)
+    assert code == 2 and "no such folder here: models/gpt2-smal" in err
+    assert "did you mean models/gpt2-small?" in err and "Hub model models/gpt2-smal" in err
+    code, err = _run(["diagnose", "gpt2-smal", "--out", "r"], capsys)
+    assert code == 2 and "no such folder" not in err  # a one-word Hub name, as before
+    code, err = _run(["diagnose", str(tmp_path / "models" / "x" / "y"), "--out", "r"], capsys)
+    assert code == 2 and "does not exist" in err  # no parent here: as before
+    code, err = _run(["compare", "models/gpt2-small", "models/typo", "--out", "c"], capsys)
+    assert code == 2 and "no such folder here: models/typo" in err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()

@@ -228,7 +228,11 @@ def add_data_flags(diag: Flags) -> None:
         help="the data set's split (with --dataset; default validation for a named data set, "
         "train for a local file)",
     )
-    diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
+    diag.add_argument(
+        "--column",
+        help="the data set's text column (with --dataset; default text, or else its only "
+        "string column)",
+    )
 
 
 def dataset_choice(args: argparse.Namespace) -> DatasetChoice | None:
