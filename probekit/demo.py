@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.io import atomic_write_text, swapped_directory
-from probekit.progress import phase
+from probekit.progress import live, phase
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
 """Run name -> initialization rate gamma of the two reference models."""
@@ -87,7 +87,8 @@ class Phases:
         """Run ``call`` under a live line naming ``what`` (its block passes counted), then
         print ``what`` and the seconds it took."""
         start = time.perf_counter()
-        with phase(f"{self.prefix}{what}", enabled=not self.quiet):
+        shown = not self.quiet and live()  # elsewhere the line below is the phase's one line
+        with phase(f"{self.prefix}{what}", enabled=shown):
             value = call()
         self.say(f"{what} ({time.perf_counter() - start:.1f} s)")
         return value

@@ -45,6 +45,11 @@ class NumericalError(ProbekitError):
     """NaN or infinite values in weights, activations or losses."""
 
 
+class ProbekitWarning(UserWarning):
+    """Something the user should know that is no error (data other than they may think); the
+    CLI prints it as one line, ``probekit: warning: ...``, even with ``--quiet``."""
+
+
 def check_known_keys(settings: dict, known: set[str], what: str) -> None:
     """Raise :class:`ConfigError` naming any key of ``settings`` outside ``known``.
 

@@ -12,7 +12,9 @@ diagnose``, a phase of the demo). Two counts feed its line:
   the time so far and the estimated time left, with the block passes beside it.
 
 Both cost one context-variable read when no phase is open. ``enabled=False`` (``--quiet``)
-shows nothing.
+shows nothing. When stderr is no terminal (a log file, a pipe, a CI job) a line is not redrawn:
+each phase writes one plain line as it ends, without carriage returns or cursor escapes
+(:func:`bar` makes every progress bar of probekit, :class:`PlainBar` is that line).
 
 Example:
     >>> with phase("counting", enabled=False) as line:
@@ -25,12 +27,117 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def live(file: Any = None) -> bool:
+    """Whether a progress bar on ``file`` (default stderr) can be redrawn in place: a terminal,
+    or a Jupyter notebook (where tqdm draws a widget)."""
+    file = sys.stderr if file is None else file
+    if _notebook():
+        return True
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed file
+        return False
+
+
+def _notebook() -> bool:
+    """Whether tqdm.auto draws notebook widgets here (a Jupyter kernel with ipywidgets)."""
+    if not {"ipykernel.zmqshell", "IPython.utils._process_emscripten"} & set(sys.modules):
+        return False
+    import tqdm.auto  # noqa: F401  (imports tqdm.autonotebook without its warning)
+    from tqdm import autonotebook, std
+
+    return autonotebook.tqdm is not std.tqdm
+
+
+class PlainBar:
+    """A tqdm bar's few methods that probekit uses, shown as one plain line when it closes
+    (``desc: done/total unit, postfix (seconds)``) for output that is no terminal.
+
+    Example:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> with PlainBar(desc="steps", total=3, unit="step", file=out) as bar:
+        ...     bar.update(3)
+        >>> out.getvalue().split(" (")[0]
+        'steps: 3/3 step'
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        *,
+        desc: str = "",
+        total: int | None = None,
+        unit: str = "it",
+        initial: int = 0,
+        disable: bool = False,
+        file: Any = None,
+        **_: Any,
+    ) -> None:
+        self.iterable, self.desc, self.unit, self.disable = iterable, desc or "", unit, disable
+        if total is None and isinstance(iterable, Sequence):
+            total = len(iterable)
+        self.n, self.total, self.postfix = initial, total, ""
+        self.file, self.start, self.closed = file, time.perf_counter(), False
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable or ():
+            yield item
+            self.update()
+        self.close()
+
+    def __enter__(self) -> PlainBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def reset(self, total: int | None = None) -> None:
+        self.n, self.total = 0, total
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = str(s)
+
+    def set_postfix(self, refresh: bool = True, **numbers: Any) -> None:
+        self.postfix = ", ".join(f"{key}={value}" for key, value in numbers.items())
+
+    def set_description_str(self, desc: str | None = None, refresh: bool = True) -> None:
+        self.desc = desc or ""
+
+    def close(self) -> None:
+        """Write the one line (once; nothing when disabled)."""
+        if self.closed or self.disable:
+            self.closed = True
+            return
+        self.closed = True
+        count = f"{self.n:,}" + (f"/{self.total:,}" if self.total is not None else "")
+        words = [f"{count} {self.unit.strip()}"] + ([self.postfix] if self.postfix else [])
+        seconds = time.perf_counter() - self.start
+        text = f"{self.desc}: {', '.join(words)} ({seconds:.1f} s)"
+        print(text, file=sys.stderr if self.file is None else self.file, flush=True)
+
+
+def bar(iterable: Iterable[Any] | None = None, **kwargs: Any) -> Any:
+    """A progress bar: tqdm (``tqdm.auto``, with ``kwargs``) where it can redraw its line
+    (:func:`live`), else a :class:`PlainBar` that writes one plain line when it closes."""
+    if kwargs.get("disable") or not live(kwargs.get("file")):
+        return PlainBar(iterable, **kwargs)
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
 
 
 class Line:
@@ -44,9 +151,7 @@ class Line:
         self.unit = unit
         self.bar: Any = None
         if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(
+            self.bar = bar(
                 desc=what, unit=f" {unit}", total=total, leave=False, dynamic_ncols=True,
                 mininterval=0.5,
             )  # fmt: skip
@@ -151,4 +256,4 @@ def counted(items: Sequence[T], unit: str = "batches") -> Iterator[T]:
         step()
 
 
-__all__ = ["Line", "advance", "counted", "expect", "phase", "step"]
+__all__ = ["Line", "PlainBar", "advance", "bar", "live", "counted", "expect", "phase", "step"]

@@ -44,6 +44,7 @@ from probekit.data import Data
 from probekit.errors import InputError, NumericalError
 from probekit.io import atomic_write_bytes, atomic_write_text, swapped_directory
 from probekit.model import Model, load
+from probekit.progress import bar as progress_bar
 from probekit.progress import expect, phase, step
 from probekit.report_text import TITLES, conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
@@ -283,9 +284,7 @@ def _run(
     not_defined: dict[str, str] = {}
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(steps), desc="diagnose", unit="analysis")
+        bar = progress_bar(total=len(steps), desc="diagnose", unit="analyses")
     expect(len(steps), "analyses")  # on the line of a phase around the diagnosis (the demo's)
     try:
         for name, call in steps.items():
@@ -301,6 +300,8 @@ def _run(
             step()
             if bar is not None:
                 bar.update()
+        if bar is not None:
+            bar.set_postfix_str("")  # the last analysis's name: the bar ends on the count
     finally:
         if bar is not None:
             bar.close()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probekit.errors import CheckpointError, InputError
+from probekit.errors import CheckpointError, InputError, ProbekitWarning
 from probekit.model.hub import hub_name, resolve
 
 N_SEQUENCES = 32
@@ -186,12 +187,13 @@ def checkpoints_to_compare(
     are ``names`` or the folders' (the run's for a folder named ``checkpoint``, ``name@rev``
     for a Hub revision, a ``/`` of the revision written ``-``: ``name@refs-pr-1``), made
     unique."""
-    items = _expanded(list(items), revisions, run)
+    given, items = list(items), _expanded(list(items), revisions, run)
     if len(items) < 2:
-        raise InputError(f"{len(items)} checkpoint(s) to compare", fix="pass two or more")
+        _too_few(given, len(items), revisions is not None, run)
     folders = []
     for item in items:
         check_path_names(item)
+        check_local_folder(item)
         if not os.path.lexists(item) and hub_name(item) is None:
             raise CheckpointError(
                 f"checkpoint path {item} does not exist",
@@ -201,6 +203,26 @@ def checkpoints_to_compare(
         check_checkpoint_folder(folder)
         folders.append(checkpoint_of(folder))
     return dict(zip(_names(items, names), folders, strict=True))
+
+
+def _too_few(given: list[str], found: int, revisions: bool, run: bool) -> None:
+    """Refuse fewer than two checkpoints, saying how ``compare`` or ``timeline`` gets more:
+    ``--revisions`` for a Hub name, a run folder or more checkpoints otherwise."""
+    what = f"{found} checkpoint(s) to compare"
+    hub = "probekit timeline ORG/NAME --revisions REV1,REV2 for a Hub model's revisions"
+    if revisions:
+        fix = "name two or more revisions in --revisions, e.g. --revisions step1000,step2000"
+    elif len(given) == 1 and not os.path.lexists(given[0]) and hub_name(given[0]):
+        what += f": {given[0]} is one Hub name and no --revisions were given"
+        fix = (
+            f"pass probekit timeline {given[0].split('@')[0]} --revisions REV1,REV2 (e.g. "
+            "step1000,step2000), or two or more checkpoints"
+        )
+    elif run:
+        fix = f"pass a run folder with checkpoints below it, two or more checkpoints, or {hub}"
+    else:
+        fix = f"pass two or more checkpoints (folders or Hub names), or {hub}"
+    raise InputError(what, fix=fix)
 
 
 def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> list[str]:
@@ -257,6 +279,36 @@ def check_path_names(*paths: str | os.PathLike | None) -> None:
             raise InputError(f"{text!r} is not a path", fix="pass a file or folder name")
 
 
+def check_local_folder(model: str | os.PathLike) -> None:
+    """Refuse a name written like a Hub name that does not exist here but whose parent folder
+    does (``models/typo`` where ``models/`` is here): a mistyped folder rather than a Hub
+    model, said with the closest name beside it (other missing paths: "does not exist").
+
+    Example:
+        >>> check_local_folder("no-such-org-here/name")  # no folder no-such-org-here/: a Hub name
+    """
+    path = Path(model)
+    parent = path.parent
+    if hub_name(model) is None or os.path.lexists(path) or os.fspath(parent) in ("", "."):
+        return
+    if not parent.is_dir():
+        return
+    near = difflib.get_close_matches(path.name, _entries(parent), n=1, cutoff=0.5)
+    fix = f"did you mean {parent / near[0]}? (ls {parent})" if near else f"check it: ls {parent}"
+    fix += f"; for the Hub model {model}, run probekit where there is no {parent}/ folder"
+    raise CheckpointError(
+        f"no such folder here: {model} ({parent}/ is here but holds no {path.name})", fix=fix
+    )
+
+
+def _entries(folder: Path) -> list[str]:
+    """The names in ``folder`` (up to 1000), or none when it cannot be read."""
+    try:
+        return sorted(p.name for p in list(folder.iterdir())[:1000])
+    except OSError:
+        return []
+
+
 def check_diagnose_inputs(
     model: str | os.PathLike,
     *,
@@ -267,6 +319,7 @@ def check_diagnose_inputs(
     imported): the checkpoint path and ``text`` are paths, the checkpoint path exists, and
     ``lens`` (a saved tuned lens) is a folder."""
     check_path_names(model, text)
+    check_local_folder(model)
     if not os.path.lexists(model) and hub_name(model) is None:
         raise CheckpointError(
             f"checkpoint path {model} does not exist",
@@ -464,10 +517,27 @@ def default_data(
         split = "train" if fit else "validation"
         return corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences), "all"
     if random or model.tokenizer is None and text is None and dataset is None:
+        if not random and not fit:
+            warn_no_tokenizer(path)
         return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
     texts, what, skip = _texts(text, dataset, fit)
     length = min(seq_len, model.n_ctx)
     return _tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
+
+
+def warn_no_tokenizer(path: str | os.PathLike) -> None:
+    """Warn (:class:`~probekit.errors.ProbekitWarning`) that the checkpoint at ``path`` has no
+    tokenizer, so it is diagnosed on random tokens, and say how to give it text."""
+    import warnings
+
+    warnings.warn(
+        f"{path} has no tokenizer, so it is diagnosed on tokens drawn uniformly from the "
+        "vocabulary (random tokens, not language); to diagnose text, save the model's "
+        "tokenizer into that folder (tokenizer.save_pretrained(FOLDER)) and pass --text FILE "
+        "or --dataset NAME, or pass --random-tokens to choose random tokens without this warning",
+        ProbekitWarning,
+        stacklevel=3,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,6 +592,9 @@ def _texts(
     if text is not None:
         return sources.file_texts(text), f"text file {os.path.abspath(text)}", int(fit)
     if dataset is not None:
+        choice = dict(config=dataset.config, split=dataset.split, column=dataset.column)
+        column = sources.dataset_column(dataset.name, **choice)  # "text": maybe the only one
+        dataset = dataclasses.replace(dataset, column=column)
         texts = sources.dataset_texts(
             dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
         )

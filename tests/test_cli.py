@@ -107,6 +107,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         "--bootstrap",
         "0",
         "--quiet",
+        "--random-tokens",  # asked for: no warning that the folder has no tokenizer
     ]
     monkeypatch.setattr(report, "_chromium_available", lambda: False)
     assert main(argv) == 0

@@ -97,8 +97,9 @@ def test_data_sets_as_researchers_name_them(tmp_path, monkeypatch, datasets_cach
     assert list(dataset_texts(tmp_path / "saved", column="body")) == ROWS
     assert list(dataset_texts(tmp_path / "saved", split="train", column="body")) == ["only train"]
     assert list(dataset_texts("org/texts", split="validation")) == ROWS
-    with pytest.raises(InputError, match="no column 'text' .*columns: body"):
-        list(dataset_texts(tmp_path / "saved"))
+    assert list(dataset_texts(tmp_path / "saved")) == ROWS  # its only string column, body
+    with pytest.raises(InputError, match="no column 'title' .*columns: body"):
+        list(dataset_texts(tmp_path / "saved", column="title"))
     with pytest.raises(InputError, match="no split 'test'"):
         list(dataset_texts(tmp_path / "saved", split="test", column="body"))
     with pytest.raises(InputError, match="org/absent is neither in the local datasets cache"):

@@ -34,6 +34,7 @@ def test_notebook_runs(path, tmp_path):
         o.get("text", "") for o in _outputs(notebook, "stream") if o["name"] == "stderr"
     )
     assert "TqdmWarning" not in stderr and "tokenizers" not in stderr.lower(), stderr[:500]
+    assert "[transformers]" not in stderr and "_token_id" not in stderr, stderr[:500]
     written = [p for p in tmp_path.iterdir() if p.name != "notebook-outputs"]
     assert not written, f"{path.name} wrote outside notebook-outputs/: {written}"
     if "03_" in path.name:

@@ -30,6 +30,7 @@ from probekit.cli.common import (
     add_threads,
     check_device,
     check_int_flags,
+    one_line_warnings,
     set_threads,
 )
 from probekit.cli.compare import add_compare_parsers
@@ -95,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; a problem is one line on stderr and its exit status."""
     try:
         set_threads(args.threads)
-        return int(args.func(args) or 0)
+        with one_line_warnings():  # a ProbekitWarning: "probekit: warning: ..."
+            return int(args.func(args) or 0)
     except ProbekitError as err:
         print("probekit: error: " + " ".join(str(err).split()), file=sys.stderr)
         return 2

@@ -20,9 +20,12 @@ import argparse
 import difflib
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from probekit.errors import ConfigError, InputError
+from probekit.errors import ConfigError, InputError, ProbekitWarning
 from probekit.sources import DatasetChoice
 
 
@@ -225,7 +228,11 @@ def add_data_flags(diag: Flags) -> None:
         help="the data set's split (with --dataset; default validation for a named data set, "
         "train for a local file)",
     )
-    diag.add_argument("--column", help="the data set's text column (with --dataset; default text)")
+    diag.add_argument(
+        "--column",
+        help="the data set's text column (with --dataset; default text, or else its only "
+        "string column)",
+    )
 
 
 DATASET_FLAG_EXAMPLES = {
@@ -291,6 +298,25 @@ def check_executor_flags(args: argparse.Namespace) -> None:
         check_ray_address(args.ray_address)
 
 
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """While the block runs, a :class:`~probekit.errors.ProbekitWarning` is printed as one line
+    on stderr, ``probekit: warning: ...`` (other warnings as Python shows them)."""
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, ProbekitWarning):
+            print("probekit: warning: " + " ".join(str(message).split()), file=sys.stderr)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 LIMITS = {
     "n_sequences": (1, 100_000),
     "seq_len": (1, 2**20),
@@ -341,5 +367,6 @@ __all__ = [
     "add_quiet",
     "add_threads",
     "check_device",
+    "one_line_warnings",
     "set_threads",
 ]

@@ -71,8 +71,7 @@ def compare_command(args: argparse.Namespace) -> int:
     )
     for name, error in failed.items():
         print(f"probekit: error: checkpoint {name} failed: {error}", file=sys.stderr)
-    if not args.quiet:
-        print(f"comparison: {page}", file=sys.stdout)
+    print(f"comparison: {page}", file=sys.stdout)  # even with --quiet: where the page is
     return 1 if failed else 0
 
 
@@ -118,7 +117,7 @@ def _add_shared_flags(p: argparse.ArgumentParser) -> None:
                    help="layer pairs to swap")  # fmt: skip
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates, 0 to 10000")
     add_executor(p, what="checkpoints")
-    add_quiet(p, help="no progress output")
+    add_quiet(p, help="no progress output: only the page's path")
 
 
 __all__ = ["add_compare_parsers", "compare_command"]

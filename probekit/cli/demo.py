@@ -45,7 +45,7 @@ def demo_command(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print_demo_verdicts(index.parent / "summary.json")
-        print(f"demo report: {index}")
+    print(f"demo report: {index}")  # even with --quiet: where the demo is
     return 0
 
 
@@ -73,7 +73,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-images", action="store_true", help="skip the PNG/SVG copies of the figures"
     )
-    add_quiet(demo, help="no progress bars")
+    add_quiet(demo, help="no progress lines or verdicts: only the index page's path")
     demo.set_defaults(func=demo_command)
     return demo
 

@@ -110,7 +110,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     if not args.quiet:
         for line in diagnosis.verdict:
             print(f"- {line}")
-        print(f"report: {page}")
+    print(f"report: {page}")  # even with --quiet: where the report is
     return 0
 
 
@@ -172,7 +172,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
         "Chrome/Chromium are present)",
     )
-    add_quiet(diag, help="no progress bar or verdict output")
+    add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)
     _add_depth_flags(diag)
     diag.set_defaults(func=diagnose_command)

@@ -100,12 +100,7 @@ def dataset_texts(
         yield from file_texts(path)
         return
     rows = _dataset(name, config, split)
-    if column not in rows.column_names:
-        raise InputError(
-            f"the data set {name} has no column {column!r} (columns: "
-            f"{', '.join(rows.column_names)})",
-            fix="pass --column with one of its text columns",
-        )
+    column = _text_column(rows, name, column)
     try:
         for block in rows.iter(batch_size=1000):  # lazily: a diagnosis needs few rows
             for value in block[column]:
@@ -169,6 +164,42 @@ def check_utf8(path: Path, block: int = CHUNK_CHARS) -> None:
             if not data:
                 return
             done += len(data)
+
+
+def dataset_column(
+    name: str | os.PathLike,
+    *,
+    config: str | None = None,
+    split: str | None = None,
+    column: str = "text",
+) -> str:
+    """The column :func:`dataset_texts` reads for ``column``: itself, or for the default
+    ``"text"`` that a data set lacks, its only string column."""
+    path = Path(name)
+    if path.is_file() and path.suffix == ".txt":
+        return column
+    return _text_column(_dataset(name, config, split), name, column)
+
+
+def _text_column(rows: Any, name: str | os.PathLike, column: str) -> str:
+    """``column`` if ``rows`` has it; for the default ``"text"``, the only string column;
+    else an :class:`InputError` naming the string columns."""
+    names = list(rows.column_names)
+    if column in names:
+        return column
+    strings = [
+        c
+        for c in names
+        if getattr(rows.features.get(c), "dtype", None) in ("string", "large_string")
+    ]
+    if column == "text" and len(strings) == 1:
+        return strings[0]
+    listed = ", ".join(strings) if strings else "none"
+    raise InputError(
+        f"the data set {name} has no column {column!r} (columns: {', '.join(names)}; text "
+        f"columns: {listed})",
+        fix="pass --column with one of its text columns",
+    )
 
 
 def _dataset(name: str | os.PathLike, config: str | None, split: str | None) -> Any:

@@ -161,12 +161,12 @@ def run_tasks(
     finishes (in order of finishing under Ray). One progress bar (finished / total, ETA)
     advances by ``sizes[index]`` per finished task (default 1), from ``done_before``."""
     check_executor(executor)
-    from tqdm.auto import tqdm
+    from probekit.progress import bar as progress_bar
 
     results: list[Any] = [None] * len(items)
     sizes = list(sizes) if sizes is not None else [1] * len(items)
     total = done_before + sum(sizes)
-    bar = tqdm(
+    bar = progress_bar(
         total=total, initial=done_before, desc=desc, disable=not progress, dynamic_ncols=True
     )
     with bar:

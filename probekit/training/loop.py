@@ -358,11 +358,11 @@ def run_loop(trainer: Trainer, progress: bool = True) -> None:
     state kept there comes back at a sync point (:meth:`Trainer.check`), where a run that
     diverged stops. Order at a sync point: check, evaluate (when due), the per-step seam,
     save (when due)."""
-    from tqdm.auto import tqdm
+    from probekit.progress import bar as progress_bar
 
     total = trainer.settings.steps
     trainer.begin()
-    bar = tqdm(
+    bar = progress_bar(
         total=total,
         initial=trainer.step,
         disable=not progress,

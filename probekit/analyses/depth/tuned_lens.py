@@ -348,11 +348,11 @@ class TunedLens(nn.Module):
         progress: bool,
     ) -> list[list[float]]:
         """The training loop; returns the per-depth losses of every step."""
-        from tqdm.auto import tqdm
+        from probekit.progress import bar
 
         opt = make_optimizer(list(self.parameters()), s)
         losses = []
-        for step, index in enumerate(tqdm(order, desc="tuned lens", disable=not progress)):
+        for step, index in enumerate(bar(order, desc="tuned lens", disable=not progress)):
             for group in opt.param_groups:
                 group["lr"] = s.lr * lr_factor(step, s.steps, s.warmup_steps)
             trace = model.trace(batches[index])
