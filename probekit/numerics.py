@@ -1,8 +1,9 @@
 """General numerics the model handle, the training loops and the analyses share.
 
 Nothing here knows a model: finiteness tests, free memory, the relative tolerances of
-comparisons between computations, and the guard that turns torch's "not implemented for
-Half" into one probekit error.
+comparisons between computations, the guard that turns torch's "not implemented for
+Half" into one probekit error, and the one-thread setting of NumPy/SciPy's BLAS for the
+scikit-learn fits.
 
 Example:
     >>> import torch
@@ -14,11 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -104,10 +107,41 @@ def dtype_guard(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
         ) from err
 
 
+@functools.cache
+def _blas_pools() -> Any:
+    """threadpoolctl's view of the loaded BLAS libraries (NumPy's and SciPy's), found once."""
+    import scipy.linalg  # noqa: F401  (loads SciPy's BLAS, so the controller sees it too)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Run NumPy/SciPy linear algebra (scikit-learn's fits) on one BLAS thread inside.
+
+    The probes, maps and clusterings fit many small problems (hundreds to a few thousand rows,
+    d_model columns). OpenBLAS's worker threads busy-wait between such calls: on two idle
+    cores a logistic probe ran 1.3-3.6x faster on one thread, and beside another busy process
+    the two-thread pool lost the cores it spun on (``benchmarks/bench_load.py`` prints the
+    phases of the quick demo idle and beside a busy process). torch's own threads are not
+    touched; the previous limits come back on exit.
+
+    Example:
+        >>> import numpy as np
+        >>> with one_blas_thread():
+        ...     float(np.linalg.norm(np.ones(4)))
+        2.0
+    """
+    with _blas_pools().limit(limits=1, user_api="blas"):
+        yield
+
+
 __all__ = [
     "all_finite",
     "available_memory",
     "dtype_guard",
+    "one_blas_thread",
     "relative_deviation",
     "tolerance",
     "within_tolerance",

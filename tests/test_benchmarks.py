@@ -88,3 +88,15 @@ def test_the_gpt2_diagnosis_benchmark_times_each_analysis():
     from probekit import report
 
     assert report._run.__name__ == "_run"  # put back
+
+
+def test_bench_load_reads_the_demo_phase_lines_with_or_without_escapes():
+    from benchmarks import bench_load
+
+    stderr = (
+        "probekit demo: training the two models as one stack (300 steps each); step\n"
+        "\x1b[2K\rprobekit demo: training (14.0 s)\n"
+        "probekit demo: anchor_inferential: probes (2.5 s)\r\n"
+        "probekit demo: anchor_symmetric: probes (4.5 s)\n"
+    )
+    assert bench_load.phase_times(stderr) == {"training": 14.0, "probes": 7.0}

@@ -151,3 +151,26 @@ def test_probes_leave_model_untouched(arch):
     before = _snapshot(model, tokens, None)
     linear_probes(model, tokens, labels={"x": tokens[:, 0] % 2}, positions="last", probe="ridge")
     _assert_same(before, _snapshot(model, tokens, None))
+
+
+def _blas_threads() -> set[int]:
+    from threadpoolctl import threadpool_info
+
+    return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+
+def test_probe_fits_run_on_one_blas_thread_and_the_limit_is_lifted_after(gpt2, monkeypatch):
+    """OpenBLAS's spinning worker threads made the probes 10x slower on a shared machine."""
+    from probekit.analyses.mechanisms import probes
+
+    before, seen = _blas_threads(), []
+
+    def recording_fit(*args, **kwargs):
+        seen.append(_blas_threads())
+        return fit_probe(*args, **kwargs)
+
+    monkeypatch.setattr(probes, "fit_probe", recording_fit)
+    tokens = torch.randint(0, VOCAB, (24, 4))
+    linear_probes(gpt2, tokens, labels={"first": tokens[:, 0] % 2}, positions=[0], probe="ridge")
+    assert seen and all(threads == {1} for threads in seen)
+    assert _blas_threads() == before

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from probekit.errors import InputError
+from probekit.numerics import one_blas_thread
 
 METHODS = ("pca", "tsne", "umap")
 """Map methods of :func:`reduce`."""
@@ -34,6 +35,12 @@ def reduce(x: np.ndarray, method: str = "pca", seed: int = 0) -> tuple[np.ndarra
     n = x.shape[0]
     if n < 4:
         raise InputError(f"{n} points are too few for a map", fix="pass at least 4 points")
+    with one_blas_thread():  # see numerics.one_blas_thread
+        return _coordinates(x, method, seed)
+
+
+def _coordinates(x: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, dict]:
+    n = x.shape[0]
     if method == "pca":
         from sklearn.decomposition import PCA
 

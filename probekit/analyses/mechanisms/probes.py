@@ -57,6 +57,7 @@ from probekit.analyses._common import DataOrTask, result_meta
 from probekit.data import TaskData, check_one_length
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.numerics import one_blas_thread
 from probekit.progress import counted
 from probekit.result import Result
 
@@ -413,8 +414,9 @@ def linear_probes(
         if progress is not None:
             progress(f"{site} layer {layer}")
         acts, valid = gather(model, batches, hook)  # one site at a time
-        for pos, idx in index.items():
-            rows += _probe_position(acts, valid, idx, split, variables, fit, (site, layer, pos))
+        with one_blas_thread():  # many small fits: see numerics.one_blas_thread
+            for pos, idx in index.items():
+                rows += _probe_position(acts, valid, idx, split, variables, fit, (site, layer, pos))
         del acts  # before the next site is gathered
     df = pd.DataFrame(rows)
     df["decodable"] = (df.score >= threshold) & (df.selectivity >= min_selectivity)
