@@ -75,7 +75,7 @@ def test_quiet_demo_and_comparison_print_their_page(checkpoint, tmp_path, capsys
 
     page = tmp_path / "page.html"
     monkeypatch.setattr(probekit.demo, "run_demo", lambda *a, **k: page)
-    monkeypatch.setattr(probekit.compare, "compare_checkpoints", lambda *a, **k: page)
+    monkeypatch.setattr(probekit.compare, "compare_checkpoints", lambda *a, **k: (page, {}))
     assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--quiet"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"demo report: {page}"]
     argv = ["compare", str(checkpoint), str(checkpoint), "--out", str(tmp_path / "c")]
