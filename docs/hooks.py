@@ -5,6 +5,9 @@
   the repository root and join the site's files under the same paths.
 - ``<!-- include README.md:NAME -->`` in a page inserts the README's part between
   ``<!-- start:NAME -->`` and ``<!-- end:NAME -->`` (the install and test commands have one home).
+- The tutorials are committed with their outputs (``execute: false``; regenerate them with
+  ``python -m tests.notebook_outputs``): their figures are plotly divs drawn by the plotly.js that
+  the plotly package ships, added once to the site and loaded by each tutorial page before them.
 - Links are written for GitHub (``docs/x.md`` from the README, ``../assets/`` from docs/) and
   rewritten here for the site, where index.md, the pages, assets/ and notebooks/ share one root.
 """
@@ -14,14 +17,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import plotly
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
+from mkdocs.utils import get_relative_url
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 ROOT_FOLDERS = {"notebooks": "*.ipynb", "assets": "*.png"}
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+PLOTLY_JS_URI = "js/plotly.min.js"
 INCLUDE = re.compile(r"<!-- include README\.md:([\w-]+) -->")
 
 
@@ -55,7 +62,16 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
                     use_directory_urls=config.use_directory_urls,
                 )
             )
+    files.append(File.generated(config, PLOTLY_JS_URI, abs_src_path=str(PLOTLY_JS)))
     return files
+
+
+def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    """Load plotly.js at the top of a tutorial page, before the figures that it draws."""
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    src = get_relative_url(PLOTLY_JS_URI, page.url or ".")
+    return f'<script src="{src}"></script>\n{html}'
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:

@@ -12,6 +12,8 @@ from probekit.cli import main
 from probekit.toy import toy_hf_model
 from tests.browser import figure_problems, open_page
 
+OFFLINE_SITE_ERRORS = ("fonts.googleapis.com", "search/search_index.js")
+
 
 @pytest.fixture(scope="module")
 def gpt2_report(tmp_path_factory):
@@ -130,3 +132,25 @@ def test_an_export_retries_kaleidos_start_up_race_and_a_left_out_image(monkeypat
     export(lambda n: ValueError("another problem"))
     with pytest.raises(ValueError, match="another problem"):
         figures.write_image(bar, tmp_path / "e.png")
+
+
+def test_a_tutorial_page_of_the_docs_site_draws_its_figures(tmp_path):
+    """The docs site, built as CI builds it, shows a tutorial's committed figures, drawn by the
+    plotly.js that docs/hooks.py adds (no network: nothing is fetched from a CDN)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    figures, errors = open_page(tmp_path / "notebooks" / "03_diagnose_a_checkpoint" / "index.html")
+    # offline from a file:// URL: the theme's web fonts and its search index do not load
+    errors = [e for e in errors if not any(s in e["message"] for s in OFFLINE_SITE_ERRORS)]
+    assert errors == []
+    assert len(figures) == 7  # six analyses of a GPT-2 model and one of a sentence encoder
+    assert figure_problems(figures) == []  # each drawn, fitting the text column
