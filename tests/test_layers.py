@@ -131,6 +131,34 @@ def test_the_command_line_imports_only_light_modules_up_front(module):
     assert not heavy, f"probekit/{module}.py imports {sorted(heavy)} at module level"
 
 
+def test_help_a_mistyped_command_and_a_bad_path_load_no_torch(tmp_path):
+    """``probekit --help`` (train and sweep listed with their help), ``probekit`` alone, a
+    mistyped command and a path that does not exist answer before torch, transformers or
+    TransformerLens load: in a fraction of a second, not the seconds their imports take."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from probekit.cli import main\n"
+        "out = io.StringIO()\n"
+        "for argv in (['--help'], [], ['trian'], ['diagnose', '/nonexistent', '--out', "
+        f"{str(tmp_path / 'x')!r}]):\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as exit:\n"
+        "            code = exit.code\n"
+        "    assert code in (0, 2), (argv, code)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'transformer_lens') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "text = out.getvalue()\n"
+        "assert 'train a GPT-2-style model' in text and 'sweep gamma' in text, text\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_help_and_usage_errors_load_no_command():
     code = (
         "import sys\n"
