@@ -3,9 +3,10 @@
 Each checkpoint gets its own full report (:func:`probekit.cluster.diagnose_many`, so the
 ``"local"`` and ``"ray"`` executors of a sweep apply), all on the same data, and one page sets
 them side by side: the headline table (second-half share, depth score, permutable blocks in
-words, where the logit lens forms the prediction, the loss), the zero-ablation contribution
-profiles overlaid, the logit-lens KL profiles overlaid, and for a timeline the headline numbers
-over the checkpoints' steps. Models of different depths are drawn over relative depth
+words, where the logit lens forms the prediction, the loss), each checkpoint's warnings (its
+verdict's: at chance, untrained), the zero-ablation contribution profiles overlaid, the
+logit-lens KL profiles overlaid, and for a timeline the headline numbers over the checkpoints'
+steps, one panel each. Models of different depths are drawn over relative depth
 ((layer + ½) ÷ layers), so a 12- and a 24-layer model share one axis.
 
 Example:
@@ -34,10 +35,11 @@ import plotly.graph_objects as go
 
 from probekit import figures
 from probekit.cluster import DiagnosesResult, diagnose_many
-from probekit.errors import InputError
-from probekit.io import atomic_write_text
+from probekit.errors import InputError, ProbekitError
+from probekit.io import atomic_write_text, read_json
 from probekit.result import Result, layer_ranges
 from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
+from probekit.verdict import warnings_in
 
 HEADLINES = (
     ("second_half_share", "second-half share of the output change", "{:.1%}"),
@@ -100,8 +102,11 @@ def _compared(
         options.setdefault("data_source", data_label)
     table = diagnose_many(checkpoints, data, out, resume=False, **options)
     results = {name: _read_results(out / name) for name in table.df["name"]}
+    warned = {name: read_warnings(out / name) for name in table.df["name"]}
     steps = steps_of(list(checkpoints)) if timeline else None
-    page = comparison_page(table, results, title=title, steps=steps, data_label=data_label)
+    page = comparison_page(
+        table, results, title=title, steps=steps, data_label=data_label, warnings=warned
+    )
     return atomic_write_text(out / "index.html", page), dict(table.summary.get("failed", {}))
 
 
@@ -187,6 +192,19 @@ def _read_results(folder: Path) -> dict[str, Result]:
         if (folder / f"{name}.json").is_file():
             found[name] = Result.load(folder / f"{name}.json")
     return found
+
+
+def read_warnings(folder: Path) -> list[str]:
+    """The warnings of the report in ``folder``: the verdict lines of its summary.json that
+    warn (:func:`~probekit.verdict.warnings_in`: at chance, untrained); none without one."""
+    try:  # as diagnose_many reads it: a pipe or a file too big is no report
+        summary = read_json(folder / "summary.json", 2**26, "a report's summary.json")
+    except (OSError, ProbekitError):
+        return []
+    verdict = summary.get("verdict") if isinstance(summary, dict) else None
+    if not isinstance(verdict, list):
+        return []
+    return warnings_in([line for line in verdict if isinstance(line, str)])
 
 
 def headline_table(table: DiagnosesResult) -> pd.DataFrame:
@@ -278,25 +296,58 @@ def lens_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
     )
 
 
+_WORDS = {key: words for key, words, _ in HEADLINES}
+
+TIMELINE_PANELS = (
+    # key, panel title in words, y title in units, marker, ticks in percent, 0 in view
+    ("second_half_share", _WORDS["second_half_share"], "share (%)", "circle", True, True),
+    ("depth_score", _WORDS["depth_score"], "depth score<br>(layer)", "diamond", False, False),
+)
+"""The timeline's panels, one measure each, top to bottom (the words of :data:`HEADLINES`)."""
+
+
 def timeline_figure(table: DiagnosesResult, steps: Sequence[int | None]) -> go.Figure:
     """The second-half share and the depth score over the checkpoints' steps (their order
-    where a step cannot be read from the path)."""
+    where a step cannot be read from the path), one panel each over a shared x axis: each
+    measure titled in words, on its own y axis in its own units, with round ticks, so neither
+    line hides the other."""
+    from plotly.subplots import make_subplots
+
     ok = table.df["status"] == "ok"
     use_steps = all(s is not None for s in steps)
-    x = list(steps) if use_steps else list(range(len(steps)))
-    fig = go.Figure()
-    for i, (key, words, _) in enumerate(HEADLINES[:2]):
-        if key in table.df:
-            y = [v if good else None for v, good in zip(table.df[key], ok, strict=True)]
-            fig.add_trace(go.Scatter(x=x, y=y, name=words, mode="lines+markers", yaxis=f"y{i + 1}"))
-    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": HEADLINES[1][1]})
-    figures.base_layout(
-        fig,
-        "Depth use over training",
-        "training step" if use_steps else "checkpoint (in the order given)",
-        HEADLINES[0][1],
+    x = [int(s) for s in steps] if use_steps else list(range(len(steps)))
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.16,
+        subplot_titles=[panel[1] for panel in TIMELINE_PANELS],
     )
-    return fig
+    for row, (key, words, y_title, marker, percent, from_zero) in enumerate(TIMELINE_PANELS, 1):
+        values = table.df[key] if key in table.df else [None] * len(x)
+        y = [v if good and pd.notna(v) else None for v, good in zip(values, ok, strict=True)]
+        color = figures.PALETTE[row - 1]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                name=words,
+                mode="lines+markers",
+                line={"color": color},
+                marker={"symbol": marker, "size": 9, "color": color},
+                showlegend=False,
+            ),
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(title_text=y_title, row=row, col=1)
+        figures.round_axis(fig, y, row=row, col=1, percent=percent, from_zero=from_zero)
+    figures.base_layout(fig, "Depth use over training", height=560)
+    span = max(x) - min(x) if x else 0
+    figures.integer_axis(fig, "x", n=max(span, 1), tickformat=",d")
+    x_title = "training step" if use_steps else "checkpoint (in the order given)"
+    fig.update_xaxes(title_text=x_title, row=2, col=1)
+    return fig.update_annotations(x=0, xanchor="left")  # panel titles over the y axis
 
 
 def comparison_page(
@@ -306,10 +357,16 @@ def comparison_page(
     title: str,
     steps: Sequence[int | None] | None = None,
     data_label: str = "",
+    warnings: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
-    """The side-by-side page: what data, the headline table with links, the overlays."""
+    """The side-by-side page: what data, the headline table with links, each checkpoint's
+    ``warnings`` ({name: lines}, :func:`read_warnings`) counted in the table and listed under
+    it, the overlays."""
+    warnings = {n: list(w) for n, w in (warnings or {}).items() if w}
     words = headline_table(table)
     words["permutable blocks"] = [_blocks(results.get(n, {})) for n in table.df["name"]]
+    if warnings:
+        words["warnings"] = [_warning_count(n, warnings.get(n, [])) for n in table.df["name"]]
     words["report"] = [
         f"<a href='{html.escape(n)}/report.html'>report</a>" if s == "ok" else ""
         for n, s in zip(table.df["name"], table.df["status"], strict=True)
@@ -327,12 +384,35 @@ def comparison_page(
         f"margin:2rem auto;max-width:{figures.MAX_WIDTH}px;padding:0 1.5rem;color:#222;"
         "line-height:1.5}table{border-collapse:"
         "collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;padding:.25rem .7rem;"
-        f"text-align:left}}</style></head><body><h1>{html.escape(title)}</h1>"
+        "text-align:left}.warnings{background:#fff8e6;border-left:4px solid #e0a000;"
+        f"padding:.6rem 1.2rem;margin:1rem 0}}</style></head><body><h1>{html.escape(title)}</h1>"
         + (f"<p>Data: {html.escape(data_label)}</p>" if data_label else "")
         + words.to_html(index=False, escape=False, border=0, na_rep="")
+        + _warning_list(warnings)
         + plots
         + "</body></html>"
     )
+
+
+def _warning_count(name: str, lines: Sequence[str]) -> str:
+    """A table cell: how many warnings a checkpoint has, linked to them under the table."""
+    if not lines:
+        return "none"
+    count = "1 warning" if len(lines) == 1 else f"{len(lines)} warnings"
+    return f"<a href='#warnings-{html.escape(name)}'>{count}</a>"
+
+
+def _warning_list(warnings: Mapping[str, Sequence[str]]) -> str:
+    """Each checkpoint's warnings under the table, one item each (nothing without any)."""
+    if not warnings:
+        return ""
+    items = "".join(
+        f"<li id='warnings-{html.escape(name)}'><strong>{html.escape(name)}</strong>: "
+        f"{html.escape(line)}</li>"
+        for name, lines in warnings.items()
+        for line in lines
+    )
+    return f"<div class='warnings'><strong>Warnings</strong><ul>{items}</ul></div>"
 
 
 def _blocks(found: Mapping[str, Result]) -> str:
@@ -349,4 +429,6 @@ __all__ = [
     "compare_checkpoints",
     "comparison_page",
     "headline_table",
+    "read_warnings",
+    "timeline_figure",
 ]

@@ -222,10 +222,10 @@ def run_demo(
     Everything is built in a temporary folder beside ``out`` and swapped in whole at the end, so
     ``out`` holds one complete demo (an older demo there is replaced; an interrupted or failed
     run leaves it as it was). A non-empty ``out`` that holds no demo is refused unless ``force``
-    (see :func:`probekit.report.check_out_dir`).
+    (see :func:`probekit.io.check_out_dir`).
     """
     from probekit.errors import InputError
-    from probekit.report import check_out_dir
+    from probekit.io import check_out_dir  # before the report's imports: a wrong --out is quick
 
     out = check_out_dir(out, force=force, recognise=is_demo_folder, what="demo")
     try:

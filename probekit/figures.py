@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,9 +80,72 @@ def integer_axis(
         >>> fig.layout.xaxis.tickmode, fig.layout.xaxis.dtick
         ('linear', 1)
     """
-    step = next(s for s in (1, 2, 5, 10, 20, 50, 100, 10**9) if (n or 0) <= 12 * s)
+    step = next(s for s in _ONE_TWO_FIVE if (n or 0) <= 12 * s)
     update = fig.update_xaxes if axis == "x" else fig.update_yaxes
     update(tickmode="linear", tick0=0, dtick=step, row=row, col=col, **kwargs)
+    return fig
+
+
+_ONE_TWO_FIVE = tuple(m * 10**k for k in range(16) for m in (1, 2, 5))
+"""Tick steps of integer axes: 1, 2, 5, 10, 20, 50, ... (training steps run to millions)."""
+
+
+def round_step(span: float, n: int = 5) -> float:
+    """The step of 1, 2 or 5 × 10ᵏ that splits ``span`` into at most about ``n`` parts.
+
+    Example:
+        >>> round_step(1.0), round_step(0.12), round_step(0.013)
+        (0.2, 0.05, 0.005)
+    """
+    raw = span / n
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(round(m * power, 15) for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
+
+
+def round_axis(
+    fig: go.Figure,
+    values: Sequence[float | None],
+    axis: str = "y",
+    row: int | None = None,
+    col: int | None = None,
+    percent: bool = False,
+    from_zero: bool = False,
+    decimals: int = 0,
+) -> go.Figure:
+    """Ticks at round values (:func:`round_step` apart, about five) over ``values`` with room
+    either side, labelled with the decimals the step needs and at least ``decimals`` (as a
+    percent with ``percent``: 0.125 is 12.5%), so no two ticks read alike and none reads
+    1.46423; ``from_zero`` keeps 0 in view (a share). No finite value: left as it is.
+
+    Example:
+        >>> fig = round_axis(go.Figure(), [0.11, 0.14], percent=True, from_zero=True)
+        >>> fig.layout.yaxis.dtick, fig.layout.yaxis.tickformat
+        (0.05, '.0%')
+    """
+    found = [float(v) for v in values if v is not None and np.isfinite(v)]
+    if not found:
+        return fig
+    low, high = min(found), max(found)
+    if from_zero:
+        low, high = min(low, 0.0), max(high, 0.0)
+    if high == low:  # one value: a band around it
+        half = abs(high) * 0.1 or 0.5
+        low, high = low - half, high + half
+    span = high - low
+    step = round_step(span)
+    shown = step * 100 if percent else step
+    places = max(decimals, -math.floor(math.log10(shown) + 1e-9), 0)
+    pad = 0.08 * span
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(
+        range=[low - pad, high + pad],
+        tickmode="linear",
+        tick0=0,
+        dtick=step,
+        tickformat=f".{places}{'%' if percent else 'f'}",
+        row=row,
+        col=col,
+    )
     return fig
 
 

@@ -54,10 +54,22 @@ SEQ_LEN = 64
 """Tokens per sequence :func:`default_data` cuts (capped at the model's context)."""
 
 
+RUN_CONFIG = "run_config.json"
+"""The file of a probekit run (:data:`probekit.training.checkpoint.RUN_CONFIG`), named here so
+a folder without one is told apart before the trainer (and torch) is imported."""
+
+RUN_CONFIG_PLACES = ("", "checkpoint", "final", "checkpoint.previous")
+"""Where :func:`probekit.run_folders.load_run` looks for :data:`RUN_CONFIG` under a path."""
+
+
 def checkpoint_of(path: str | os.PathLike) -> str:
     """The checkpoint folder ``path`` stands for: a probekit run folder stands for its
     checkpoint folder (``checkpoint/``, or ``final/`` of a finished LM run); any other path (a
-    checkpoint folder, a Hugging Face model directory) stands for itself."""
+    checkpoint folder, a Hugging Face model directory) stands for itself. A folder with no
+    :data:`RUN_CONFIG` in any of :data:`RUN_CONFIG_PLACES` is no run: answered without
+    importing the run reader (which imports torch)."""
+    if not any((Path(path) / place / RUN_CONFIG).is_file() for place in RUN_CONFIG_PLACES):
+        return os.fspath(path)
     from probekit.run_folders import load_run
 
     run = load_run(path)
@@ -341,13 +353,11 @@ def checkpoint_to_diagnose(
     per file of the checkpoint probekit ignores (:func:`ignored_files`)."""
     if not os.path.lexists(model):  # a Hub name (check_diagnose_inputs): its cached snapshot
         model = os.fspath(resolve(os.fspath(model)))
-    from probekit.run_folders import PREVIOUS
-
     path = checkpoint_of(model)
     check_checkpoint_folder(path)
     warning = check_text_file(text) if text is not None else None
     lines = [f"warning: {warning}"] if warning else []
-    if Path(path).name == PREVIOUS and Path(path).parent == Path(model):
+    if Path(path).parent == Path(model) and Path(path).name == RUN_CONFIG_PLACES[-1]:
         lines.append(
             f"notice: {model} has no checkpoint/ (a save was interrupted between its two "
             f"renames); using the complete {path} (probekit train --out {model} puts it back)"

@@ -21,6 +21,20 @@ from probekit.model import Model
 from probekit.result import Result, layer_ranges
 from probekit.sources import is_random_tokens
 
+WARNING = "Warning: "
+"""How a verdict line that warns begins (the numbers below it may not mean what they seem)."""
+
+
+def warnings_in(verdict: list[str]) -> list[str]:
+    """The lines of ``verdict`` that warn (begin with :data:`WARNING`), without that word.
+
+    Example:
+        >>> warnings_in(["Warning: at chance.", "The second half ..."])
+        ['at chance.']
+    """
+    return [line.removeprefix(WARNING) for line in verdict if line.startswith(WARNING)]
+
+
 SKIPPABLE_FRACTION = 0.01
 """A layer is called skippable when removing it raises the loss by less than this fraction of
 the clean loss."""
@@ -144,7 +158,7 @@ def _chance_warning(clean_loss: float, d_vocab: int, random_tokens: bool = False
         return []
     why = " (random tokens are unpredictable to any model)" if random_tokens else ""
     return [
-        f"Warning: the clean loss {clean_loss:.3f} is close to ln(vocabulary) = {chance:.3f}, "
+        f"{WARNING}the clean loss {clean_loss:.3f} is close to ln(vocabulary) = {chance:.3f}, "
         f"the loss of a uniform guess: the model looks untrained or at chance on this "
         f"data{why}, so the depth measures below describe an untrained network, not learned "
         "computation."
@@ -195,4 +209,11 @@ def human_layers(start: int, stop: int) -> str:
     return layer_ranges([[start, stop]])
 
 
-__all__ = ["SKIPPABLE_FRACTION", "blocks_line", "headline_and_verdict", "human_layers"]
+__all__ = [
+    "SKIPPABLE_FRACTION",
+    "WARNING",
+    "blocks_line",
+    "headline_and_verdict",
+    "human_layers",
+    "warnings_in",
+]

@@ -71,7 +71,24 @@ def results(n_layers: int, tmp: Path) -> dict[str, Callable[[], go.Figure]]:
     draw = {name: res.figure for name, res in out.items()}
     lenses = out["logit_lens"], out["tuned_lens"]
     draw["compare_lenses"] = lambda: compare_lenses(*lenses, names=["logit lens", "tuned lens"])
+    draw["compare_timeline"] = _compare_timeline
     return draw
+
+
+def _compare_timeline() -> go.Figure:
+    """The headline numbers over a run's steps, as ``probekit timeline`` draws them."""
+    from probekit.cluster import DiagnosesResult
+    from probekit.compare import timeline_figure
+
+    table = pd.DataFrame(
+        {
+            "name": ["step20", "step100", "step300"],
+            "status": "ok",
+            "second_half_share": [0.121, 0.1243, 0.131],
+            "depth_score": [1.46423, 1.4712, 1.502],
+        }
+    )
+    return timeline_figure(DiagnosesResult(table, {}, {}), [20, 100, 300])
 
 
 def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:

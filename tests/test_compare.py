@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 from huggingface_hub import constants
 
 from probekit.cli import main
+from probekit.cluster import DiagnosesResult
+from probekit.compare import comparison_page, timeline_figure
 from probekit.sources import checkpoints_to_compare
 from probekit.toy import toy_hf_model
 from tests.browser import figure_problems, open_page
@@ -69,6 +72,18 @@ def test_compare_writes_each_report_and_one_page_side_by_side(folders, tmp_path,
     assert errors == [] and len(figures) == 2
     assert figure_problems(figures) == []
     assert [t["n_traces"] for t in figures] == [2, 2]
+    _assert_at_chance_warned(page, ["L2", "L3"])
+
+
+def _assert_at_chance_warned(page, names):
+    """Each checkpoint at chance (random tokens) has its warning counted in the table and
+    written out under it, by name."""
+    assert "<th>warnings</th>" in page and page.count(">1 warning</a>") == len(names)
+    listed = page[page.index("<div class='warnings'>") :]
+    for name in names:
+        item = listed[listed.index(f"<li id='warnings-{name}'>") :]
+        assert item.startswith(f"<li id='warnings-{name}'><strong>{name}</strong>: the clean loss")
+        assert "close to ln(vocabulary)" in item[: item.index("</li>")]
 
 
 def test_timeline_orders_a_runs_checkpoints_by_step(folders, tmp_path, capsys):
@@ -83,6 +98,64 @@ def test_timeline_orders_a_runs_checkpoints_by_step(folders, tmp_path, capsys):
     page = (out / "index.html").read_text()
     assert "Depth use over training" in page and "training step" in page
     assert page.index("step20") < page.index("step100") < page.index("step300")
+    _assert_at_chance_warned(page, ["step20", "step100", "step300"])
+    figures, errors = open_page(out / "index.html")
+    assert errors == [] and len(figures) == 3 and figure_problems(figures) == []
+    assert figures[0]["title_text"] == "Depth use over training"
+
+
+def _table(steps, shares, scores, status=None):
+    df = pd.DataFrame(
+        {
+            "name": [f"c{i}" for i in range(len(steps))],
+            "status": status or ["ok"] * len(steps),
+            "second_half_share": shares,
+            "depth_score": scores,
+        }
+    )
+    return DiagnosesResult(df, {}, {})
+
+
+def test_timeline_figure_draws_each_measure_in_its_own_panel_with_round_ticks():
+    """The share and the depth score each get a panel of their own over one x axis (not two
+    y axes over the same pixels), in distinct markers, with ticks at round values in the
+    measure's units (a percent; a few decimals, never 1.46423) and integer steps."""
+    table = _table([20, 100, 300], [0.121, 0.1243, 0.131], [1.46423, 1.4712, 1.502])
+    fig = timeline_figure(table, [20, 100, 300])
+    top, bottom = fig.layout.yaxis, fig.layout.yaxis2
+    assert top.overlaying is None and bottom.overlaying is None
+    assert max(bottom.domain) < min(top.domain)  # one panel above the other
+    assert fig.layout.xaxis.matches == "x2" and fig.data[1].yaxis == "y2"
+    assert top.tickformat == ".0%" and "share" in top.title.text and "(%)" in top.title.text
+    assert bottom.tickformat == ".2f" and "depth score" in bottom.title.text
+    assert bottom.dtick == 0.01 and top.dtick == 0.05 and top.range[0] < 0  # 0% in view
+    for values, axis in ((fig.data[0].y, top), (fig.data[1].y, bottom)):
+        assert axis.range[0] < min(values) and max(values) < axis.range[1]  # none clipped
+    assert {trace.marker.symbol for trace in fig.data} == {"circle", "diamond"}
+    assert [a.text for a in fig.layout.annotations] == [
+        "second-half share of the output change",
+        "skip-effect depth score (centre of mass, layer)",
+    ]
+    x_axis = fig.layout.xaxis2
+    assert x_axis.title.text == "training step" and x_axis.tickformat == ",d"
+    assert x_axis.dtick == 50 and fig.layout.xaxis.showticklabels is False
+
+
+def test_timeline_figure_over_failed_and_unnumbered_checkpoints():
+    """A failed checkpoint leaves a gap; checkpoints without steps are numbered in order; an
+    unchanging measure still gets a band of round ticks around its value."""
+    table = _table([None] * 3, [0.5, 0.5, None], [1.0, 1.0, None], ["ok", "ok", "failed: x"])
+    fig = timeline_figure(table, [None] * 3)
+    assert list(fig.data[0].x) == [0, 1, 2] and fig.data[0].y[2] is None
+    assert fig.layout.xaxis2.title.text == "checkpoint (in the order given)"
+    assert fig.layout.xaxis2.dtick == 1
+    assert list(fig.layout.yaxis2.range) == pytest.approx([0.884, 1.116])
+
+
+def test_a_page_without_warnings_lists_none():
+    """No checkpoint warned: no warnings column and no list."""
+    page = comparison_page(_table([1, 2], [0.1, 0.2], [1.0, 2.0]), {}, title="t", warnings={})
+    assert "<th>warnings</th>" not in page and "<div class='warnings'>" not in page
 
 
 def test_timeline_over_hub_revisions(folders, tmp_path, monkeypatch):

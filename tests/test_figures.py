@@ -20,7 +20,8 @@ torch.set_num_threads(1)
 
 SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$")
 """A bare table key such as ``cos_out_in``: not words."""
-LAYER_AXIS = re.compile(r"\b(layers?|depth)\b(?! score)", re.IGNORECASE)
+LAYER_AXIS = re.compile(r"^(?!.*depth score).*\b(layers?|depth)\b", re.IGNORECASE)
+"""An axis of layer indices or depths; not a depth score (a centre of mass in layers)."""
 
 
 @pytest.fixture(scope="module", params=[2, 12], ids=["2-layer", "12-layer"])

@@ -131,6 +131,56 @@ def test_the_command_line_imports_only_light_modules_up_front(module):
     assert not heavy, f"probekit/{module}.py imports {sorted(heavy)} at module level"
 
 
+def test_help_a_mistyped_command_and_a_bad_path_load_no_torch(tmp_path):
+    """``probekit --help`` (train and sweep listed with their help), ``probekit`` alone, a
+    mistyped command, a path that does not exist and an ``--out`` that is a file answer before
+    torch, transformers or TransformerLens load: in a fraction of a second, not the seconds
+    their imports take."""
+    from probekit.toy import toy_hf_model
+
+    model, file = tmp_path / "model", tmp_path / "file"
+    toy_hf_model("gpt2", n_layers=2).save_pretrained(model)
+    file.write_text("not a folder")
+    bad_out = [
+        ["diagnose", "/nonexistent", "--out", str(tmp_path / "x")],
+        ["diagnose", str(model), "--out", str(file)],
+        ["compare", str(model), str(model), "--out", str(file)],
+        ["timeline", str(model), str(model), "--out", str(file)],
+        ["demo", "--quick", "--out", str(file)],
+    ]
+    code = (
+        "import contextlib, io, sys\n"
+        "from probekit.cli import main\n"
+        "out = io.StringIO()\n"
+        f"for argv in (['--help'], [], ['trian'], *{bad_out!r}):\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as exit:\n"
+        "            code = exit.code\n"
+        "    assert code in (0, 2), (argv, code)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'transformer_lens') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "text = out.getvalue()\n"
+        "assert 'train a GPT-2-style model' in text and 'sweep gamma' in text, text\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "x").exists() and file.read_text() == "not a folder"
+
+
+def test_the_light_run_folder_check_names_the_trainers_files():
+    """:func:`probekit.sources.checkpoint_of` tells a folder that is no run apart by the
+    trainer's own file names, before it imports the trainer."""
+    from probekit import run_folders, sources
+    from probekit.training import checkpoint
+
+    assert sources.RUN_CONFIG == checkpoint.RUN_CONFIG
+    assert sources.RUN_CONFIG_PLACES[-1] == run_folders.PREVIOUS
+
+
 def test_help_and_usage_errors_load_no_command():
     code = (
         "import sys\n"

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 
 from probekit.cli.common import (
     LIMITS,
+    TRAINER_HELP,
     Parser,
+    add_command,
     add_threads,
     check_device,
     check_int_flags,
@@ -45,8 +47,12 @@ torch) are not built, so a wrong path is reported before torch loads."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``probekit`` parser: diagnose, demo, and train/sweep when the trainer imports (not
-    built when ``command`` is one of :data:`LIGHT_COMMANDS`)."""
+    """The ``probekit`` parser: diagnose, demo, compare, timeline, and train/sweep when the
+    trainer imports. The trainer's parsers (which import torch) are built for ``command``
+    None (every parser, as the docs' flag tables read them), ``"train"`` and ``"sweep"``; not
+    for one of :data:`LIGHT_COMMANDS`; for any other ``command`` (``""``: none given, as for
+    ``probekit --help``; a mistyped one) train and sweep are listed with their one-line help
+    (:data:`~probekit.cli.common.TRAINER_HELP`) only, so the answer comes before torch loads."""
     parser = Parser(
         prog="probekit",
         description="probekit: how does a Transformer use its depth, and did it learn a rule "
@@ -56,18 +62,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_diagnose_parser(sub)
     add_demo_parser(sub)
     add_compare_parsers(sub)
-    if command not in LIGHT_COMMANDS:
-        try:
-            from probekit.cli.sweep import add_sweep_parser
-            from probekit.cli.train import add_train_parser
-        except ImportError:  # the trainer is optional for the analyzers
-            pass
-        else:
-            add_train_parser(sub)
-            add_sweep_parser(sub)
+    if command is None or command in TRAINER_HELP:
+        _add_trainer_parsers(sub)
+    elif command not in LIGHT_COMMANDS:  # listed in the help, parsed by no one
+        for name, words in TRAINER_HELP.items():
+            add_command(sub, name, help=words, description=words)
     for subparser in sub.choices.values():
         add_threads(subparser)
     return parser
+
+
+def _add_trainer_parsers(sub: argparse._SubParsersAction) -> None:
+    """The train and sweep parsers (they import the trainer and torch), when it imports."""
+    try:
+        from probekit.cli.sweep import add_sweep_parser
+        from probekit.cli.train import add_train_parser
+    except ImportError:  # the trainer is optional for the analyzers
+        return
+    add_train_parser(sub)
+    add_sweep_parser(sub)
 
 
 def _command(argv: Sequence[str]) -> str | None:
@@ -87,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else list(argv)
     with graceful_shutdown():
-        parser = build_parser(_command(argv))
+        parser = build_parser(_command(argv) or "")
         args = parser.parse_args(argv)
         return _run(args)
 

@@ -94,6 +94,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+TRAINER_HELP = {
+    "train": "train a GPT-2-style model on the anchor-function task",
+    "sweep": "sweep gamma x weight decay x depth x seeds; phase diagrams",
+}
+"""The one-line help of the trainer's subcommands: ``probekit --help`` lists them with it
+without importing the trainer (and torch)."""
+
+
 def add_command(subparsers: Any, name: str, *, help: str, description: str) -> Any:
     """Add the subcommand ``name`` to an argparse subparsers object, in the one help style."""
     return subparsers.add_parser(

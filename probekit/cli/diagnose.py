@@ -60,9 +60,9 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path]:
     warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
     path, lines = checkpoint_to_diagnose(args.model, text=args.text)
     lines += [f"warning: {warning}"] if warning else []
-    from probekit import report  # the analyses, plotly and torch
+    from probekit.io import check_out_dir  # light: the report's imports wait for the work
 
-    out = report.check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
+    out = check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
     for line in lines:
         print(f"probekit: {line}", file=sys.stderr)
     return path, out

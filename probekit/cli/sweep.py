@@ -15,7 +15,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from probekit.cli.common import add_command, add_executor, add_out, check_executor_flags
+from probekit.cli.common import (
+    TRAINER_HELP,
+    add_command,
+    add_executor,
+    add_out,
+    check_executor_flags,
+)
 from probekit.cli.train_flags import (
     DEFAULT_MODEL,
     DEFAULT_RUN,
@@ -85,7 +91,7 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "sweep",
-        help="sweep gamma x weight decay x depth x seeds; phase diagrams",
+        help=TRAINER_HELP["sweep"],
         description="Train every combination of --gammas, --weight-decays, --depths and "
         "--seeds. Runs of one depth train together as one stacked model; each "
         "ends as its own checkpoint. Writes OUT/results.csv, OUT/sweep.json and "

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from probekit.cli.common import add_command, add_out
+from probekit.cli.common import TRAINER_HELP, add_command, add_out
 from probekit.cli.train_flags import PRESETS, add_settings_flags, build_train_config
 from probekit.errors import ConfigError
 
@@ -53,7 +53,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = add_command(
         subparsers,
         "train",
-        help="train a GPT-2-style model on the anchor-function task",
+        help=TRAINER_HELP["train"],
         description="Train a GPT-2-style decoder on the anchor-function task (loss on the last "
         "token; AdamW, warmup + cosine decay). Writes OUT/metrics.jsonl and a "
         "Hugging Face checkpoint in OUT/checkpoint; run the same command again to "
