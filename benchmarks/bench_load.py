@@ -4,9 +4,9 @@ Researchers run probekit in a notebook beside other work. This runs the quick de
 (``--no-images``) as a subprocess two ways, interleaved A B B A (``--repeats`` times):
 
 1. ``idle`` (A): nothing else started by the benchmark;
-2. ``busy`` (B): beside one busy process, a torch matrix-product loop on ``--busy-threads``
-   threads (default 2: it alone can fill a 2-core machine), started before the demo and
-   stopped after it.
+2. ``busy`` (B): beside ``--busy-processes`` busy processes (default 1), each a torch
+   matrix-product loop on ``--busy-threads`` threads (default 2: one alone can fill a 2-core
+   machine), started before the demo and stopped after it.
 
 It parses the demo's phase lines (``probekit demo: [run: ]phase (N s)``) and prints, per phase,
 the median seconds idle and busy and their ratio (the slowdown), the whole run's wall and CPU
@@ -17,7 +17,8 @@ problem of its own (spinning thread pools were one: ``probekit.numerics.one_blas
 Example (from the repository root; about 3 minutes on 2 cores at the defaults)::
 
     python benchmarks/bench_load.py
-    python benchmarks/bench_load.py --repeats 2 --busy-threads 1
+    python benchmarks/bench_load.py --repeats 2 --busy-processes 4
+    PYTHONPATH=/path/to/older/checkout python benchmarks/bench_load.py   # an older probekit
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ def phase_times(stderr: str) -> dict[str, float]:
     return dict(times)
 
 
-def run_demo(busy_threads: int | None) -> tuple[float, float, dict[str, float]]:
-    """One quick demo: its wall seconds, CPU seconds and phase times."""
-    busy = None
-    if busy_threads:
-        busy = subprocess.Popen([sys.executable, "-c", BUSY, str(busy_threads)])
-        time.sleep(1.0)  # let it start working
+def run_demo(busy_threads: int, busy_processes: int) -> tuple[float, float, dict[str, float]]:
+    """One quick demo beside ``busy_processes`` busy processes (0: none): its wall seconds,
+    its own CPU seconds (read before the busy processes are reaped) and phase times."""
+    busy = [
+        subprocess.Popen([sys.executable, "-c", BUSY, str(busy_threads)])
+        for _ in range(busy_processes)
+    ]
+    if busy:
+        time.sleep(2.0)  # let them import torch and start working
     cpu_before = _children_cpu()
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -81,11 +85,12 @@ def run_demo(busy_threads: int | None) -> tuple[float, float, dict[str, float]]:
                 check=True,
             )
             wall = time.perf_counter() - start
+            cpu = _children_cpu() - cpu_before  # the demo's alone: no busy process reaped yet
     finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
-    return wall, _children_cpu() - cpu_before, phase_times(done.stderr)
+        for process in busy:
+            process.kill()
+            process.wait()
+    return wall, cpu, phase_times(done.stderr)
 
 
 def _children_cpu() -> float:
@@ -96,24 +101,31 @@ def _children_cpu() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=1, help="A B B A rounds (default 1)")
-    parser.add_argument("--busy-threads", type=int, default=2, help="the busy process's threads")
+    parser.add_argument("--busy-threads", type=int, default=2, help="each busy process's threads")
+    parser.add_argument(
+        "--busy-processes", type=int, default=1, help="busy processes beside the 'busy' runs"
+    )
     args = parser.parse_args()
     print(f"uptime before: {uptime()}")
     walls, cpus = defaultdict(list), defaultdict(list)
     phases: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for way in interleaved(["idle", "busy"], args.repeats):
-        wall, cpu, times = run_demo(args.busy_threads if way == "busy" else None)
+        wall, cpu, times = run_demo(args.busy_threads, args.busy_processes if way == "busy" else 0)
         walls[way].append(wall)
         cpus[way].append(cpu)
         for what, seconds in times.items():
             phases[what][way].append(seconds)
         print(f"{way}: {wall:.1f} s wall, {cpu:.1f} s CPU (the demo's own)", flush=True)
     print(f"uptime after: {uptime()}")
-    print(f"\nquick demo, busy process on {args.busy_threads} threads beside the 'busy' runs")
+    print(
+        f"\nquick demo; beside the 'busy' runs {args.busy_processes} busy process(es) of "
+        f"{args.busy_threads} torch thread(s) each"
+    )
     print(f"{'phase':<28}{'idle s':>9}{'busy s':>9}{'slowdown':>10}")
     for what, by_way in phases.items():
         idle, busy = median(by_way["idle"]), median(by_way["busy"])
-        print(f"{what:<28}{idle:>9.1f}{busy:>9.1f}{busy / idle:>9.1f}x")
+        ratio = f"{busy / idle:>9.1f}x" if idle > 0 else f"{'n/a':>10}"
+        print(f"{what:<28}{idle:>9.1f}{busy:>9.1f}{ratio}")
     idle, busy = median(walls["idle"]), median(walls["busy"])
     print(f"{'whole run (wall)':<28}{idle:>9.1f}{busy:>9.1f}{busy / idle:>9.1f}x")
     print(f"CPU seconds: idle {runs_line(cpus['idle'])}; busy {runs_line(cpus['busy'])}")
