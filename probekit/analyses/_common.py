@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit.data import Data, TaskData
-from probekit.errors import NumericalError
+from probekit.errors import InputError, NumericalError
 from probekit.numerics import all_finite
 
 DataOrTask = Union[Data, TaskData]  # noqa: UP007  (Data is a typing.Union)
@@ -361,6 +361,11 @@ def variant_measures(
     kind = model.output_kind
     if kind == "logits":
         return output_change(clean, changed, batch.labels, measures=measures or OUTPUT_MEASURES)
+    if isinstance(clean, CleanSide):  # a clean side holds logits: only for output_kind "logits"
+        raise InputError(
+            f"a clean side of logits given for a model whose output is {kind}",
+            fix="pass the clean output itself",
+        )
     if kind == "hidden":
         out = hidden_change(clean, changed)
     else:

@@ -139,6 +139,11 @@ class Shared:
             check_outputs_finite(trace.logits)
             self._trace = trace
             if self.model.output_kind == "logits":
+                if batch.labels is None:
+                    raise InputError(
+                        "a batch without labels has no clean loss",
+                        fix="pass the batches of model.prepare(data), which adds the labels",
+                    )
                 self._side = clean_side(trace.logits, batch.labels)
                 self._costs[key] = self._side.loss.view(self._side.shape)
             else:
@@ -155,7 +160,8 @@ class Shared:
     def trace(self, batch: Batch) -> Trace:
         """The clean trace of ``batch`` (kept for the latest batch only)."""
         self._load(batch)
-        return self._trace  # type: ignore[return-value]
+        assert self._trace is not None, "_load keeps the trace of the batch it loads"
+        return self._trace
 
     def side(self, batch: Batch) -> CleanSide:
         """The clean output side of ``batch`` (see :func:`clean_side`); models with a
