@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from probekit.data import Data, TaskData
+from probekit.data import Batch, Data, TaskData
 from probekit.errors import InputError, NumericalError
 from probekit.numerics import all_finite
 
@@ -54,6 +54,21 @@ def check_outputs_finite(logits: torch.Tensor, what: str = "the model's outputs"
             f"{what} contain NaN or infinite values",
             fix="check the checkpoint's weights (probekit.load checks them) and the input data",
         )
+
+
+def labels_of(batch: Batch) -> torch.Tensor:
+    """The labels of ``batch``, a batch of :meth:`probekit.Model.prepare` (which adds them).
+
+    Example:
+        >>> labels_of(Batch(torch.tensor([[5, 6]]), labels=torch.tensor([[6, -100]]))).tolist()
+        [[6, -100]]
+    """
+    if batch.labels is None:
+        raise InputError(
+            "a batch without labels has no loss",
+            fix="pass the batches of model.prepare(data), which adds the labels",
+        )
+    return batch.labels
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

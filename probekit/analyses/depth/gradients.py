@@ -41,6 +41,7 @@ from probekit import figures
 from probekit.analyses._common import (
     TokenMeans,
     check_outputs_finite,
+    labels_of,
     loss_mask,
     result_meta,
     second_half,
@@ -210,12 +211,13 @@ def gradient_norms(
                 check_outputs_finite(logits)
                 # float32 cross-entropy (a float64 one would hold three [tokens, vocabulary]
                 # float64 tensors for the backward); the per-token losses add up in float64
+                labels = labels_of(batch)
                 tokens = F.cross_entropy(
                     logits.float().flatten(0, 1),
-                    batch.labels.flatten(),
+                    labels.flatten(),
                     ignore_index=-100,
                     reduction="none",
-                ).view(batch.labels.shape)
+                ).view(labels.shape)
                 loss = tokens.double()[mask].sum() / total
                 del logits, tokens
                 loss.backward()

@@ -46,6 +46,7 @@ from probekit.analyses._common import (
     check_outputs_finite,
     clean_side,
     cost_measure,
+    labels_of,
     variant_measures,
 )
 from probekit.analyses.depth.conventions import merge
@@ -139,12 +140,7 @@ class Shared:
             check_outputs_finite(trace.logits)
             self._trace = trace
             if self.model.output_kind == "logits":
-                if batch.labels is None:
-                    raise InputError(
-                        "a batch without labels has no clean loss",
-                        fix="pass the batches of model.prepare(data), which adds the labels",
-                    )
-                self._side = clean_side(trace.logits, batch.labels)
+                self._side = clean_side(trace.logits, labels_of(batch))
                 self._costs[key] = self._side.loss.view(self._side.shape)
             else:
                 self._costs[key] = torch.zeros(
