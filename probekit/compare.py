@@ -37,7 +37,7 @@ from probekit import figures
 from probekit.cluster import DiagnosesResult, diagnose_many
 from probekit.errors import InputError, ProbekitError
 from probekit.io import atomic_write_text, read_json
-from probekit.page import figure_section, page, sub
+from probekit.page import figure_section, html_page, sub
 from probekit.result import Result, layer_ranges
 from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
 from probekit.verdict import warnings_in
@@ -381,7 +381,7 @@ def comparison_page(
         + _warning_list(warnings)
         + "".join(figure_section(fig) for fig in figs)
     )
-    return page(title, body)
+    return html_page(title, body)
 
 
 def _warning_count(name: str, lines: Sequence[str]) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.io import atomic_write_text
-from probekit.page import figure_html, page, side_by_side
+from probekit.page import figure_html, html_page, side_by_side
 from probekit.progress import live, phase
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
@@ -326,7 +326,7 @@ def _index_page(cards: list[str], quick: bool = False) -> str:
         "solution composes the two anchors' shifts (x−10); the symmetric one copies the "
         "answer of the mirrored pair (3,4), x−6.</p>"
     )
-    return page(
+    return html_page(
         "probekit demo",
         intro + side_by_side(cards),
         heading="probekit demo" + (" (smoke run)" if quick else ""),

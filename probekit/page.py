@@ -14,7 +14,7 @@ plotly or the analyses load.
 Example:
     >>> import plotly.graph_objects as go
     >>> body = figure_section(go.Figure(go.Bar(x=[0, 1], y=[1, 2])))
-    >>> text = page("a page", body, plotly_src="plotly.min.js")
+    >>> text = html_page("a page", body, plotly_src="plotly.min.js")
     >>> text.startswith("<!DOCTYPE html>"), text.count("plotly-graph-div")
     (True, 1)
 """
@@ -29,10 +29,13 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probekit.errors import InputError
 from probekit.io import atomic_write_text, swapped_directory
+
+if TYPE_CHECKING:  # plotly loads only where a figure is drawn
+    import plotly.graph_objects as go
 
 STYLE = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -64,7 +67,7 @@ _RESIZE_CARDS = (
 )
 
 
-def page(
+def html_page(
     title: str,
     body: str,
     *,
@@ -78,7 +81,7 @@ def page(
     the pages of a demo) when given. The column is as wide as the widest figure.
 
     Example:
-        >>> text = page("t", "<p>hi</p>", banner="smoke run", plotly_src="plotly.min.js")
+        >>> text = html_page("t", "<p>hi</p>", banner="smoke run", plotly_src="plotly.min.js")
         >>> text[text.index("<body>"):]
         "<body>\\n<p class='banner'>smoke run</p><h1>t</h1>\\n<p>hi</p>\\n</body></html>\\n"
     """
@@ -118,8 +121,8 @@ def sub(text: str) -> str:
     return f'<p class="sub">{html.escape(text)}</p>'
 
 
-def figure_html(fig: Any, *, fill: bool = False) -> str:
-    """The ``<div>`` of a plotly figure (plotly.js comes once, from :func:`page`): at its own
+def figure_html(fig: go.Figure, *, fill: bool = False) -> str:
+    """The ``<div>`` of a plotly figure (plotly.js comes once, from :func:`html_page`): at its own
     size, or with ``fill`` as wide as its box (a card), following the box when it resizes."""
     if not fill:
         return fig.to_html(full_html=False, include_plotlyjs=False)
@@ -128,7 +131,7 @@ def figure_html(fig: Any, *, fill: bool = False) -> str:
     )
 
 
-def figure_section(fig: Any) -> str:
+def figure_section(fig: go.Figure) -> str:
     """A figure in a section of its own."""
     return f"<section>{figure_html(fig)}</section>"
 
@@ -328,7 +331,7 @@ def missing_for_images() -> str | None:
     return " and ".join(lacks) or None
 
 
-def export_figures(figs: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+def export_figures(figs: Mapping[str, go.Figure], out_dir: str | os.PathLike) -> list[Path]:
     """PNG and SVG copies ``<name>.png``, ``<name>.svg`` of every figure of ``figs``
     ({name: figure}; kaleido with a Chrome/Chromium), written atomically.
 
@@ -382,7 +385,7 @@ __all__ = [
     "figure_section",
     "is_report_folder",
     "missing_for_images",
-    "page",
+    "html_page",
     "page_folder",
     "plotly_script",
     "side_by_side",

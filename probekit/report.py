@@ -46,9 +46,9 @@ from probekit.page import (
     export_figures,
     export_or_warn,
     figure_html,
+    html_page,
     is_report_folder,
     missing_for_images,
-    page,
     page_folder,
     sub,
     write_json,
@@ -404,7 +404,7 @@ def write_report(
 
     ``banner`` is shown above the title (e.g. "smoke run"). plotly.js is embedded once in the
     page, or read from ``plotly_src`` (a relative path, e.g. ``../plotly.min.js`` shared by the
-    reports of a demo) when given (:func:`probekit.page.page`).
+    reports of a demo) when given (:func:`probekit.page.html_page`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -416,7 +416,7 @@ def write_report(
     sections += [_undefined_section(name, why) for name, why in diagnosis.not_defined.items()]
     body = "\n".join([_top(diagnosis), *sections])
     write_json(out / "summary.json", _summary(diagnosis))
-    text = page(title, body, banner=banner, plotly_src=plotly_src)
+    text = html_page(title, body, banner=banner, plotly_src=plotly_src)
     return atomic_write_text(out / "report.html", text)
 
 
