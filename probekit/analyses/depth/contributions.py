@@ -261,7 +261,7 @@ def _sublayer_ablated(
     """The output measures with ``component`` of ``layer`` zeroed at the positions in
     ``intervene_at`` (all: None); a hooked forward resumed at ``layer``."""
     trace = shared.trace(batch)
-    model = trace.model
+    model = shared.model
     if intervene_at is None:
         hooks = ablate_hooks(model, layer, component)
     else:
