@@ -526,7 +526,9 @@ class Model:
     def raw_block(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
         """The pure HF copy a :class:`Trace` runs instead of bridge ``block`` now on
         ``device_type`` (the device of the residual; default the model's), or None (the
-        bridge). Called per block run, so the checked case costs a few microseconds."""
+        bridge): what the route of the model's traces gives per block run
+        (:meth:`~probekit.model.hf_blocks.BlockCopies.block_for`), so the checked case costs a
+        few microseconds."""
         return self._copies.block_for(block, device_type)
 
 

@@ -3,8 +3,9 @@ its blocks and sizes, the output head (resolved once), and the forward with hook
 
 :class:`Runtime` is what the parts of a model handle take: a :class:`~probekit.model.Trace`
 records and resumes its forward, the structure probes (:mod:`probekit.model.structure`) and the
-Hugging Face block copies (:mod:`probekit.model.hf_blocks`) run it; :class:`probekit.model.Model`
-composes them into the public surface. Nothing here knows of any of them.
+Hugging Face block copies (:mod:`probekit.model.hf_blocks`) run it; the model handle
+(:mod:`probekit.model.handle`) composes them into the public surface. None of them, and nothing
+here, knows the handle.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
