@@ -196,6 +196,15 @@ AXES = {
 }
 """Axis titles (with their units), colour-bar titles and marks that several figures share."""
 
+SETTINGS = {
+    "gamma": "γ, initialization rate (std = d_in^−γ)",
+    "depth": "depth (layers)",
+    "weight_decay": "weight decay",
+    "seed": "seed",
+    "lr": "learning rate",
+}
+"""Training settings as axis titles (sweeps, model families)."""
+
 FIGURES: dict[str, dict[str, str]] = {
     # depth
     "contributions": {
@@ -341,12 +350,19 @@ FIGURES: dict[str, dict[str, str]] = {
         "y_first": "variable",
     },
     # training
+    "sweep": {
+        "title": "Phase diagrams on the held-out pair (mean over seeds; blank: no run or all "
+        "diverged)",
+        "panel": "held-out pair {category} (fraction): γ × {y}",
+        "colorbar": "fraction of<br>outputs",
+        "phase_diagram": "{which} {metric} over {x} × {y} (mean over the other settings)",
+        "phase_colorbar": "{metric}<br>(fraction)",
+    },
     "family": {
         "title": "Depth/width family at {budget:,} parameters ({style} style)",
         "d_model": "residual width d_model",
         "d_mlp": "MLP width d_mlp",
         "params": "parameters",
-        "x": "depth (layers)",
         "y": "width (units)",
         "y_params": "parameters (count)",
     },
@@ -453,6 +469,7 @@ __all__ = [
     "LABELS",
     "SECTION_EXPLAIN",
     "SECTION_TITLES",
+    "SETTINGS",
     "SWAP_COSTS",
     "TARGET_GROUPS",
     "VALUE_WORDS",

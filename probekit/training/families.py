@@ -35,7 +35,7 @@ from probekit.errors import ConfigError
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, is_int
 from probekit.training.models import ModelConfig
-from probekit.words import figure_words
+from probekit.words import SETTINGS, figure_words
 
 
 def gpt2_parameter_count(
@@ -108,7 +108,7 @@ class FamilyResult(Result):
             ),
             secondary_y=True,
         )
-        fig.update_xaxes(title_text=figure_words("family", "x"))
+        fig.update_xaxes(title_text=SETTINGS["depth"])
         figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
         fig.update_yaxes(title_text=figure_words("family", "y"), secondary_y=False)
         fig.update_yaxes(title_text=figure_words("family", "y_params"), secondary_y=True)
