@@ -186,12 +186,10 @@ VALUE_WORDS = {
 AXES = {
     "layer": "layer",
     "depth": "depth: layers applied (0 = embeddings)",
-    "kl": "KL (nats)",
     "topk_overlap": "top-k overlap (fraction)",
     "training_step": "training step",
     "position": "position",
     "stable_rank": "stable rank (dimensions)",
-    "cosine_similarity": "cosine similarity",
     "second_half": "second half",
 }
 """Axis titles (with their units), colour-bar titles and marks that several figures share."""
@@ -237,6 +235,7 @@ FIGURES: dict[str, dict[str, str]] = {
     },
     "logit_lens": {
         "title": "Logit lens",
+        "y": "KL (nats)",
         "kl": "KL(p_l ‖ p_final)",
         "overlap": "top-{k} overlap with the final output",
     },
@@ -328,6 +327,7 @@ FIGURES: dict[str, dict[str, str]] = {
     "pair_cosines": {
         "title": "Cosine of states ({site}) between {groups} at equal {answer} answers",
         "panel": "{site} of layer {layer}",
+        "colorbar": "cosine similarity",
     },
     "attention_knockout": {
         "title": "Attention knockout into the query position ({heads}, {group} inputs): {measure}",

@@ -107,7 +107,7 @@ class LogitLensResult(Result):
             ),
             secondary_y=True,
         )
-        fig.update_yaxes(title_text=AXES["kl"], secondary_y=False)
+        fig.update_yaxes(title_text=figure_words("logit_lens", "y"), secondary_y=False)
         figures.overlap_axis(fig)
         fig.update_xaxes(title_text=AXES["depth"])
         figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)

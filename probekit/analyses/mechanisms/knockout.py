@@ -78,10 +78,8 @@ class KnockoutResult(Result):
     def figure(self, measure: str = "p_target_delta", group: str = "all") -> go.Figure:
         table = self.map(measure, group)
         head = self.meta.get("head")
-        heads = (
-            figure_words("attention_knockout", "all_heads")
-            if head is None
-            else figure_words("attention_knockout", "head", head=head)
+        heads = figure_words(
+            "attention_knockout", "all_heads" if head is None else "head", head=head
         )
         return figures.heatmap(
             table.to_numpy(),

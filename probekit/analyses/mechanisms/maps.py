@@ -49,7 +49,7 @@ from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
-from probekit.words import AXES, figure_words
+from probekit.words import figure_words
 
 MAP_SITES = ("resid_out", "attn_out", "mlp_out")
 """The sites a hidden-state map or a pair cosine reads, each at block ``layer``: the residual
@@ -331,7 +331,7 @@ class PairCosineResult(Result):
                     zmax=1,
                     colorscale=figures.DIVERGING,
                     showscale=i == 0,
-                    colorbar={"title": {"text": AXES["cosine_similarity"]}},
+                    colorbar={"title": {"text": figure_words(self.kind, "colorbar")}},
                     hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
                 ),
                 row=i // cols + 1,

@@ -141,11 +141,11 @@ class SolutionResult(Result):
         acc = table.reindex(seen).get("accuracy", pd.Series(0.0, index=seen)).fillna(0.0)
         seen_group = figure_words("solutions", "seen", **words)
         held_group = figure_words("solutions", "heldout", **words)
+        correct, wrong = (figure_words("solutions", k, **words) for k in ("correct", "wrong"))
         bars = [
-            (seen, acc, figure_words("solutions", "correct", **words), SEEN_COLORS["correct"]),
-            (seen, 1 - acc, figure_words("solutions", "wrong"), SEEN_COLORS["wrong"]),
+            (seen, acc, correct, SEEN_COLORS["correct"], seen_group),
+            (seen, 1 - acc, wrong, SEEN_COLORS["wrong"], seen_group),
         ]
-        bars = [(*bar, seen_group) for bar in bars]
         categories = self.categories()
         for k, metric in enumerate(categories):
             part = table.reindex(held).get(metric, pd.Series(0.0, index=held)).fillna(0.0)

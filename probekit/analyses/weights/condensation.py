@@ -156,6 +156,7 @@ class CondensationResult(Result):
         fig = make_subplots(
             rows=len(layers), cols=len(names), subplot_titles=titles, horizontal_spacing=0.04
         )
+        x_title, y_title = figure_words("condensation", "x"), figure_words("condensation", "y")
         for r, ly in enumerate(layers):
             for c, name in enumerate(names):
                 if (ly, name) not in keys:
@@ -175,10 +176,8 @@ class CondensationResult(Result):
                 )
                 fig.update_yaxes(autorange="reversed", showticklabels=False, row=r + 1, col=c + 1)
                 fig.update_xaxes(showticklabels=False, row=r + 1, col=c + 1)
-                x_title = figure_words("condensation", "x")
                 fig.update_xaxes(title_text=x_title, row=r + 1, col=c + 1)
                 if c == 0:
-                    y_title = figure_words("condensation", "y")
                     fig.update_yaxes(title_text=y_title, row=r + 1, col=c + 1)
         figures.base_layout(
             fig,
