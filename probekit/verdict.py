@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from probekit.analyses.depth.contributions import ContributionResult
 from probekit.analyses.depth.swaps import SwapResult
 from probekit.errors import InputError
-from probekit.figures import swap_cost
 from probekit.model import Model
 from probekit.result import Result, layer_ranges
 from probekit.sources import is_random_tokens
+from probekit.words import swap_cost
 
 WARNING = "Warning: "
 """How a verdict line that warns begins (the numbers below it may not mean what they seem)."""

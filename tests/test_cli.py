@@ -93,7 +93,7 @@ def test_help_explains_every_flag():
 
 
 def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
-    import probekit.report as report
+    import probekit.page as page
 
     argv = [
         "diagnose",
@@ -109,7 +109,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         "--quiet",
         "--random-tokens",  # asked for: no warning that the folder has no tokenizer
     ]
-    monkeypatch.setattr(report, "_chromium_available", lambda: False)
+    monkeypatch.setattr(page, "_chromium_available", lambda: False)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
@@ -117,7 +117,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "a").glob("*.png"))
     monkeypatch.undo()
     argv[3] = str(tmp_path / "b")
-    assert report._chromium_available(), "chromium is installed by .ci/run"
+    assert page._chromium_available(), "chromium is installed by .ci/run"
     assert main(argv) == 0
     for name in ANALYSES:
         png = (tmp_path / "b" / f"{name}.png").read_bytes()
@@ -279,11 +279,12 @@ def test_diagnose_in_another_dtype(checkpoint, tmp_path):
 def test_missing_image_pieces_are_named(monkeypatch):
     import importlib.util
 
+    import probekit.page as page
     import probekit.report as report
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "kaleido" else real(n))
-    monkeypatch.setattr(report, "_chromium_available", lambda: True)
+    monkeypatch.setattr(page, "_chromium_available", lambda: True)
     assert 'pip install -e ".[png]"' in report.missing_for_images()
     assert "Chromium" not in report.missing_for_images()
 

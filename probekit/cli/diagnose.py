@@ -60,7 +60,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Path]:
     warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
     path, lines = checkpoint_to_diagnose(args.model, text=args.text)
     lines += [f"warning: {warning}"] if warning else []
-    from probekit.io import check_out_dir  # light: the report's imports wait for the work
+    from probekit.page import check_out_dir  # light: the report's imports wait for the work
 
     out = check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
     for line in lines:
