@@ -448,8 +448,6 @@ def resolve(
         seed=seed,
     )
     data, description, found = pick(fit=False)
-    if random and run is not None:  # as before: drawn tokens of a run named as its corpus
-        description = "the validation split of the run's byte corpus"
     return Source(
         checkpoint=os.fspath(checkpoint),
         run=run,

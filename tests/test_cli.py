@@ -224,6 +224,17 @@ def test_diagnose_reads_a_run_folder_once(tmp_path, monkeypatch, capsys):
     assert f"probekit depth diagnosis: {run / 'checkpoint'}" in (out / "report.html").read_text()
 
 
+def test_random_tokens_of_a_run_are_named_random_tokens(tmp_path):
+    """``--random-tokens`` on a run folder: the source says tokens were drawn (not the run's
+    corpus), so the "at chance" warning can blame them."""
+    from probekit.sources import is_random_tokens, locate, resolve
+
+    run, _ = _anchor_run(tmp_path)
+    source = resolve(*locate(run), random=True, n_sequences=2, seq_len=4, seed=3)
+    assert source.description == "tokens drawn uniformly from the vocabulary (seed 3)"
+    assert is_random_tokens(source.description) and source.run is not None
+
+
 def test_diagnose_with_conventions_and_a_tuned_lens(checkpoint, tmp_path, capsys):
     """--tuned-lens fits a lens on other data and shows it beside the logit lens; the
     convention flags reach the analyses and the headline."""
