@@ -429,7 +429,6 @@ def resolve(
 
     from probekit.model import load
 
-    text = text or None
     torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
     model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
     if text is not None:
