@@ -324,11 +324,17 @@ def estimate_parameters(config: dict) -> int:
     return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
 
 
+def available_memory(device: str) -> int | None:
+    """The free memory of ``device`` in bytes (:func:`probekit.numerics.available_memory`,
+    imported when asked: importing this module imports no torch), or None when unknown."""
+    from probekit.numerics import available_memory as free_memory
+
+    return free_memory(device)
+
+
 def check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> None:
     """Refuse, before anything is built, a config far bigger than its weights or than memory."""
     import torch
-
-    from probekit.numerics import available_memory
 
     estimate = estimate_parameters(config)
     if estimate > 8 * max(stored, 1) and estimate > 10**6:
