@@ -586,9 +586,11 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
 __all__ = [
     "ANALYSES",
     "Diagnosis",
+    "DiagnosisSettings",
     "can_export_images",
     "check_out_dir",
     "diagnose",
+    "diagnose_checkpoint",
     "export_images",
     "measured",
     "missing_for_images",
