@@ -434,14 +434,14 @@ def test_a_run_folder_whose_swap_was_interrupted_stands_for_its_previous_checkpo
     train(tiny(steps=2), out, progress=False)
     os.replace(out / "checkpoint", out / "checkpoint.previous")  # the kill between the renames
     assert load_run(out).path == out / "checkpoint.previous"
-    path, lines = checkpoint_to_diagnose(out)
+    path, _, lines = checkpoint_to_diagnose(out)
     assert Path(path) == out / "checkpoint.previous"
     notices = [line for line in lines if "checkpoint.previous" in line]
     assert len(notices) == 1 and notices[0].startswith("notice:")
     # the next train puts checkpoint/ back (one warning saying so); then no notice
     with pytest.warns(UserWarning, match=r"checkpoint.previous \(step 2\) is put back"):
         assert train(tiny(steps=2), out, progress=False).checkpoint == out / "checkpoint"
-    path, lines = checkpoint_to_diagnose(out)
+    path, _, lines = checkpoint_to_diagnose(out)
     assert Path(path) == out / "checkpoint" and not lines
 
 
