@@ -1,6 +1,6 @@
 """probekit's training machinery, shared by every task's trainer: GPT-2-style stacked models
 (:mod:`~probekit.training.models`), the one training loop (:mod:`~probekit.training.loop`),
-AdamW, schedules, precision, checkpoints, locks, memory checks, executors, depth growth and
+AdamW, schedules, precision, checkpoints, locks, memory checks, depth growth and
 the language-model trainer (:mod:`~probekit.training.lm`). A task's own trainer lives in the
 task's package, above this one.
 
