@@ -40,10 +40,10 @@ from probekit.analyses.timeline import (
 )
 from probekit.data import Data
 from probekit.errors import InputError, ProbekitError
+from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text, read_json
 from probekit.report import diagnose, save_report
 from probekit.result import Result
-from probekit.executor import Failed, check_executor, log, run_tasks
 
 
 def _one_timeline(job: tuple[Checkpoint, Any, dict[str, Any]]) -> pd.DataFrame:

@@ -21,11 +21,11 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from probekit import executor as executor_mod
 from probekit.anchor import AnchorTask, TrainConfig
 from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.errors import ConfigError
 from probekit.training import ModelConfig
-from probekit import executor as executor_mod
 from probekit.training.lock import LOCK_NAME, lock_holder
 
 torch.set_num_threads(1)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from probekit.errors import ConfigError
 from probekit import ray_address
+from probekit.errors import ConfigError
 from probekit.ray_address import check_ray_address, loopback_join, rewrite_misses_head
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -55,10 +55,10 @@ from probekit.anchor.training import (
     train_stack,
 )
 from probekit.errors import ConfigError
+from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, check_seed, is_int, is_real
-from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.training.lock import lock_holder, run_folder_lock
 from probekit.training.models import ModelConfig
 
