@@ -405,10 +405,10 @@ def _dead_pid() -> int:
 
 
 def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path) -> None:
-    from probekit.io import _owner_tag, swapped_directory
+    from probekit.io import owner_tag, swapped_directory
 
     out = tmp_path / "report"
-    host = _owner_tag().rsplit(".", 1)[0]
+    host = owner_tag().rsplit(".", 1)[0]
     dead = tmp_path / f".report.{host}.{_dead_pid()}.k1ll3d.tmp"
     live = tmp_path / f".report.{host}.{os.getpid()}.l1ve00.tmp"
     other_host = tmp_path / f".report.elsewhere-node.{_dead_pid()}.n0de00.tmp"

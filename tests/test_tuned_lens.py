@@ -15,7 +15,7 @@ import probekit
 from probekit.analyses.depth.tuned_lens import (
     TunedLens,
     TunedLensResult,
-    _check_head,
+    check_head,
     compare_lenses,
     tuned_lens,
 )
@@ -237,7 +237,7 @@ def test_bad_evaluation_arguments_and_headless_models():
             raise AttributeError("the bridge has no unembed")
 
     with pytest.raises(UnsupportedModelError, match="no unembedding"):
-        _check_head(Headless())
+        check_head(Headless())
 
 
 def test_result_round_trip_and_overlay_figure(tmp_path):
