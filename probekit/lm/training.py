@@ -11,19 +11,21 @@ linearly to 1 over ``residual_scale_steps`` steps. ``layernorm_scaling`` (static
 with LayerNorm Scaling (:func:`~probekit.training.models.layernorm_scales`): the LN gains and
 biases of layer ``l`` are parametrised as ``1/sqrt(l)`` times the trained ones; checkpoints hold
 the scaled values in a plain HF GPT-2 (its forward is the training forward, bit for bit) and the
-trained ones in ``layernorm_scaling.safetensors``, from which a resumed run goes on.
+trained ones in ``layernorm_scaling.safetensors``, from which a resumed run goes on
+(:mod:`probekit.lm.layernorm_scaling`).
 
 Training FLOPs are counted as 6 · parameters · tokens per step, summed over stages, so static
 and grown runs can be compared at equal final depth. Output folder::
 
-    out/run_config.json   {"kind": "lm", "lm": LMConfig fields} (read back by runs.load_run)
+    out/run_config.json   {"kind": "lm", "lm": LMConfig fields} (read back by run_folders.load_run)
     out/metrics.jsonl     step, depth, lr, train loss, validation loss and perplexity, FLOPs
     out/stage{k}-before/  checkpoint before the k-th growth;  out/stage{k}-after/  after it
     out/step{n}/          every ``save_every`` steps, if set
     out/final/            the final checkpoint (HF GPT-2 + optimizer.safetensors, and under
                           layernorm_scaling the unscaled LN gains: layernorm_scaling.safetensors)
 
-A killed run started again with the same settings resumes from its last checkpoint.
+A killed run started again with the same settings resumes from its last checkpoint
+(:mod:`probekit.lm.checkpoints`).
 
 ``precision`` ("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16") sets the forwards'
 precision; weights and AdamW moments are float32 (:mod:`probekit.training.precision`). Between
