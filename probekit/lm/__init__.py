@@ -29,8 +29,8 @@ _EXPORTS: dict[str, str] = {
     "UNSCALED_LN_FILE": "probekit.lm.layernorm_scaling",
     "train_lm": "probekit.lm.training",
 }
-"""Public name -> its module, imported on first use: ``import probekit.lm`` (what a run
-folder's reader needs for the settings alone) does not wait for torch and transformers."""
+"""Public name -> its module, imported on first use: ``import probekit.lm`` waits for none
+of torch, transformers and pandas until a name is used."""
 
 __all__ = [*_EXPORTS]
 
