@@ -27,8 +27,8 @@ from typing import Any
 
 from probekit.anchor import AnchorTask, TrainConfig
 from probekit.errors import ConfigError
+from probekit.lm.config import LMConfig
 from probekit.training.checkpoint import KINDS, RUN_CONFIG, read_run_config
-from probekit.training.lm import LMConfig
 
 
 @dataclass(frozen=True)

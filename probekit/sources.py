@@ -554,7 +554,7 @@ def _pick(
 
     model = load(path if model is None else model)
     if run is not None:  # a byte-level LM run: validation text of its corpus
-        from probekit.tasks.corpus import ByteCorpus
+        from probekit.lm.corpus import ByteCorpus
 
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
         split = "train" if fit else "validation"

@@ -158,8 +158,8 @@ def test_default_data_of_an_anchor_run(tmp_path):
 
 
 def test_default_data_of_an_lm_run_in_the_old_format(tmp_path):
+    from probekit.lm import ByteCorpus
     from probekit.sources import default_data
-    from probekit.tasks.corpus import ByteCorpus
     from probekit.toy import toy_model
 
     (tmp_path / "run_config.json").write_text(json.dumps({"lm": {"corpus_max_files": 20}}))
