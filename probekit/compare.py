@@ -39,7 +39,7 @@ from probekit.errors import InputError, ProbekitError
 from probekit.io import atomic_write_text, read_json
 from probekit.page import figure_section, html_page, sub
 from probekit.result import Result, layer_ranges
-from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
+from probekit.sources import N_SEQUENCES, SEQ_LEN, locate, resolve, steps_of
 from probekit.verdict import warnings_in
 
 HEADLINES = (
@@ -124,33 +124,29 @@ def compare_checkpoints(
     **options: Any,
 ) -> tuple[Path, dict[str, str]]:
     """``probekit compare``/``timeline``'s work: every checkpoint checked
-    (:func:`check_checkpoints`), the data :func:`~probekit.sources.default_data` picks for the
+    (:func:`check_checkpoints`), the data :func:`~probekit.sources.resolve` picks for the
     first checkpoint (``text``, ``dataset``, ``random_tokens``; they must share its
     vocabulary), then :func:`compare` on it at its positions. Returns the page and
     ``{name: error}`` of the checkpoints whose diagnosis failed (listed on the page too)."""
-    from probekit.model import load
-
     check_checkpoints(checkpoints)
-    first = next(iter(checkpoints.values()))
-    data, positions = default_data(
-        first,
+    first = resolve(
+        *locate(next(iter(checkpoints.values()))),
         text=text,
         dataset=dataset,
         random=random_tokens,
         n_sequences=n_sequences,
         seq_len=seq_len,
-        model=load(first, device="cpu"),
+        device="cpu",
     )
     title = "probekit timeline" if timeline else "probekit comparison"
-    label = data_source(first, data)
     return _compared(
         checkpoints,
-        data,
+        first.data,
         Path(out_dir),
         timeline=timeline,
         title=title,
-        data_label=label,
-        positions=positions,
+        data_label=first.description,
+        positions=first.positions,
         **options,
     )
 

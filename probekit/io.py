@@ -197,8 +197,15 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _owner_tag() -> str:
-    """``<host>.<pid>`` of this process, the host reduced to letters, digits and ``-``."""
+def owner_tag() -> str:
+    """``<host>.<pid>`` of this process, the host reduced to letters, digits and ``-``: the
+    owner part of the name of a :func:`temp_folder`.
+
+    Example:
+        >>> import os
+        >>> owner_tag().endswith(f".{os.getpid()}")
+        True
+    """
     return f"{re.sub(r'[^A-Za-z0-9-]', '-', this_host())}.{os.getpid()}"
 
 
@@ -207,7 +214,7 @@ def temp_folder(path: Path, suffix: str = ".tmp") -> Path:
     its name lets :func:`remove_stale_temporaries` tell a dead process's folder from a live
     one's."""
     return Path(
-        tempfile.mkdtemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=suffix, dir=path.parent)
+        tempfile.mkdtemp(prefix=f".{path.name}.{owner_tag()}.", suffix=suffix, dir=path.parent)
     )
 
 
@@ -226,7 +233,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     pattern = re.compile(
         rf"^\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$"
     )
-    host = _owner_tag().rsplit(".", 1)[0]
+    host = owner_tag().rsplit(".", 1)[0]
     removed = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         match = pattern.match(tmp.name)

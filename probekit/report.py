@@ -57,7 +57,7 @@ from probekit.progress import bar as progress_bar
 from probekit.progress import expect, phase, step
 from probekit.report_text import TITLES, conclusion, explanation, heading
 from probekit.result import SIDECAR_CELLS, Result, summary_table
-from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
+from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
@@ -153,60 +153,63 @@ def diagnose(
     return Diagnosis(repr(model), results, verdict, headline, meta, not_defined)
 
 
-def diagnose_checkpoint(
-    path: str,
-    out_dir: str | os.PathLike,
-    *,
-    text: str | None = None,
-    dataset: DatasetChoice | None = None,
-    random_tokens: bool = False,
-    n_sequences: int = N_SEQUENCES,
-    seq_len: int = SEQ_LEN,
-    seed: int = 0,
-    device: str | None = None,
-    dtype: str = "stored",
-    device_map: str | None = None,
-    positions: str = "auto",
-    tuned_lens: bool = False,
-    images: bool = True,
-    label: str | None = None,
-    **options: Any,
-) -> tuple[Diagnosis, Path]:
-    """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or a
-    torch dtype name; on ``device`` or spread by ``device_map``), :func:`diagnose` it on the
-    data :func:`~probekit.sources.default_data` picks (``text``, ``dataset``,
-    ``random_tokens``, ``n_sequences``, ``seq_len``, ``seed``) at its positions (or
-    ``positions`` unless "auto"), and save the report into ``out_dir`` (checked with
-    :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens`` without a ``lens`` fits one
-    on data kept apart; ``options`` go to :func:`diagnose`. The meta names the checkpoint
-    (``label``, e.g. the Hub name the folder was resolved from, and the folder), the data's
-    source and the dtype. Returns the diagnosis and the page."""
-    import torch
+@dataclass(frozen=True)
+class DiagnosisSettings:
+    """How :func:`diagnose_checkpoint` diagnoses a :class:`~probekit.sources.Source` (what is
+    read, where it runs and in which dtype are the source's, :func:`probekit.sources.resolve`).
 
-    text = text or None
-    model = load(
-        path,
-        device=device,
-        dtype=None if dtype == "stored" else getattr(torch, dtype),
-        device_map=device_map,
+    ``pairs``, ``n_bootstrap``, ``batch_size``, ``progress``, ``conventions``, ``lens``,
+    ``lens_steps``, ``variants_per_pass`` and ``autocast`` go to :func:`diagnose` (its defaults;
+    ``lens`` reads a fitted tuned lens, which wins over the source's ``lens_data``);
+    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
+    """
+
+    pairs: str = "adjacent"
+    n_bootstrap: int = 100
+    batch_size: int | None = None
+    progress: bool = False
+    conventions: Conventions = Conventions()
+    lens: TunedLens | str | os.PathLike | None = None
+    lens_steps: int | None = None
+    variants_per_pass: int | None = 1
+    autocast: str | None = None
+    images: bool = True
+
+
+def diagnose_checkpoint(
+    source: Source, settings: DiagnosisSettings, out_dir: str | os.PathLike
+) -> tuple[Diagnosis, Path]:
+    """``probekit diagnose``'s work: :func:`diagnose` the ``source`` (its model on its data at
+    its positions; a tuned lens fitted on its ``lens_data`` unless ``settings.lens`` names one)
+    with ``settings``, and save the report into ``out_dir`` (checked with
+    :func:`check_out_dir`) with :func:`save_report`. The meta names the checkpoint (the
+    source's label, e.g. the Hub name the folder was resolved from, and the folder), the data's
+    source and the dtype. Returns the diagnosis and the page."""
+    diagnosis = diagnose(
+        source.model,
+        source.data,
+        pairs=settings.pairs,
+        n_bootstrap=settings.n_bootstrap,
+        positions=source.positions,
+        batch_size=settings.batch_size,
+        progress=settings.progress,
+        conventions=settings.conventions,
+        lens=settings.lens,
+        lens_data=source.lens_data,
+        lens_steps=settings.lens_steps,
+        variants_per_pass=settings.variants_per_pass,
+        autocast=settings.autocast,
+        data_source=source.description,
     )
-    source = dict(text=text, dataset=dataset, random=random_tokens, model=model)
-    source.update(n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    data, data_positions = default_data(path, **source)
-    if tuned_lens and options.get("lens") is None:  # a lens is fitted on other data than it reads
-        options["lens_data"], _ = default_data(path, **source, purpose="fit")
-    chosen = data_positions if positions == "auto" else positions
-    source_words = data_source(path, data, seed=seed)
-    diagnosis = diagnose(model, data, positions=chosen, data_source=source_words, **options)
-    folder = os.path.abspath(path)
+    folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
-        "checkpoint": f"{label} (snapshot {folder})" if label else folder,
-        "data_source": source_words,
-        "dtype": dtype,
+        "checkpoint": f"{source.label} (snapshot {folder})" if source.label else folder,
+        "data_source": source.description,
+        "dtype": source.dtype,
         **{k: v for k, v in diagnosis.meta.items() if k != "data_source"},
     }
-    title = f"probekit depth diagnosis: {label or path}"
-    page, _ = save_report(diagnosis, out_dir, title=title, images=images)
+    title = f"probekit depth diagnosis: {source.label or source.checkpoint}"
+    page, _ = save_report(diagnosis, out_dir, title=title, images=settings.images)
     return diagnosis, page
 
 
@@ -488,9 +491,11 @@ def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path
 __all__ = [
     "ANALYSES",
     "Diagnosis",
+    "DiagnosisSettings",
     "can_export_images",
     "check_out_dir",
     "diagnose",
+    "diagnose_checkpoint",
     "export_images",
     "measured",
     "missing_for_images",

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     TokenMeans,
     labels_of,
     loss_mask,
