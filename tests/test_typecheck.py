@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAZY_PACKAGES = ("probekit", "probekit.analyses", "probekit.anchor")
+LAZY_PACKAGES = ("probekit", "probekit.analyses", "probekit.anchor", "probekit.lm")
 """The packages that export names lazily and type them through ``TYPE_CHECKING`` imports."""
 
 SHADOWED = {"timeline"}
