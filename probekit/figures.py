@@ -165,7 +165,7 @@ def narrow_log_ticks(low: float, high: float, n: int = 5) -> list[float]:
 
 def _legend_entries(fig: go.Figure) -> list[str]:
     """Names the legend shows (one per legend group)."""
-    seen: dict[str, None] = {}
+    seen: dict[tuple[str, str], None] = {}
     for trace in fig.data:
         shown = trace.showlegend
         if shown is False or (shown is None and len(fig.data) < 2 and trace.type != "pie"):
@@ -393,10 +393,11 @@ IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp")
 def check_dpi(dpi: object) -> None:
     """Refuse a ``dpi`` that is not a finite number in [:data:`MIN_DPI`, :data:`MAX_DPI`]
     (a bool or a string such as ``"300"`` included)."""
-    ok = isinstance(dpi, int | float | np.integer | np.floating) and not isinstance(
-        dpi, bool | np.bool_
-    )
-    if not ok or not (np.isfinite(dpi) and MIN_DPI <= dpi <= MAX_DPI):
+    if (
+        isinstance(dpi, bool | np.bool_)
+        or not isinstance(dpi, int | float | np.integer | np.floating)
+        or not (np.isfinite(dpi) and MIN_DPI <= dpi <= MAX_DPI)
+    ):
         raise InputError(
             f"dpi {dpi!r} is not a number of dots per inch in [{MIN_DPI}, {MAX_DPI}]",
             fix="pass e.g. dpi=300",
@@ -566,7 +567,7 @@ def heatmap(
 ) -> go.Figure:
     """A matrix as a heatmap; ``signed`` centres a diverging scale on zero."""
     matrix = np.asarray(matrix, dtype=float)
-    kwargs = {"colorscale": SEQUENTIAL}
+    kwargs: dict[str, str | float] = {"colorscale": SEQUENTIAL}
     if signed:
         bound = float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0
         kwargs = {"colorscale": DIVERGING, "zmid": 0.0, "zmin": -bound, "zmax": bound}

@@ -160,7 +160,7 @@ def label(key: str, kind: str | None = None) -> str:
         ('target probability, unmodified model (all targets)', 'some new key')
     """
     key = str(key)
-    if (kind, key) in KIND_LABELS:
+    if kind is not None and (kind, key) in KIND_LABELS:
         return KIND_LABELS[(kind, key)]
     if key in LABELS:
         return LABELS[key]
@@ -175,7 +175,7 @@ def label(key: str, kind: str | None = None) -> str:
     return key.replace("_", " ")
 
 
-VALUE_WORDS = {
+VALUE_WORDS: dict[str, Callable[[str], str]] = {
     "measure": words,
     "pairs": lambda v: {"adjacent": "adjacent layers", "all": "every pair"}.get(v, v),
 }

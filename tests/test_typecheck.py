@@ -12,7 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAZY_PACKAGES = ("probekit", "probekit.analyses", "probekit.anchor", "probekit.lm")
+LAZY_PACKAGES = (
+    "probekit",
+    "probekit.analyses",
+    "probekit.anchor",
+    "probekit.lm",
+    "probekit.model",
+)
 """The packages that export names lazily and type them through ``TYPE_CHECKING`` imports."""
 
 SHADOWED = {"timeline"}

@@ -93,7 +93,9 @@ def load_checkpoint(path: Path, cfg: LMConfig, step: int, device: torch.device):
     check_finite_tensors(path / "model.safetensors", dict(model.named_parameters()))
     if cfg.layernorm_scaling:
         scale_layernorms(model, read_unscaled(path, model))
-    model = model.to(device).train()
+    # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
+    # unbound function (self = the device)
+    model = model.to(device).train()  # type: ignore[arg-type]
     optimizer = adamw(model, cfg)
     moments = path / "optimizer.safetensors"
     if not moments.exists():

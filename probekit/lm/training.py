@@ -135,7 +135,9 @@ class LMTrainer(Trainer):
         self.model = transformers.GPT2LMHeadModel(config)
         if cfg.layernorm_scaling:
             scale_layernorms(self.model)
-        self.model = self.model.to(self.device).train()
+        # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
+        # unbound function (self = the device)
+        self.model = self.model.to(self.device).train()  # type: ignore[arg-type]
         self.optimizer = adamw(self.model, cfg)
         self.stages = dict(zip(self.plan.boundaries, range(1, len(self.plan.depths)), strict=True))
         self.scaler: ResidualScale | None = None
@@ -288,9 +290,10 @@ class LMTrainer(Trainer):
         Nothing here waits for the device: a non-finite loss or update is recorded on it and
         raised at the next sync point (:meth:`check`)."""
         cfg, step = self.cfg, self.step
-        if self.scaler is not None:
+        start = cfg.residual_scale_start  # set whenever a scaler is (grow, resume)
+        if self.scaler is not None and start is not None:
             ramp = min(1.0, (step - self.scale_start_step) / max(1, cfg.residual_scale_steps))
-            self.scaler.scale = cfg.residual_scale_start + (1 - cfg.residual_scale_start) * ramp
+            self.scaler.scale = start + (1 - start) * ramp
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr_at(step)
         batch = self.batch_at(step)
@@ -360,7 +363,9 @@ class LMTrainer(Trainer):
     def checkpoint_due(self) -> bool:
         """Every ``save_every`` steps (if set) before the end (``final``: :meth:`finish`)."""
         cfg, step = self.cfg, self.step
-        return bool(cfg.save_every) and step % cfg.save_every == 0 and step < cfg.steps
+        if not cfg.save_every:
+            return False
+        return step % cfg.save_every == 0 and step < cfg.steps
 
     def save_if_due(self) -> None:
         if self.checkpoint_due():  # step{n}; the end's checkpoint is final (finish)

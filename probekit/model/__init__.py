@@ -31,7 +31,25 @@ Example:
     (2, 32, True)
 """
 
+from typing import TYPE_CHECKING
+
 from probekit.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.model.checkpoint import (  # noqa: F401
+        estimate_parameters,
+        from_pretrained_complete,
+        stored_dtype,
+    )
+    from probekit.model.handle import Model  # noqa: F401
+    from probekit.model.headless import POOLING_MODES, Headless, Pooling  # noqa: F401
+    from probekit.model.hf_blocks import RAW_BLOCKS_ENV, RAW_BLOCKS_TOLERANCE  # noqa: F401
+    from probekit.model.hub import hub_name  # noqa: F401
+    from probekit.model.loading import check_loadable, load  # noqa: F401
+    from probekit.model.sites import OUTPUT_KINDS, SITES, WEIGHT_NAMES, HookList  # noqa: F401
+    from probekit.model.structure import BLOCK_KINDS, BlockStructure  # noqa: F401
+    from probekit.model.trace import Trace  # noqa: F401
+    from probekit.numerics import all_finite, available_memory  # noqa: F401
 
 _MODULES: dict[str, str] = {
     "estimate_parameters": "checkpoint",

@@ -8,11 +8,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from probekit.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def supported_architectures() -> set[str]:
@@ -31,7 +32,7 @@ def unsupported(arch: str) -> UnsupportedModelError:
     )
 
 
-def attach_bridge(hf_model: nn.Module, arch: str, tokenizer: Any = None) -> Any:
+def attach_bridge(hf_model: PreTrainedModel, arch: str, tokenizer: Any = None) -> Any:
     """A ``TransformerBridge`` over ``hf_model`` read as the class ``arch`` (the bridge
     replaces the model's submodules in place)."""
     from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module

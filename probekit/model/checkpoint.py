@@ -34,6 +34,7 @@ from probekit.io import read_json
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from transformers import PreTrainedModel
 
 CHECKPOINT_MARKERS = ("config.json", "modules.json")
 """Files that make a folder a checkpoint of its own: a transformers checkpoint's config.json,
@@ -363,7 +364,7 @@ def check_regular_file(path: Path) -> None:
         )
 
 
-def from_pretrained_complete(klass: Any, path: str | os.PathLike, **kwargs: Any) -> nn.Module:
+def from_pretrained_complete(klass: Any, path: str | os.PathLike, **kwargs: Any) -> PreTrainedModel:
     """``klass.from_pretrained(path)`` from safetensors, refusing incomplete weights.
 
     Raises :class:`CheckpointError` when loading fails or when the checkpoint's tensors do not

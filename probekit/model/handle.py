@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from probekit.model.sites import WEIGHT_NAMES, HookList, hook_name
 from probekit.model.structure import BlockStructure, StructureProbes
 from probekit.model.trace import Trace, record_trace
 from probekit.numerics import all_finite
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class Model:
@@ -82,7 +85,7 @@ class Model:
         return self.runtime.bridge
 
     @property
-    def hf_model(self) -> nn.Module:
+    def hf_model(self) -> PreTrainedModel:
         """The Hugging Face module the bridge wraps (in eval mode)."""
         return self.runtime.hf_model
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from probekit.errors import CheckpointError, UnsupportedModelError
 from probekit.io import read_json
 from probekit.model.bridge import supported_architectures
 from probekit.model.checkpoint import check_regular_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 POOLING_MODES = ("mean", "cls", "lasttoken")
 """The sentence-transformers pooling modes probekit reads: the mean over real tokens, the first
@@ -52,7 +55,7 @@ class Headless:
     pooling: Pooling | None = None
 
 
-def stop_at_base_output(wrapper: nn.Module) -> None:
+def stop_at_base_output(wrapper: PreTrainedModel) -> None:
     """Make the forward of a headless model end at its base model's output: permanent forward
     hooks hand ``last_hidden_state`` to the bridge, which returns it (TransformerLens' own
     early exit), so the unread wrapper head never runs. The hooks sit on the base model and
@@ -95,7 +98,7 @@ def head_class_for(arch: str) -> str | None:
     return None
 
 
-def wrap_headless(base: nn.Module, head_name: str) -> nn.Module:
+def wrap_headless(base: PreTrainedModel, head_name: str) -> PreTrainedModel:
     """``base`` inside its ``head_name`` class, for the bridge to attach to: the head class is
     built on the meta device (no random weights), its base model is ``base`` itself, and its
     head weights are tied to the input embeddings or zeros. The head is never run or read

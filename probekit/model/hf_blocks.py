@@ -54,6 +54,17 @@ _HOOK_DICTS = (
 """A module's hook registries (a pure copy starts with empty ones)."""
 
 
+def _wrapped_block(block: nn.Module) -> nn.Module:
+    """The Hugging Face block a bridge ``block`` wraps (its ``original_component``)."""
+    inner = block.original_component
+    if not isinstance(inner, nn.Module):
+        raise UnsupportedModelError(
+            f"a {type(block).__name__} of the bridge wraps no Hugging Face module",
+            fix="nothing to do: hook-free blocks run through the bridge",
+        )
+    return inner
+
+
 def _hf_module(module: nn.Module) -> nn.Module:
     """The Hugging Face module a TransformerLens component wraps (``module`` itself if none)."""
     while "_original_component" in module._modules:
@@ -152,7 +163,7 @@ class HFBlocks:
         out = cls()
         try:
             for block in runtime.blocks:
-                out.copies[id(block)] = _pure_copy(block.original_component, {})
+                out.copies[id(block)] = _pure_copy(_wrapped_block(block), {})
                 out.watched[id(block)] = hook_registries(block)
                 out.own_hooks[id(block)] = _mirror_hooks(list(block.modules()))
         except (UnsupportedModelError, AttributeError) as err:
@@ -237,7 +248,7 @@ def _check_copies(runtime: Runtime, hf: HFBlocks) -> str | None:
     """Compare every HF copy with its bridge block on the probe batch and a padded one,
     alone and stacked; None when all agree within :data:`RAW_BLOCKS_TOLERANCE`."""
     probe = probe_batch(runtime.n_ctx, runtime.d_vocab, runtime.device)
-    mask = torch.cat([probe.attention_mask, probe.attention_mask])
+    mask = torch.ones_like(probe.tokens).repeat(2, 1)  # the probe's mask (all ones), twice
     n = mask.shape[1]
     mask[1, n - n // 2 :] = 0
     try:
@@ -252,12 +263,13 @@ def _compare_copies(runtime: Runtime, hf: HFBlocks, batches: list[Batch]) -> str
     for batch in batches:
         trace = record_trace(runtime, batch)
         for layer, block in enumerate(runtime.blocks):
-            if trace.hf_calls[layer] is None:
+            hf_call = trace.hf_calls[layer]
+            if hf_call is None:
                 return f"the bridge block {layer} never called its Hugging Face block"
             h, other = trace.residuals[layer], trace.residuals[layer + 1]
             for variants in ([h], [h, other]):
                 want = trace.run_module(block, trace.calls[layer], variants)
-                got = trace.run_module(hf.copies[id(block)], trace.hf_calls[layer], variants)
+                got = trace.run_module(hf.copies[id(block)], hf_call, variants)
                 worst = max(relative_deviation(g, w) for g, w in zip(got, want, strict=True))
                 if not worst <= RAW_BLOCKS_TOLERANCE:  # NaN fails too
                     return (

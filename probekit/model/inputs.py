@@ -155,8 +155,9 @@ def check_batch(batch: Batch, d_vocab: int, n_ctx: int) -> None:
 
 
 def require_targets(batches: Sequence[Batch]) -> None:
-    """Refuse prepared ``batches`` in which no position has a target."""
-    if all(bool((b.labels == -100).all()) for b in batches):
+    """Refuse prepared ``batches`` in which no position has a target (prepared batches carry
+    their labels; one without labels is not refused here)."""
+    if all(b.labels is not None and bool((b.labels == -100).all()) for b in batches):
         raise InputError(
             "no position of the data has a target (every label is -100; a decoder's "
             "one-token sequences have no next token)",

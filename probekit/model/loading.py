@@ -15,10 +15,9 @@ import copy
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from probekit.errors import CheckpointError, InputError, UnsupportedModelError
 from probekit.model.bridge import attach_bridge, supported_architectures, unsupported
@@ -40,6 +39,9 @@ from probekit.model.headless import (
 )
 from probekit.model.hub import hub_name, resolve
 from probekit.model.runtime import Runtime
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +177,9 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
         raise unsupported(arch)
     hf_model = copy.deepcopy(source) if copy_model else source
     if device is not None or dtype is not None:
-        hf_model.to(device=device, dtype=dtype)
+        # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
+        # unbound function missing its self
+        hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
     if head is not None:
         return _headless_model(hf_model, head, None, None, None)
     return Model(Runtime(attach_bridge(hf_model, arch)))
@@ -188,7 +192,9 @@ def _load_folder(
     folder, pooling, arch, head, dtype = _checked_folder(path, dtype, fits=not placement)
     hf_model = _from_folder(folder, arch, dtype, placement or {})
     if not placement:
-        hf_model.to(device or _default_device())
+        # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
+        # unbound function (self = the device)
+        hf_model.to(device or _default_device())  # type: ignore[arg-type]
     if head is not None:
         return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
     return Model(Runtime(attach_bridge(hf_model, arch, _tokenizer(path))), source=str(path))
@@ -244,7 +250,7 @@ def _checked_folder(
     return folder, pooling, arch, head, dtype
 
 
-def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> nn.Module:
+def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
     """The Hugging Face model ``arch`` from ``folder`` (eager attention, no progress bars)."""
     import transformers
     from transformers.utils import logging as hf_logging
@@ -279,7 +285,11 @@ def _tokenizer(path: Path) -> Any:
 
 
 def _headless_model(
-    base: nn.Module, head_name: str, tokenizer: Any, source: str | None, pooling: Pooling | None
+    base: PreTrainedModel,
+    head_name: str,
+    tokenizer: Any,
+    source: str | None,
+    pooling: Pooling | None,
 ) -> Model:
     """A :class:`Model` over the base model ``base`` (no LM head), wrapped for the bridge."""
     arch = type(base).__name__

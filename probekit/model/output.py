@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from probekit.model.headless import Headless
 from probekit.model.sites import global_hooks, hook_registries
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class OutputHead:
 
 
 def resolve_head(
-    bridge: Any, hf_model: nn.Module, headless: Headless | None, causal: bool
+    bridge: Any, hf_model: PreTrainedModel, headless: Headless | None, causal: bool
 ) -> OutputHead:
     """The output head of the bridge over ``hf_model``: for a model loaded without its LM head
     (``headless``) the base model's final norm, if it has one; the Hugging Face model's own

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ from probekit.model.output import OutputHead, resolve_head
 from probekit.model.sites import MASKED_LM_SUFFIXES, REQUIRED_SITES, HookList, hook_name
 from probekit.progress import advance
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class Runtime:
     """A TransformerBridge ready to run: ``bridge``, the wrapped ``hf_model`` (put in eval
@@ -45,7 +48,7 @@ class Runtime:
     def __init__(self, bridge: Any, headless: Headless | None = None) -> None:
         self.bridge = bridge
         self.headless = headless
-        self.hf_model: nn.Module = bridge.original_model
+        self.hf_model: PreTrainedModel = bridge.original_model
         if headless is not None:
             stop_at_base_output(self.hf_model)
         if not hasattr(bridge, "blocks") or len(bridge.blocks) == 0:

@@ -49,7 +49,7 @@ def is_int(value: Any) -> TypeGuard[int | np.integer]:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
-def is_real(value: Any) -> bool:
+def is_real(value: Any) -> TypeGuard[int | float | np.number]:
     """True for a finite int or float that is not a bool."""
     import numpy as np
 

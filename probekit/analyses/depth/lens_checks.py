@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 
 import torch
 
-from probekit.errors import CheckpointError, InputError, NumericalError
+from probekit.errors import CheckpointError, InputError, NumericalError, UnsupportedModelError
 from probekit.io import read_json
 from probekit.model import Model
 from probekit.numerics import all_finite, available_memory, tolerance, within_tolerance
@@ -65,8 +65,14 @@ def _parameters(model: Model) -> dict[str, torch.Tensor]:
     hf = model.hf_model
     head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
     special = {} if head is None else {id(head.weight): "unembedding"}
-    special[id(hf.get_input_embeddings().weight)] = "embedding"  # wins when tied
-    out = {"embedding": hf.get_input_embeddings().weight}
+    embedding = hf.get_input_embeddings().weight
+    if not isinstance(embedding, torch.Tensor):
+        raise UnsupportedModelError(
+            f"the input embedding of {type(hf).__name__} has no weight tensor",
+            fix="use a model whose input embedding is a torch embedding (nn.Embedding)",
+        )
+    special[id(embedding)] = "embedding"  # wins when tied
+    out = {"embedding": embedding}
     for name, weight in hf.named_parameters():
         out[special.get(id(weight), name.replace("._original_component", ""))] = weight
     return out
