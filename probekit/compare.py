@@ -163,7 +163,7 @@ def check_checkpoints(checkpoints: Mapping[str, str | os.PathLike]) -> None:
     _check_vocabularies(checkpoints)
 
 
-def _check_vocabularies(checkpoints: Mapping[str, str]) -> None:
+def _check_vocabularies(checkpoints: Mapping[str, str | os.PathLike]) -> None:
     """Refuse checkpoints whose config.json give different vocabulary sizes (the same tokens
     would mean different things)."""
     sizes = {}
@@ -311,8 +311,9 @@ def timeline_figure(table: DiagnosesResult, steps: Sequence[int | None]) -> go.F
     from plotly.subplots import make_subplots
 
     ok = table.df["status"] == "ok"
-    use_steps = all(s is not None for s in steps)
-    x = [int(s) for s in steps] if use_steps else list(range(len(steps)))
+    known = [int(s) for s in steps if s is not None]
+    use_steps = len(known) == len(steps)
+    x = known if use_steps else list(range(len(steps)))
     fig = make_subplots(
         rows=2,
         cols=1,

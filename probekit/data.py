@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, Self, Union, runtime_checkable
 
 import torch
 
@@ -307,7 +307,9 @@ class TaskData(Protocol):
     tokens: torch.Tensor
     targets: torch.Tensor
     vocab_size: int | None
-    group_label: str
+
+    @property
+    def group_label(self) -> str: ...  # read only: a class attribute of the task's data
 
     @property
     def resample_range(self) -> tuple[int, int]: ...
@@ -336,7 +338,7 @@ class TaskData(Protocol):
 
     def mirror_groups(self) -> list[tuple[str, str]]: ...
 
-    def concat(self, others: Sequence[TaskData]) -> TaskData: ...
+    def concat(self, others: Sequence[Self]) -> Self: ...
 
 
 def category_shares(

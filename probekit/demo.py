@@ -120,13 +120,20 @@ def analyse(
     import probekit
     from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.data import describe
+    from probekit.errors import CheckpointError
     from probekit.report import diagnose, write_report
     from probekit.run_folders import load_run
     from probekit.sources import default_data
 
     step = phases or Phases(quiet=True)
     model = probekit.load(checkpoint, device="cpu")
-    task = load_run(checkpoint).task
+    run = load_run(checkpoint)
+    if run is None or run.task is None:
+        raise CheckpointError(
+            f"{checkpoint} is no checkpoint of an anchor training run",
+            fix="pass the checkpoint folder of a run of `probekit train`",
+        )
+    task = run.task
     solutions = step("solution types", lambda: solution_types(model, task.solution_data()))
     mechanisms = {
         name: step(name.replace("_", " "), call) for name, call in _mechanisms(model, task).items()

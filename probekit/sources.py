@@ -546,14 +546,14 @@ def _pick(
     """:func:`default_data`'s choice, the run ``run`` already read (None: no probekit run, or
     data the caller chose): the data, what they are in words, and the positions to read them
     at."""
-    if run is not None and run.kind == "anchor":
+    if run is not None and run.task is not None:  # an anchor run (the kind that has a task)
         task = run.task
         data = task.generate("train", min(task.n_train, 2000)) if fit else task.dataset("test_data")
         return *_answer_labelled(data), "last"
     from probekit.model import load
 
     model = load(path if model is None else model)
-    if run is not None:  # a byte-level LM run: validation text of its corpus
+    if run is not None and run.lm is not None:  # a byte-level LM run: text of its corpus
         from probekit.lm.corpus import ByteCorpus
 
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
@@ -637,8 +637,9 @@ def _texts(
     if text is not None:
         return sources.file_texts(text), f"text file {os.path.abspath(text)}", int(fit)
     if dataset is not None:
-        choice = dict(config=dataset.config, split=dataset.split, column=dataset.column)
-        column = sources.dataset_column(dataset.name, **choice)  # "text": maybe the only one
+        column = sources.dataset_column(  # "text": maybe the only one
+            dataset.name, config=dataset.config, split=dataset.split, column=dataset.column
+        )
         dataset = dataclasses.replace(dataset, column=column)
         texts = sources.dataset_texts(
             dataset.name, config=dataset.config, split=dataset.split, column=dataset.column

@@ -42,7 +42,7 @@ class Parser(argparse.ArgumentParser):
             2, f"probekit: error: {message}{self.suggest(message)} (see {self.prog} --help)\n"
         )
 
-    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         self.argv = list(sys.argv[1:] if args is None else args)  # read by :meth:`suggest`
         return super().parse_args(args, namespace)
 
@@ -91,7 +91,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if isinstance(action.default, list | tuple):  # as typed: comma-separated
             shown = ",".join(str(v) for v in action.default).replace("%", "%%")
             return f"{text} (default: {shown})"
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""  # typed str | None, always text here
 
 
 TRAINER_HELP = {
@@ -312,7 +312,7 @@ def one_line_warnings() -> Iterator[None]:
     on stderr, ``probekit: warning: ...`` (other warnings as Python shows them)."""
     shown = warnings.showwarning
 
-    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, ProbekitWarning):
             print("probekit: warning: " + " ".join(str(message).split()), file=sys.stderr)
         else:

@@ -225,7 +225,7 @@ def _groups(
     n: int,
 ) -> tuple[np.ndarray, list[tuple[str, str]], np.ndarray]:
     """Group label per sequence, the mirror pairs present, and which sequences are marked."""
-    own = groups is None and task is not None
+    own = task if groups is None else None  # the task's own groups: its mirrors and held-out
     if groups is None:
         groups = task.groups() if task is not None else ["all"] * n
     labels = np.array([str(g) for g in groups])
@@ -234,12 +234,12 @@ def _groups(
             f"{len(labels)} group labels for {n} sequences", fix="give one label per sequence"
         )
     if mirrors is None:
-        mirrors = task.mirror_groups() if own else []
+        mirrors = own.mirror_groups() if own is not None else []
     present = set(labels)
     mirrors = [(str(a), str(b)) for a, b in mirrors if str(a) in present and str(b) in present]
     marked = np.isin(labels, [g for pair in mirrors for g in pair])
-    if own:
-        marked |= task.heldout().cpu().numpy().astype(bool)
+    if own is not None:
+        marked |= own.heldout().cpu().numpy().astype(bool)
     return labels, mirrors, marked
 
 
