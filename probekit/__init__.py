@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "train": "probekit.anchor",
     "load_run": "probekit.run_folders",
     "diagnose": "probekit.report",
+    "InterventionSetting": "probekit.interventions",
 }
 """Public name -> the module it lives in; imported on first use, so ``import probekit`` (and
 the CLI's argument errors) do not wait for torch, transformers and scikit-learn."""

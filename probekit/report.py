@@ -42,6 +42,7 @@ from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, as_lens, compare_lenses, tuned_lens
 from probekit.data import Data
 from probekit.errors import InputError, NumericalError
+from probekit.interventions import InterventionSetting
 from probekit.io import (
     atomic_write_bytes,
     atomic_write_text,
@@ -82,18 +83,6 @@ class Diagnosis:
     """Analyses of :data:`MAY_BE_UNDEFINED` that have no numbers, and why."""
 
 
-@dataclass(frozen=True)
-class Conventions:
-    """How the depth measures are reduced (see :mod:`probekit.analyses.depth.conventions`):
-    ``convention`` ``"probekit"`` (token means) or ``"csordas2025"`` (the reference code's
-    maxima and per-prompt means), ``mode`` ``"current"`` or ``"future"``, and ``keep_first``
-    (never intervene at position 0; ``None``: when the tokenizer adds a BOS token)."""
-
-    convention: str = "probekit"
-    mode: str = "current"
-    keep_first: bool | None = None
-
-
 def diagnose(
     model: Model | Any,
     data: Data,
@@ -103,7 +92,7 @@ def diagnose(
     positions: str = "all",
     batch_size: int | None = None,
     progress: bool = False,
-    conventions: Conventions = Conventions(),
+    setting: InterventionSetting = InterventionSetting(),
     lens: TunedLens | str | os.PathLike | None = None,
     lens_data: Data | None = None,
     lens_steps: int | None = None,
@@ -114,7 +103,8 @@ def diagnose(
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
     ``pairs`` and ``n_bootstrap`` go to :func:`~probekit.analyses.layer_swaps`; ``positions``
-    and ``batch_size`` to every analyzer; ``conventions`` to the skip, ablation, residual and
+    and ``batch_size`` to every analyzer; ``setting`` (how to intervene and reduce, see
+    :class:`~probekit.interventions.InterventionSetting`) to the skip, ablation, residual and
     lens analyses; ``progress`` shows a bar over the analyses. A tuned lens is read beside the
     logit lens when ``lens`` (a fitted :class:`~probekit.analyses.depth.tuned_lens.TunedLens`
     or its folder) or ``lens_data`` (data to fit one on, kept apart from ``data``; ``lens_steps``
@@ -138,7 +128,7 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(
-        model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens, shared
+        model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared
     )
     results, not_defined = _run(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
@@ -253,21 +243,19 @@ def _steps(
     n_bootstrap: int,
     positions: str,
     batch_size: int | None,
-    conventions: Conventions,
+    setting: InterventionSetting,
     lens: TunedLens | str | os.PathLike | None,
     shared: Shared | None = None,
 ) -> dict[str, Callable[[], Result]]:
     """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make,
     those that can sharing the ``shared`` cache."""
-    reduce = {"convention": conventions.convention}
-    intervene = {**reduce, "mode": conventions.mode, "keep_first": conventions.keep_first}
     cache = {"cache": shared}
     analyzers: dict[str, Callable[..., Result]] = {
-        "contributions": partial(contributions, **intervene, **cache),
-        "skip_effects": partial(skip_effects, **intervene, **cache),
+        "contributions": partial(contributions, setting=setting, **cache),
+        "skip_effects": partial(skip_effects, setting=setting, **cache),
         "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, **cache),
-        "residual": partial(residual_stats, **reduce),
-        "logit_lens": partial(logit_lens, **reduce, **cache),
+        "residual": partial(residual_stats, setting=setting),
+        "logit_lens": partial(logit_lens, setting=setting, **cache),
         "gradients": gradient_norms,
     }
     if lens is not None:

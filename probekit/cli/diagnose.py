@@ -73,6 +73,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     report (:func:`probekit.report.diagnose_checkpoint`); print the verdict and the page."""
     path, out = prepare(args)  # before the slow imports and the load
     from probekit import report
+    from probekit.interventions import InterventionSetting
 
     keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
     diagnosis, page = report.diagnose_checkpoint(
@@ -94,7 +95,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
         n_bootstrap=args.bootstrap,
         batch_size=args.batch_size,
         progress=not args.quiet,
-        conventions=report.Conventions(args.convention, args.mode, keep_first),
+        setting=InterventionSetting(args.convention, args.mode, keep_first),
         lens=args.lens,
         lens_steps=args.lens_steps,
         label=None if os.path.lexists(args.model) else args.model,  # a Hub name
