@@ -435,8 +435,7 @@ class InterventionSetting:
         >>> InterventionSetting(mode="past")
         Traceback (most recent call last):
         ...
-        probekit.errors.InputError: unknown mode 'past'
-        fix: use one of ('current', 'future')
+        probekit.errors.InputError: unknown mode 'past'. Fix: use one of ('current', 'future').
     """
 
     convention: str = "probekit"
