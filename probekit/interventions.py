@@ -420,8 +420,8 @@ class InterventionSetting:
         n_future: how many positions t per prompt future mode draws.
         seed: the seed of future mode's draws.
         answer_start: future mode at given positions: per prompt an int (e.g. the answer
-            start) or a sequence of ints (the effects are maxed over them); kept as a tuple of
-            tuples of ints.
+            start) or a sequence of ints (the effects are maxed over them); lists, arrays and
+            tensors of integers are kept as a tuple of tuples of ints.
         component_positions: in future mode with drawn positions, 'shared' (the attention and
             MLP ablations of :func:`~probekit.contributions` use the layer's positions t) or
             'redrawn' (each draws its own, continuing the layer's random stream, as the
@@ -443,7 +443,7 @@ class InterventionSetting:
     keep_first: bool | None = None
     n_future: int = 4
     seed: int = 123
-    answer_start: tuple[tuple[int, ...], ...] | None = None
+    answer_start: Sequence[int | Sequence[int]] | None = None
     component_positions: str | None = None
 
     def __post_init__(self) -> None:

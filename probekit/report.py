@@ -127,9 +127,7 @@ def diagnose(
         lens = TunedLens.fit(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
-    steps = _steps(
-        model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared
-    )
+    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
     results, not_defined = _run(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
