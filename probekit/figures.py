@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit.errors import InputError, ProbekitError
+from probekit.words import AXES
 from probekit.words import WORDS as WORDS  # re-exported: figures.WORDS, figures.words
 from probekit.words import words as words
 
@@ -33,35 +34,6 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 MAX_WIDTH = 1200
 """Every figure fits a page of this many pixels (reports, papers)."""
-
-
-SWAP_COSTS = {
-    "loss": {
-        "title": "Loss change of swapping layers i and j",
-        "colorbar": "Δ loss (nats)",
-        "unit": "nats of loss",
-        "rises": "raises the loss",
-    },
-    "rel_l2": {
-        "title": "Output change of swapping layers i and j (‖z′ − z‖ ÷ ‖z‖)",
-        "colorbar": "relative output change",
-        "unit": "relative change of the output",
-        "rises": "changes the output",
-    },
-}
-"""Words of the cost a layer order is judged by: the loss with a vocabulary, the relative
-change of the output (final hidden state or embedding) without one."""
-
-
-def swap_cost(measure: str | None) -> dict[str, str]:
-    """The words of :data:`SWAP_COSTS` for a result whose headline ``measure`` is given
-    (``rel_l2`` for models without an LM head, else the loss).
-
-    Example:
-        >>> swap_cost("rel_l2")["colorbar"], swap_cost("prob_l2")["colorbar"]
-        ('relative output change', 'Δ loss (nats)')
-    """
-    return SWAP_COSTS["rel_l2" if measure == "rel_l2" else "loss"]
 
 
 def integer_axis(
@@ -694,7 +666,7 @@ def shade_second_half(fig: go.Figure, n_layers: int) -> go.Figure:
         fillcolor="#888888",
         opacity=0.08,
         line_width=0,
-        annotation_text="second half",
+        annotation_text=AXES["second_half"],
         annotation_position="top left",
     )
     return fig
@@ -703,7 +675,7 @@ def shade_second_half(fig: go.Figure, n_layers: int) -> go.Figure:
 def overlap_axis(fig: go.Figure) -> go.Figure:
     """The secondary y axis of a lens figure: the top-k overlap, a fraction from 0 to 1."""
     return fig.update_yaxes(
-        title_text="top-k overlap (fraction)",
+        title_text=AXES["topk_overlap"],
         range=[0, 1.05],
         tickmode="linear",
         tick0=0,

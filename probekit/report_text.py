@@ -1,10 +1,11 @@
 """What each section of a report says in words: its heading, what its figure shows, and one
 sentence on what its numbers say.
 
-:data:`TITLES`, :data:`EXPLAIN` and the built-in conclusions speak of the depth and mechanism
-analyses; a result that brings its task's words (:func:`own_words`: the solution types carry
-the task data's :class:`~probekit.data.SolutionWording`) is described by them instead, so a new
-task needs no change here.
+:data:`TITLES`, :data:`EXPLAIN` (their words live in :mod:`probekit.words`, with every
+figure's) and the built-in conclusions speak of the depth and mechanism analyses; a result that
+brings its task's words (:func:`own_words`: the solution types carry the task data's
+:class:`~probekit.data.SolutionWording`) is described by them instead, so a new task needs no
+change here.
 
 Example:
     >>> import pandas as pd
@@ -19,52 +20,14 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from probekit.figures import swap_cost
 from probekit.result import Result, readable_value
+from probekit.words import SECTION_EXPLAIN, SECTION_TITLES, swap_cost
 
-TITLES = {
-    "solutions": "Solution types",
-    "attention_knockout": "Attention-edge knockout",
-    "probes": "Linear probes of the intermediate results",
-    "condensation": "Condensation of the weights",
-    "embedding_map": "Token-embedding map",
-    "contributions": "Zero-ablation contributions",
-    "skip_effects": "Skip effects",
-    "layer_swaps": "Layer swaps and permutable blocks",
-    "residual": "Residual stream",
-    "logit_lens": "Logit lens",
-    "gradients": "Gradient norms",
-    "tuned_lens": "Tuned lens",
-}
-"""The heading of each report section (a result that brings its task's words, such as the
-solution types, is headed by them: :func:`own_words`)."""
+TITLES = SECTION_TITLES
+"""The heading of each report section (:data:`probekit.words.SECTION_TITLES`)."""
 
-EXPLAIN = {
-    "attention_knockout": "Each cell is the change of the target's probability when one "
-    "attention edge (a layer's attention from the last token to one role) is blocked; large "
-    "negative cells are the edges the answer flows through.",
-    "probes": "Accuracy of a linear probe for each intermediate quantity at each layer and "
-    "role position, against a control with shuffled labels (selectivity).",
-    "condensation": "Cosine similarity between the input weights of the neurons of each "
-    "matrix, neurons sorted into groups; bright blocks are groups of neurons that point the "
-    "same way (condensed).",
-    "embedding_map": "The item tokens' embeddings projected to two dimensions, coloured by "
-    "their value; an ordered curve means the model embeds numbers by their order.",
-    "contributions": "How much the output changes when one layer (or its attention or MLP) is "
-    "removed, per layer and measure.",
-    "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
-    "writes (‖D_l − D′_l‖ ÷ ‖D_l‖); the change of the output for each skipped layer is in "
-    "skip_effects.csv (the rows whose target is output).",
-    "layer_swaps": "The {cost} for swapping each pair of layers; low cells mean the two layers "
-    "can change places, and runs of them form permutable blocks.",
-    "residual": "Cosine between each block's output and input, and the relative size of the "
-    "attention and MLP updates, per layer.",
-    "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
-    "overlap; where it drops to near zero the prediction is formed.",
-    "gradients": "Gradient norm of each layer's weights and at its residual input.",
-    "tuned_lens": "The tuned lens (a learned affine read-out per layer) over the logit lens.",
-}
-"""What each section's figure shows, written above it."""
+EXPLAIN = SECTION_EXPLAIN
+"""What each section's figure shows (:data:`probekit.words.SECTION_EXPLAIN`)."""
 
 
 def own_words(result: Result) -> dict[str, Any]:
@@ -173,8 +136,7 @@ def heading(name: str, result: Result) -> str:
 def explanation(name: str, result: Result) -> str:
     """What the section's figure shows: the result's own ``explain``, else :data:`EXPLAIN`."""
     said = str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
-    cost = swap_cost(result.summary.get("measure"))["title"].split(" of swapping")[0].lower()
-    return said.replace("{cost}", cost)
+    return said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
 
 
 __all__ = ["EXPLAIN", "TITLES", "conclusion", "explanation", "heading", "own_words"]

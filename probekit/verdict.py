@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from probekit.figures import swap_cost
 from probekit.model import Model
 from probekit.result import Result, layer_ranges
 from probekit.sources import is_random_tokens
+from probekit.words import swap_cost
 
 WARNING = "Warning: "
 """How a verdict line that warns begins (the numbers below it may not mean what they seem)."""

@@ -1,5 +1,12 @@
-"""Words for probekit's keys: the measures, components and summary numbers of every result,
-as figures, tables and reports show them. One home, below everything that draws or writes.
+"""Words for probekit's keys and figures: the measures, components and summary numbers of every
+result, the titles, axis titles (with their units), colour-bar titles and legend names of every
+figure, and what each report section is headed and shows. One home, below everything that draws
+or writes.
+
+A task's own words (its answer categories, what one group is, the heading of its solution
+section) come with its data (``TaskData.solution_wording()``, ``categories()``,
+``group_label``; the anchor task's are in :mod:`probekit.anchor.solutions`), so a new task
+needs no change here: the figures below fill them into their templates.
 
 Example:
     >>> words("rel_l2")
@@ -15,6 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 WORDS = {
     # output-change measures (depth and mechanism analyses)
@@ -174,4 +182,300 @@ VALUE_WORDS = {
 """Summary values that are keys themselves, in words."""
 
 
-__all__ = ["KIND_LABELS", "LABELS", "TARGET_GROUPS", "VALUE_WORDS", "WORDS", "label", "words"]
+# ---------------------------------------------------------------- figures
+AXES = {
+    "layer": "layer",
+    "depth": "depth: layers applied (0 = embeddings)",
+    "topk_overlap": "top-k overlap (fraction)",
+    "training_step": "training step",
+    "position": "position",
+    "stable_rank": "stable rank (dimensions)",
+    "second_half": "second half",
+}
+"""Axis titles (with their units), colour-bar titles and marks that several figures share."""
+
+SETTINGS = {
+    "gamma": "γ, initialization rate (std = d_in^−γ)",
+    "depth": "depth (layers)",
+    "weight_decay": "weight decay",
+    "seed": "seed",
+    "lr": "learning rate",
+}
+"""Training settings as axis titles (sweeps, model families)."""
+
+FIGURES: dict[str, dict[str, str]] = {
+    # depth
+    "contributions": {
+        "title": "Zero-ablation contribution per layer: {measure}; second-half share {share:.1%}",
+    },
+    "skip_effects": {
+        "title": "Effect of skipping layer s on the update of each later layer l, "
+        "‖D_l − D'_l‖ ÷ ‖D_l‖ (where skipping matters, as a centre of mass over s: "
+        "later-layer depth score {depth_score_layer:.2f}, output depth score {depth_score:.2f})",
+        "x": "affected layer l",
+        "y": "skipped layer s",
+        "colorbar": "relative change of the update",
+    },
+    "swaps": {
+        "title": "{cost}; permutable blocks framed, bootstrap confidence of each block boundary "
+        "on top",
+        "x": "layer j",
+        "y": "layer i",
+    },
+    "gradients": {
+        "title": "Gradient norm per layer (of the mean token loss)",
+        "y": "gradient L2 norm (log scale)",
+    },
+    "residual": {
+        "title": "Residual stream: similarity and relative update size",
+        "left": "cosine similarities",
+        "right": "update norms relative to the input",
+        "y_left": "cosine",
+        "y_right": "ratio of L2 norms",
+    },
+    "logit_lens": {
+        "title": "Logit lens",
+        "y": "KL (nats)",
+        "kl": "KL(p_l ‖ p_final)",
+        "overlap": "top-{k} overlap with the final output",
+    },
+    "tuned_lens": {"title": "Tuned lens"},
+    "compare_lenses": {
+        "title": "Logit lens and tuned lens (dotted: top-k overlap)",
+        "y": "KL(p_l ‖ p_final) (nats)",
+        "kl": "{name}: KL",
+        "overlap": "{name}: top-{k} overlap",
+    },
+    "model_loss": {
+        "title": "Loss per sequence (perplexity over all tokens {perplexity:.4g})",
+        "x": "sequence",
+        "y": "mean cross-entropy (nats)",
+    },
+    "timeline": {"title": "{measure} over training, one line per run"},
+    # weights
+    "condensation": {
+        "title": "Condensation: cosine between neurons' input weights (clustered, threshold "
+        "{threshold})",
+        "panel": "L{layer} {matrix}: {groups} groups, score {score:.2f}",
+        "colorbar": "cosine<br>similarity",
+        "x": "neuron (clustered order)",
+        "y": "neuron",
+    },
+    "condensation_timeline": {
+        "title": "Condensation over training (onset step: {onset}); one line per layer, "
+        "darker = deeper",
+        "score": "condensation score",
+        "groups": "groups of neurons",
+        "stable_rank": "stable rank",
+        "y_score": "score (0 to 1)",
+        "y_groups": "number of groups",
+    },
+    "embedding_map": {
+        "title": "Token embeddings ({method}): neighbour ratio {neighbour_ratio:.2f}, |rank corr| "
+        "with an axis {order_corr:.2f}",
+        "x": "{method} axis 1 (arbitrary units)",
+        "y": "{method} axis 2 (arbitrary units)",
+        "colorbar": "token id",
+    },
+    "spectra": {
+        "title": "Spectra: stable rank of W_E {stable_rank:.2f}, embedding covariance top share "
+        "{top_share:.2f}; one line per layer",
+        "singular": "normalized singular values",
+        "ranks": "stable rank per layer",
+        "covariance": "token-embedding covariance eigenvalues",
+        "covariance_legend": "embedding covariance",
+        "x_singular": "singular value index",
+        "y_singular": "σ_i ÷ σ_1 (log scale)",
+        "x_covariance": "eigenvalue index",
+        "y_covariance": "eigenvalue (log scale)",
+    },
+    # mechanisms
+    "solutions": {
+        "title": "Solution: {solution} (held-out {shares}; seen {groups} on {seen_scope} "
+        "{accuracy:.2f})",
+        "empty": "Solution types",
+        "left": "Outputs per {group} (seen: {seen_scope}; held-out: {heldout_scope})",
+        "right": "Held-out {groups}: prediction − {reference}",
+        "y_left": "fraction of outputs",
+        "y_right": "fraction of held-out outputs",
+        "x_left": "{group} (seen, then held-out)",
+        "x_right": "prediction − {reference} (tokens)",
+        "seen": "seen {groups}",
+        "heldout": "held-out {groups}",
+        "correct": "correct ({target})",
+        "wrong": "wrong",
+        "heldout_group": "held-out {group} {name}",
+        "difference": "prediction − {reference}",
+    },
+    "information_flow": {
+        "title": "Information flow: attention moved by each layer (line width: attention weight, "
+        "at least {min_weight})",
+        "single": "one input",
+        "single_labelled": "one input ({label})",
+        "mean": "mean over {n_mean} inputs",
+        "x_tokens": "position and token",
+        "y": "residual stream: layers applied",
+    },
+    "hidden_state_map": {
+        "title": "States at {positions!r} ({method}), coloured by group; diamonds: held-out "
+        "groups and their mirrors",
+        "panel": "{site} of layer {layer}",
+        "mirror": " (mirror ratio {ratio:.2f})",
+        "x": "{axis} 1 (arbitrary units)",
+        "y": "{axis} 2 (arbitrary units)",
+    },
+    "pair_cosines": {
+        "title": "Cosine of states ({site}) between {groups} at equal {answer} answers",
+        "panel": "{site} of layer {layer}",
+        "colorbar": "cosine similarity",
+    },
+    "attention_knockout": {
+        "title": "Attention knockout into the query position ({heads}, {group} inputs): {measure}",
+        "all_heads": "all heads",
+        "head": "head {head}",
+        "x": "blocked source {by}",
+    },
+    "token_masking": {
+        "title": "Token masking ({mode}): {measure} at the query position, per group of inputs",
+        "x": "masked {by}",
+    },
+    "probes": {
+        "title": "Linear probes at site {site!r} ({value}; decodable: score >= {threshold} and "
+        "selectivity >= {min_selectivity})",
+        "not_decodable": "not decodable",
+        "decodable_from": "decodable from depth {depth}",
+        "first_panel": "first decodable depth (blank: none)",
+        "first_colorbar": "first<br>decodable<br>depth",
+        "y": "depth (layers applied)",
+        "y_first": "variable",
+    },
+    # training
+    "sweep": {
+        "title": "Phase diagrams on the held-out pair (mean over seeds; blank: no run or all "
+        "diverged)",
+        "panel": "held-out pair {category} (fraction): γ × {y}",
+        "colorbar": "fraction of<br>outputs",
+        "phase_diagram": "{which} {metric} over {x} × {y} (mean over the other settings)",
+        "phase_colorbar": "{metric}<br>(fraction)",
+    },
+    "family": {
+        "title": "Depth/width family at {budget:,} parameters ({style} style)",
+        "d_model": "residual width d_model",
+        "d_mlp": "MLP width d_mlp",
+        "params": "parameters",
+        "y": "width (units)",
+        "y_params": "parameters (count)",
+    },
+}
+"""Each figure's own words, by the kind of result that draws it, as :meth:`str.format`
+templates over the figure's numbers (``title``, axis titles ``x`` / ``y``, subplot titles,
+colour bars, legend names); :data:`AXES` holds the words several figures share."""
+
+
+def figure_words(figure: str, part: str = "title", **values: Any) -> str:
+    """The words of ``part`` of ``figure`` (:data:`FIGURES`), filled with ``values``.
+
+    Example:
+        >>> figure_words("logit_lens")
+        'Logit lens'
+        >>> figure_words("model_loss", perplexity=12.345)
+        'Loss per sequence (perplexity over all tokens 12.35)'
+    """
+    return FIGURES[figure][part].format(**values)
+
+
+SWAP_COSTS = {
+    "loss": {
+        "title": "Loss change of swapping layers i and j",
+        "colorbar": "Δ loss (nats)",
+        "unit": "nats of loss",
+        "rises": "raises the loss",
+        "cost": "loss change",
+    },
+    "rel_l2": {
+        "title": "Output change of swapping layers i and j (‖z′ − z‖ ÷ ‖z‖)",
+        "colorbar": "relative output change",
+        "unit": "relative change of the output",
+        "rises": "changes the output",
+        "cost": "output change",
+    },
+}
+"""Words of the cost a layer order is judged by: the loss with a vocabulary, the relative
+change of the output (final hidden state or embedding) without one."""
+
+
+def swap_cost(measure: str | None) -> dict[str, str]:
+    """The words of :data:`SWAP_COSTS` for a result whose headline ``measure`` is given
+    (``rel_l2`` for models without an LM head, else the loss).
+
+    Example:
+        >>> swap_cost("rel_l2")["colorbar"], swap_cost("prob_l2")["colorbar"]
+        ('relative output change', 'Δ loss (nats)')
+    """
+    return SWAP_COSTS["rel_l2" if measure == "rel_l2" else "loss"]
+
+
+# ---------------------------------------------------------------- report sections
+SECTION_TITLES = {
+    "solutions": "Solution types",
+    "attention_knockout": "Attention-edge knockout",
+    "probes": "Linear probes of the intermediate results",
+    "condensation": "Condensation of the weights",
+    "embedding_map": "Token-embedding map",
+    "contributions": "Zero-ablation contributions",
+    "skip_effects": "Skip effects",
+    "layer_swaps": "Layer swaps and permutable blocks",
+    "residual": "Residual stream",
+    "logit_lens": "Logit lens",
+    "gradients": "Gradient norms",
+    "tuned_lens": "Tuned lens",
+}
+"""The heading of each report section (a result that brings its task's words, such as the
+solution types, is headed by them: ``probekit.report_text.own_words``)."""
+
+SECTION_EXPLAIN = {
+    "attention_knockout": "Each cell is the change of the target's probability when one "
+    "attention edge (a layer's attention from the last token to one role) is blocked; large "
+    "negative cells are the edges the answer flows through.",
+    "probes": "Accuracy of a linear probe for each intermediate quantity at each layer and "
+    "role position, against a control with shuffled labels (selectivity).",
+    "condensation": "Cosine similarity between the input weights of the neurons of each "
+    "matrix, neurons sorted into groups; bright blocks are groups of neurons that point the "
+    "same way (condensed).",
+    "embedding_map": "The item tokens' embeddings projected to two dimensions, coloured by "
+    "their value; an ordered curve means the model embeds numbers by their order.",
+    "contributions": "How much the output changes when one layer (or its attention or MLP) is "
+    "removed, per layer and measure.",
+    "skip_effects": "Row s, column l: how much skipping layer s changes what the later layer l "
+    "writes (‖D_l − D′_l‖ ÷ ‖D_l‖); the change of the output for each skipped layer is in "
+    "skip_effects.csv (the rows whose target is output).",
+    "layer_swaps": "The {cost} for swapping each pair of layers; low cells mean the two layers "
+    "can change places, and runs of them form permutable blocks.",
+    "residual": "Cosine between each block's output and input, and the relative size of the "
+    "attention and MLP updates, per layer.",
+    "logit_lens": "KL divergence of each layer's read-out from the final prediction, and top-k "
+    "overlap; where it drops to near zero the prediction is formed.",
+    "gradients": "Gradient norm of each layer's weights and at its residual input.",
+    "tuned_lens": "The tuned lens (a learned affine read-out per layer) over the logit lens.",
+}
+"""What each section's figure shows, written above it (``{cost}``: the words of the
+swap cost, :data:`SWAP_COSTS`)."""
+
+
+__all__ = [
+    "AXES",
+    "FIGURES",
+    "KIND_LABELS",
+    "LABELS",
+    "SECTION_EXPLAIN",
+    "SECTION_TITLES",
+    "SETTINGS",
+    "SWAP_COSTS",
+    "TARGET_GROUPS",
+    "VALUE_WORDS",
+    "WORDS",
+    "figure_words",
+    "label",
+    "swap_cost",
+    "words",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers
@@ -120,6 +121,24 @@ def test_pair_cosines_symmetric_with_unit_diagonal_and_plain_reference(tmp_path)
     assert len(res.figure().data) == 2
     back = Result.load(res.save(tmp_path / "c.json"))
     np.testing.assert_allclose(back.matrix(1).to_numpy(), res.matrix(1).to_numpy(), atol=1e-9)
+
+
+def test_pair_cosines_take_the_anchor_tasks_answer_by_default():
+    """The anchor task's reference answer is its inferential one (the first category): the
+    default and ``answer="inferential"`` agree; an answer the data do not name is an error."""
+    task = AnchorTask(n_train=16, n_test=60)
+    model = probekit.load(_anchor_hf())
+    data = task.dataset("test_data")
+    default = pair_cosines(model, data, layers=[1])
+    named = pair_cosines(model, data, layers=[1], answer="inferential")
+    assert default.meta["answer"] == "inferential"
+    pd.testing.assert_frame_equal(default.df, named.df)
+    title = default.figure().layout.title.text.replace("<br>", " ")
+    assert "between pairs at equal inferential answers" in title
+    symmetric = pair_cosines(model, data, layers=[1], answer="symmetric")
+    assert symmetric.meta["answer"] == "symmetric"
+    with pytest.raises(InputError, match="no answer named 'composite'"):
+        pair_cosines(model, data, answer="composite")
 
 
 @pytest.mark.slow

@@ -169,3 +169,24 @@ def test_figure_and_report_take_the_tasks_words(model, monkeypatch, tmp_path: Pa
     assert "<h2>Answer type on the held-out operator</h2>" in page
     assert "Per operator, how many outputs follow the rule or copy the key." in page
     assert "Answer type: copy; 0% of the held-out outputs" in page
+
+
+def test_pair_cosines_compare_at_the_tasks_own_answers(model):
+    """The task names the answer the groups are compared at: its reference answer (the first
+    category) by default, any other of its answers by name; the title speaks its words."""
+    from probekit.analyses.mechanisms.maps import pair_cosines
+    from probekit.errors import InputError
+
+    data = _shift_data()
+    by_rule = pair_cosines(model, data)
+    assert by_rule.meta["answer"] == "rule"
+    shared = by_rule.df.set_index(["pair_i", "pair_j"]).n_targets
+    assert shared[("op10", "op12")] == 6  # key + 1 and key + 3 meet on 4..9
+    title = by_rule.figure().layout.title.text.replace("<br>", " ")
+    assert "between operators at equal rule answers" in title
+    by_copy = pair_cosines(model, data, answer="copy")  # the key: shared by every operator
+    assert by_copy.meta["answer"] == "copy"
+    assert by_copy.df.set_index(["pair_i", "pair_j"]).n_targets[("op10", "op12")] == 8
+    with pytest.raises(InputError, match="no answer named 'inferential'") as err:
+        pair_cosines(model, data, answer="inferential")
+    assert "['copy', 'rule']" in err.value.fix

@@ -39,6 +39,7 @@ from probekit.data import Data
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 Checkpoint = tuple[str, int, Any]
 """``(run, step, model)``: a run label, its training step, and a model source."""
@@ -67,8 +68,8 @@ class TimelineResult(Result):
             "step",
             "value",
             "run",
-            f"{figures.words(measure).capitalize()} over training, one line per run",
-            "training step",
+            figure_words("timeline", measure=figures.words(measure).capitalize()),
+            AXES["training_step"],
             figures.words(measure),
         )
 

@@ -61,6 +61,7 @@ from probekit.training.checks import check_int, check_real, check_seed, is_int, 
 from probekit.training.executor import Failed, check_executor, log, run_tasks
 from probekit.training.lock import lock_holder, run_folder_lock
 from probekit.training.models import ModelConfig
+from probekit.words import SETTINGS, figure_words
 
 ACC_METRICS = (
     "train_acc",
@@ -70,16 +71,6 @@ ACC_METRICS = (
     "test_task_symmetric",
     "test_task_other",
 )
-
-
-_AXES = {
-    "gamma": "γ, initialization rate (std = d_in^−γ)",
-    "depth": "depth (layers)",
-    "weight_decay": "weight decay",
-    "seed": "seed",
-    "lr": "learning rate",
-}
-"""Axis titles of the sweep's settings."""
 
 
 def _fraction_heatmap(table: pd.DataFrame, **style: Any) -> go.Heatmap:
@@ -297,15 +288,20 @@ class SweepResult(Result):
         table = _grid_table(self.df, y, x, col)
         words = metric.replace("test_task_", "held-out ").replace("_", " ")
         fig = go.Figure(
-            _fraction_heatmap(table, colorbar={"title": {"text": f"{words}<br>(fraction)"}})
+            _fraction_heatmap(
+                table,
+                colorbar={
+                    "title": {"text": figure_words(self.kind, "phase_colorbar", metric=words)}
+                },
+            )
         )
         fig.update_yaxes(type="category")
         fig.update_xaxes(type="category")
         return figures.base_layout(
             fig,
-            f"{which} {words} over {x} × {y} (mean over the other settings)",
-            _AXES.get(x, x.replace("_", " ")),
-            _AXES.get(y, y.replace("_", " ")),
+            figure_words(self.kind, "phase_diagram", which=which, metric=words, x=x, y=y),
+            SETTINGS.get(x, x.replace("_", " ")),
+            SETTINGS.get(y, y.replace("_", " ")),
             width=700,
             height=500,
         )
@@ -325,7 +321,7 @@ class SweepResult(Result):
             horizontal_spacing=0.12,
             vertical_spacing=0.16,
             subplot_titles=[
-                f"held-out pair {m.split('_')[-1]} (fraction): γ × {y.replace('_', ' ')}"
+                figure_words(self.kind, "panel", category=m.split("_")[-1], y=y.replace("_", " "))
                 for m, y in specs
             ],
         )
@@ -333,20 +329,22 @@ class SweepResult(Result):
             table = _grid_table(self.df, y, "gamma", f"final_{metric}")
             fig.add_trace(
                 _fraction_heatmap(
-                    table, showscale=i == 0, colorbar={"title": {"text": "fraction of<br>outputs"}}
+                    table,
+                    showscale=i == 0,
+                    colorbar={"title": {"text": figure_words(self.kind, "colorbar")}},
                 ),
                 row=i // 2 + 1,
                 col=i % 2 + 1,
             )
             fig.update_xaxes(
-                title_text=_AXES["gamma"], type="category", row=i // 2 + 1, col=i % 2 + 1
+                title_text=SETTINGS["gamma"], type="category", row=i // 2 + 1, col=i % 2 + 1
             )
             fig.update_yaxes(
-                title_text=_AXES.get(y, y), type="category", row=i // 2 + 1, col=i % 2 + 1
+                title_text=SETTINGS.get(y, y), type="category", row=i // 2 + 1, col=i % 2 + 1
             )
         return figures.base_layout(
             fig,
-            "Phase diagrams on the held-out pair (mean over seeds; blank: no run or all diverged)",
+            figure_words(self.kind),
             width=1000,
             height=760,
         )

@@ -35,6 +35,7 @@ from probekit.errors import ConfigError
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, is_int
 from probekit.training.models import ModelConfig
+from probekit.words import SETTINGS, figure_words
 
 
 def gpt2_parameter_count(
@@ -91,7 +92,7 @@ class FamilyResult(Result):
                 go.Scatter(
                     x=self.df.depth,
                     y=self.df[column],
-                    name={"d_model": "residual width d_model", "d_mlp": "MLP width d_mlp"}[column],
+                    name=figure_words("family", column),
                     mode="lines+markers",
                     line={"color": figures.PALETTE[i]},
                 ),
@@ -101,21 +102,17 @@ class FamilyResult(Result):
             go.Bar(
                 x=self.df.depth,
                 y=self.df.params,
-                name="parameters",
+                name=figure_words("family", "params"),
                 opacity=0.25,
                 marker_color=figures.PALETTE[2],
             ),
             secondary_y=True,
         )
-        fig.update_xaxes(title_text="depth (layers)")
+        fig.update_xaxes(title_text=SETTINGS["depth"])
         figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
-        fig.update_yaxes(title_text="width (units)", secondary_y=False)
-        fig.update_yaxes(title_text="parameters (count)", secondary_y=True)
-        return figures.base_layout(
-            fig,
-            f"Depth/width family at {self.summary['budget']:,} parameters "
-            f"({self.summary['style']} style)",
-        )
+        fig.update_yaxes(title_text=figure_words("family", "y"), secondary_y=False)
+        fig.update_yaxes(title_text=figure_words("family", "y_params"), secondary_y=True)
+        return figures.base_layout(fig, figure_words("family", **self.summary))
 
 
 def _check_family(budget: int, depths: Sequence[int], style: str) -> None:

@@ -73,6 +73,7 @@ from probekit.interventions import InterventionSetting, ablate, check_setting
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 COMPONENTS = ("layer", "attn", "mlp")
 SHARE_MEASURES = ("logit_l2", "kl", "prob_l2")
@@ -114,9 +115,12 @@ class ContributionResult(Result):
             "layer",
             "value",
             "component",
-            f"Zero-ablation contribution per layer: {figures.words(measure)}; second-half "
-            f"share {self.second_half_share(measure):.1%}",
-            "layer",
+            figure_words(
+                "contributions",
+                measure=figures.words(measure),
+                share=self.second_half_share(measure),
+            ),
+            AXES["layer"],
             figures.words(measure),
         )
         figures.integer_axis(fig, "x", n=n_layers)

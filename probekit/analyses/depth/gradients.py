@@ -51,6 +51,7 @@ from probekit.model import Model, load
 from probekit.numerics import all_finite
 from probekit.progress import counted
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 GRADIENT_MEASURES = ("mean_param_grad_norm", "grad_norm", "resid_grad_norm")
 
@@ -72,9 +73,9 @@ class GradientResult(Result):
             "layer",
             "value",
             "measure",
-            "Gradient norm per layer (of the mean token loss)",
-            "layer",
-            "gradient L2 norm (log scale)",
+            figure_words("gradients"),
+            AXES["layer"],
+            figure_words("gradients", "y"),
         )
         figures.integer_axis(fig, "x", n=int(self.df.layer.max()) + 1)
         return figures.log_axis(fig, "y", values=self.df.value)

@@ -43,6 +43,7 @@ from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import counted
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 
 @torch.no_grad()  # measures, never differentiated: work tensors are written in place
@@ -93,7 +94,7 @@ class LogitLensResult(Result):
             go.Scatter(
                 x=kl.depth,
                 y=kl.value,
-                name="KL(p_l ‖ p_final)",
+                name=figure_words("logit_lens", "kl"),
                 mode="lines+markers",
                 line={"color": figures.PALETTE[0]},
             ),
@@ -103,17 +104,17 @@ class LogitLensResult(Result):
             go.Scatter(
                 x=ov.depth,
                 y=ov.value,
-                name=f"top-{self.summary['k']} overlap with the final output",
+                name=figure_words("logit_lens", "overlap", k=self.summary["k"]),
                 mode="lines+markers",
                 line={"color": figures.PALETTE[1]},
             ),
             secondary_y=True,
         )
-        fig.update_yaxes(title_text="KL (nats)", secondary_y=False)
+        fig.update_yaxes(title_text=figure_words("logit_lens", "y"), secondary_y=False)
         figures.overlap_axis(fig)
-        fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
+        fig.update_xaxes(title_text=AXES["depth"])
         figures.integer_axis(fig, "x", n=int(self.df.depth.max()) + 1)
-        return figures.base_layout(fig, "Logit lens")
+        return figures.base_layout(fig, figure_words("logit_lens"))
 
 
 def _summary(df: pd.DataFrame, n_layers: int, k: int, kl_threshold: float) -> dict:

@@ -27,6 +27,7 @@ from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.progress import counted
 from probekit.result import Result
+from probekit.words import figure_words
 
 
 class LossResult(Result):
@@ -47,9 +48,9 @@ class LossResult(Result):
             "sequence",
             "loss",
             None,
-            f"Loss per sequence (perplexity over all tokens {self.summary['perplexity']:.4g})",
-            "sequence",
-            "mean cross-entropy (nats)",
+            figure_words("model_loss", perplexity=self.summary["perplexity"]),
+            figure_words("model_loss", "x"),
+            figure_words("model_loss", "y"),
         )
 
 

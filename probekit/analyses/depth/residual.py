@@ -50,6 +50,7 @@ from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import counted
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 RESIDUAL_MEASURES = (
     "cos_out_in",
@@ -120,7 +121,7 @@ class ResidualResult(Result):
         fig = make_subplots(
             rows=1,
             cols=2,
-            subplot_titles=("cosine similarities", "update norms relative to the input"),
+            subplot_titles=(figure_words("residual", "left"), figure_words("residual", "right")),
         )
         for i, measure in enumerate(RESIDUAL_MEASURES):
             part = self.df[self.df.measure == measure]
@@ -135,13 +136,11 @@ class ResidualResult(Result):
                 row=1,
                 col=1 if measure.startswith("cos") else 2,
             )
-        fig.update_xaxes(title_text="layer")
+        fig.update_xaxes(title_text=AXES["layer"])
         figures.integer_axis(fig, "x", n=int(self.df.layer.max()) + 1)
-        fig.update_yaxes(title_text="cosine", row=1, col=1)
-        fig.update_yaxes(title_text="ratio of L2 norms", row=1, col=2)
-        return figures.base_layout(
-            fig, "Residual stream: similarity and relative update size", width=1100
-        )
+        fig.update_yaxes(title_text=figure_words("residual", "y_left"), row=1, col=1)
+        fig.update_yaxes(title_text=figure_words("residual", "y_right"), row=1, col=2)
+        return figures.base_layout(fig, figure_words("residual"), width=1100)
 
 
 @torch.no_grad()

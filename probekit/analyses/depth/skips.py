@@ -66,6 +66,7 @@ from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
+from probekit.words import figure_words
 
 
 class SkipEffectResult(Result):
@@ -107,13 +108,10 @@ class SkipEffectResult(Result):
             mat.to_numpy(),
             x=list(mat.columns),
             y=list(mat.index),
-            title="Effect of skipping layer s on the update of each later layer l, "
-            f"‖D_l − D'_l‖ ÷ ‖D_l‖ (where skipping matters, as a centre of mass over s: "
-            f"later-layer depth score {self.summary['depth_score_layer']:.2f}, "
-            f"output depth score {self.summary['depth_score']:.2f})",
-            x_title="affected layer l",
-            y_title="skipped layer s",
-            colorbar="relative change of the update",
+            title=figure_words("skip_effects", **self.summary),
+            x_title=figure_words("skip_effects", "x"),
+            y_title=figure_words("skip_effects", "y"),
+            colorbar=figure_words("skip_effects", "colorbar"),
         )
 
 

@@ -57,6 +57,7 @@ from probekit.interventions import swapped_order
 from probekit.model import Model, load
 from probekit.progress import expect
 from probekit.result import Result
+from probekit.words import figure_words, swap_cost
 
 Range = tuple[int, int]
 
@@ -141,15 +142,14 @@ class SwapResult(Result):
     def figure(self) -> go.Figure:
         mat = self.matrix()
         n = mat.shape[0]
-        cost = figures.swap_cost(self.summary.get("measure"))
+        cost = swap_cost(self.summary.get("measure"))
         fig = figures.heatmap(
             mat.to_numpy(),
             x=list(range(n)),
             y=list(range(n)),
-            title=f"{cost['title']}; permutable blocks framed, bootstrap confidence of each "
-            "block boundary on top",
-            x_title="layer j",
-            y_title="layer i",
+            title=figure_words("swaps", cost=cost["title"]),
+            x_title=figure_words("swaps", "x"),
+            y_title=figure_words("swaps", "y"),
             colorbar=cost["colorbar"],
             signed=True,
         )

@@ -63,6 +63,7 @@ from probekit.errors import CheckpointError, InputError, UnsupportedModelError
 from probekit.io import atomic_write_text, swapped_directory
 from probekit.model import Model, Trace, load
 from probekit.result import json_ready
+from probekit.words import AXES, figure_words
 
 OPTIMIZERS = ("sgd", "adam")
 """``sgd``: SGD with Nesterov momentum (the paper's choice, the default); ``adam``: Adam with
@@ -503,7 +504,7 @@ class TunedLensResult(LogitLensResult):
     """
 
     kind = "tuned_lens"
-    title = "Tuned lens"
+    title = figure_words("tuned_lens")
 
     def profile(self, measure: str = "kl") -> pd.Series:
         """One measure per depth, indexed by depth."""
@@ -654,7 +655,8 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
         color = figures.PALETTE[i % len(figures.PALETTE)]
         for measure, dash, secondary in (("kl", None, False), ("topk_overlap", "dot", True)):
             part = res.df[res.df.measure == measure].sort_values("depth")
-            label = f"{name}: KL" if measure == "kl" else f"{name}: top-{res.summary['k']} overlap"
+            which = "kl" if measure == "kl" else "overlap"
+            label = figure_words("compare_lenses", which, name=name, k=res.summary["k"])
             fig.add_trace(
                 go.Scatter(
                     x=part.depth,
@@ -665,9 +667,9 @@ def compare_lenses(*results: LogitLensResult, names: list[str] | None = None) ->
                 ),
                 secondary_y=secondary,
             )
-    fig.update_yaxes(title_text="KL(p_l ‖ p_final) (nats)", secondary_y=False)
+    fig.update_yaxes(title_text=figure_words("compare_lenses", "y"), secondary_y=False)
     figures.overlap_axis(fig)
-    fig.update_xaxes(title_text="depth: layers applied (0 = embeddings)")
+    fig.update_xaxes(title_text=AXES["depth"])
     depth = max(int(r.df.depth.max()) for r in results)
     figures.integer_axis(fig, "x", n=depth + 1)
-    return figures.base_layout(fig, "Logit lens and tuned lens (dotted: top-k overlap)")
+    return figures.base_layout(fig, figure_words("compare_lenses"))

@@ -25,6 +25,7 @@ from probekit.data import task_data
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 
 class FlowResult(Result):
@@ -49,8 +50,9 @@ class FlowResult(Result):
         """Lines from (source, layer l) to (query, layer l+1), width = attention weight."""
         scopes = [s for s in ("single", "mean") if s in set(self.df.scope)]
         label = self.meta.get("label")
-        titles = {"single": "one input" + (f" ({label})" if label else "")}
-        titles["mean"] = f"mean over {self.summary.get('n_mean')} inputs"
+        single = "single_labelled" if label else "single"
+        titles = {"single": figure_words("information_flow", single, label=label)}
+        titles["mean"] = figure_words("information_flow", "mean", n_mean=self.summary.get("n_mean"))
         fig = make_subplots(rows=1, cols=len(scopes), subplot_titles=[titles[s] for s in scopes])
         n_layers = int(self.df.layer.max()) + 1
         n_pos = int(self.df["query"].max()) + 1
@@ -64,8 +66,7 @@ class FlowResult(Result):
         per_layer = 110 if n_layers <= 4 else 60
         figures.base_layout(
             fig,
-            "Information flow: attention moved by each layer (line width: attention weight, "
-            f"at least {min_weight})",
+            figure_words("information_flow", min_weight=min_weight),
             width=520 * len(scopes),
             height=180 + per_layer * n_layers,
         )
@@ -111,14 +112,14 @@ def _grid(fig: go.Figure, n_layers: int, n_pos: int, tokens: list | None, col: i
     fig.update_xaxes(
         tickvals=list(range(n_pos)),
         ticktext=ticktext,
-        title_text="position" + (" and token" if tokens else ""),
+        title_text=figure_words("information_flow", "x_tokens") if tokens else AXES["position"],
         row=1,
         col=col,
     )
     fig.update_yaxes(
         tickvals=list(range(n_layers + 1)),
         ticktext=["embed"] + [f"after L{i}" for i in range(n_layers)],
-        title_text="residual stream: layers applied" if col == 1 else "",
+        title_text=figure_words("information_flow", "y") if col == 1 else "",
         row=1,
         col=col,
     )

@@ -46,6 +46,7 @@ from probekit.analyses.mechanisms._rows import (
 from probekit.interventions import check_knockout, knock_out
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 
 class KnockoutResult(Result):
@@ -77,15 +78,18 @@ class KnockoutResult(Result):
     def figure(self, measure: str = "p_target_delta", group: str = "all") -> go.Figure:
         table = self.map(measure, group)
         head = self.meta.get("head")
-        heads = "all heads" if head is None else f"head {head}"
+        heads = figure_words(
+            "attention_knockout", "all_heads" if head is None else "head", head=head
+        )
         return figures.heatmap(
             table.to_numpy(),
             x=[str(c) for c in table.columns],
             y=list(table.index),
-            title=f"Attention knockout into the query position ({heads}, {group} inputs): "
-            f"{figures.words(measure)}",
-            x_title="blocked source " + self.meta.get("by", "position"),
-            y_title="layer",
+            title=figure_words(
+                "attention_knockout", heads=heads, group=group, measure=figures.words(measure)
+            ),
+            x_title=figure_words("attention_knockout", "x", by=self.meta.get("by", "position")),
+            y_title=AXES["layer"],
             colorbar=figures.words(measure),
             signed=True,
         )

@@ -8,10 +8,11 @@
   between group centroids (small = the model treats the two alike, as the symmetric solution
   does).
 * :func:`pair_cosines` compares, per layer, the states of two groups on inputs with *equal
-  inferential answers* (``TaskData.answers()["inferential"]``; e.g. anchor pairs (3,3) with key
-  x and (2,2) with key x - 6: both want x - 4): for each answer value the states are averaged
-  over inputs, and the cosine between two groups is averaged over the answer values they share.
-  Symmetric with ones on the diagonal.
+  answers*: the task data's answer named ``answer`` (one of ``TaskData.answers()``; default its
+  reference answer, the one its first category names: the anchor task's ``"inferential"``,
+  where pairs (3,3) with key x and (2,2) with key x - 6 both want x - 4): for each answer
+  value the states are averaged over inputs, and the cosine between two groups is averaged over
+  the answer values they share. Symmetric with ones on the diagonal.
 
 Sites are the model's per-block outputs: ``resid_out`` (the residual stream after the block),
 ``attn_out`` and ``mlp_out`` (see :data:`MAP_SITES`); ``layer`` l is block l. The token-embedding
@@ -48,6 +49,7 @@ from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import figure_words
 
 MAP_SITES = ("resid_out", "attn_out", "mlp_out")
 """The sites a hidden-state map or a pair cosine reads, each at block ``layer``: the residual
@@ -110,9 +112,8 @@ class HiddenMapResult(Result):
         titles = []
         for ly in layers:
             ratio = self.mirror_ratio(site, ly)
-            titles.append(
-                f"{site} of layer {ly}" + ("" if ratio is None else f" (mirror ratio {ratio:.2f})")
-            )
+            mirror = "" if ratio is None else figure_words(self.kind, "mirror", ratio=ratio)
+            titles.append(figure_words(self.kind, "panel", site=site, layer=ly) + mirror)
         fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
         groups = list(dict.fromkeys(sorted(part.group.astype(str))))
         for i, ly in enumerate(layers):
@@ -122,12 +123,11 @@ class HiddenMapResult(Result):
                 trace = _group_trace(pts, g, k, len(groups), i == 0)
                 fig.add_trace(trace, row=i // cols + 1, col=i % cols + 1)
         axis = "PCA" if self.summary.get("method") == "pca" else str(self.summary.get("method"))
-        fig.update_xaxes(title_text=f"{axis} 1 (arbitrary units)")
-        fig.update_yaxes(title_text=f"{axis} 2 (arbitrary units)")
+        fig.update_xaxes(title_text=figure_words(self.kind, "x", axis=axis))
+        fig.update_yaxes(title_text=figure_words(self.kind, "y", axis=axis))
         figures.base_layout(
             fig,
-            f"States at {self._positions()!r} ({self.summary.get('method')}), "
-            "coloured by group; diamonds: held-out groups and their mirrors",
+            figure_words(self.kind, positions=self._positions(), method=self.summary.get("method")),
             width=380 * cols + 80,
             height=340 * rows + 60,
         )
@@ -261,11 +261,12 @@ def _mirror_ratio(
 
 # ---------------------------------------------------------------- pair cosines
 class PairCosineResult(Result):
-    """Cosine between groups' (anchor pairs') states at equal inferential answers, per layer.
+    """Cosine between groups' (anchor pairs') states at equal answers, per layer.
 
     ``df``: ``site``, ``layer``, ``pair_i``, ``pair_j``, ``cosine``, ``n_targets`` (shared
-    answer values). ``summary``: ``n_pairs``. Per layer: :meth:`matrix`, :meth:`mean_cosine`
-    (over distinct pairs) and :meth:`most_similar`.
+    answer values). ``summary``: ``n_pairs``. ``meta``: ``answer`` (the name of the answer
+    compared at) and ``groups_word`` (the groups in a short plural, for the title). Per layer:
+    :meth:`matrix`, :meth:`mean_cosine` (over distinct pairs) and :meth:`most_similar`.
     """
 
     kind = "pair_cosines"
@@ -303,13 +304,21 @@ class PairCosineResult(Result):
         part = self._part(layer, site)
         return part[(part.pair_i < part.pair_j) & np.isfinite(part.cosine)]
 
+    def _title_words(self) -> dict[str, str]:
+        """The task's words in the title: its groups and the answer compared at (``groups``
+        and ``answer`` where a result saved before they were kept lacks them)."""
+        return {
+            "groups": str(self.meta.get("groups_word", "groups")),
+            "answer": str(self.meta.get("answer", "reference")),
+        }
+
     def figure(self, site: str = "resid_out") -> go.Figure:
         layers = sorted(set(self.df[self.df.site == site].layer))
         cols = min(2, len(layers))
         fig = make_subplots(
             rows=-(-len(layers) // cols),
             cols=cols,
-            subplot_titles=[f"{site} of layer {ly}" for ly in layers],
+            subplot_titles=[figure_words(self.kind, "panel", site=site, layer=ly) for ly in layers],
         )
         for i, ly in enumerate(layers):
             m = self.matrix(ly, site)
@@ -322,7 +331,7 @@ class PairCosineResult(Result):
                     zmax=1,
                     colorscale=figures.DIVERGING,
                     showscale=i == 0,
-                    colorbar={"title": {"text": "cosine similarity"}},
+                    colorbar={"title": {"text": figure_words(self.kind, "colorbar")}},
                     hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
                 ),
                 row=i // cols + 1,
@@ -334,7 +343,7 @@ class PairCosineResult(Result):
         fig.update_yaxes(title_text=group, col=1)
         figures.base_layout(
             fig,
-            f"Cosine of states ({site}) between pairs at equal inferential answers",
+            figure_words(self.kind, site=site, **self._title_words()),
             width=430 * min(len(layers), 2) + 100,
             height=480 * -(-len(layers) // 2),
         )
@@ -349,31 +358,36 @@ def pair_cosines(
     positions: Position = "last",
     sites: Sequence[str] = ("resid_out",),
     layers: Sequence[int] | None = None,
+    answer: str | None = None,
     batch_size: int | None = None,
 ) -> PairCosineResult:
-    """Cosine of states between groups (anchor pairs) on inputs with equal inferential answers.
+    """Cosine of states between groups (anchor pairs) on inputs with equal answers.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
-        data: task data with groups and an ``inferential`` answer, or a list of them (e.g.
-            seen and held-out pairs together).
+        data: task data with groups and named answers, or a list of them (e.g. seen and
+            held-out pairs together).
         positions: where each input's state is read ('last', an index or a one-position role;
             one position per input, 'last' by default as in :func:`hidden_state_map`).
         sites: any of 'resid_out', 'attn_out', 'mlp_out'.
         layers: layers to compare at (default all).
+        answer: the name of the task data's answer (one of its ``answers()``) whose equal
+            values the groups are compared at; default the reference answer, the one the
+            first of its ``categories()`` names (the anchor task: ``"inferential"``).
         batch_size: sequences per forward (None: the automatic, memory-bounded choice).
     """
     model = load(model)
     layers = _check(model, sites, layers)
     task, batches = batches_of(model, data, batch_size)
-    if task is None or "inferential" not in task.answers():
+    if task is None:
         raise InputError(
-            "pair cosines need anchor-task data (task data with groups and an 'inferential' "
-            "answer)",
+            "pair cosines need anchor-task data or other task data (groups and named answers), "
+            "not plain tokens",
             fix="pass task.dataset(split) or task.solution_data()",
         )
+    answer = _answer_name(task, answer)
     labels = np.array(task.groups())
-    answers = task.answers()["inferential"].cpu().numpy()
+    answers = task.answers()[answer].cpu().numpy()
     pairs = sorted(set(labels))
     rows = []
     for site in sites:
@@ -395,8 +409,29 @@ def pair_cosines(
                     )
     meta = result_meta(model, positions=positions, batch_size=batch_size, sites=list(sites))
     meta["layers"] = layers
-    meta["group_label"] = task.group_label
+    meta.update(group_label=task.group_label, answer=answer)
+    meta["groups_word"] = task.solution_wording().groups
     return PairCosineResult(pd.DataFrame(rows), {"n_pairs": len(pairs)}, meta)
+
+
+def _answer_name(task: TaskData, answer: str | None) -> str:
+    """The answer the groups are compared at: ``answer``, else the task's reference answer
+    (the first of its categories); an InputError where the task data have no such answer."""
+    named = task.answers()
+    if answer is None:
+        answer = next(iter(task.categories()), None)
+        if answer not in named:
+            raise InputError(
+                f"the task data name no reference answer (first category {answer!r} is not "
+                f"among their answers {sorted(named)})",
+                fix="pass answer= one of the task data's answers()",
+            )
+    if answer not in named:
+        raise InputError(
+            f"the task data have no answer named {answer!r}",
+            fix=f"pass answer= one of {sorted(named)}",
+        )
+    return answer
 
 
 def _means_by_answer(states: np.ndarray, answers: np.ndarray) -> dict[int, np.ndarray]:

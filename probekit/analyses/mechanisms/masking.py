@@ -42,6 +42,7 @@ from probekit.data import Batch, task_data
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import figure_words
 
 MASK_MODES = ("pad", "mask", "resample")
 
@@ -70,9 +71,10 @@ class MaskingResult(Result):
             "unit",
             "value",
             "group",
-            f"Token masking ({self.meta.get('mode', '')}): {figures.words(measure)} at the "
-            "query position, per group of inputs",
-            "masked " + self.meta.get("by", "unit"),
+            figure_words(
+                "token_masking", mode=self.meta.get("mode", ""), measure=figures.words(measure)
+            ),
+            figure_words("token_masking", "x", by=self.meta.get("by", "unit")),
             figures.words(measure),
         )
         if self.meta.get("by", "position") == "position":

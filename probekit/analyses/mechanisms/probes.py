@@ -60,6 +60,7 @@ from probekit.model import Model, load
 from probekit.numerics import one_blas_thread
 from probekit.progress import counted
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 PROBE_SITES = ("resid", "attn_out", "mlp_out")
 """The sites a probe reads. ``resid`` is the residual stream at depth d = 0..L: the input of
@@ -134,7 +135,7 @@ class ProbeResult(Result):
         (its own colour scale; blank where nothing decodes)."""
         variables = list(dict.fromkeys(self.df.variable))
         titles = [f"{v}: {self._first_text(v)}" for v in variables] + [
-            "first decodable depth (blank: none)"
+            figure_words("probes", "first_panel")
         ]
         cols = min(3, len(variables) + 1)
         rows = -(-(len(variables) + 1) // cols)
@@ -172,13 +173,17 @@ class ProbeResult(Result):
             )
             figures.integer_axis(fig, "y", n=len(depths), row=i // cols + 1, col=i % cols + 1)
         self._first_panel(fig, site, len(variables) // cols + 1, len(variables) % cols + 1)
-        fig.update_xaxes(title_text="position")
-        fig.update_yaxes(title_text="depth (layers applied)", col=1)
+        fig.update_xaxes(title_text=AXES["position"])
+        fig.update_yaxes(title_text=figure_words("probes", "y"), col=1)
         figures.base_layout(
             fig,
-            f"Linear probes at site {site!r} ({figures.words(value)}; decodable: score >= "
-            f"{self.summary.get('threshold')} and selectivity >= "
-            f"{self.summary.get('min_selectivity')})",
+            figure_words(
+                "probes",
+                site=site,
+                value=figures.words(value),
+                threshold=self.summary.get("threshold"),
+                min_selectivity=self.summary.get("min_selectivity"),
+            ),
             width=360 * cols + 160,
             height=300 * rows + 80,
         )
@@ -186,7 +191,9 @@ class ProbeResult(Result):
 
     def _first_text(self, variable: str) -> str:
         first = self.first_layer(variable)
-        return "not decodable" if first is None else f"decodable from depth {first}"
+        if first is None:
+            return figure_words("probes", "not_decodable")
+        return figure_words("probes", "decodable_from", depth=first)
 
     def _first_panel(self, fig: go.Figure, site: str, row: int, col: int) -> None:
         """Variables x positions map of the first decodable depth, with its own colour bar."""
@@ -202,7 +209,7 @@ class ProbeResult(Result):
                 zmax=deepest,
                 colorscale="Cividis_r",
                 colorbar={
-                    "title": {"text": "first<br>decodable<br>depth"},
+                    "title": {"text": figure_words("probes", "first_colorbar")},
                     "x": 1.02,
                     "y": 0.0,
                     "yanchor": "bottom",
@@ -218,7 +225,7 @@ class ProbeResult(Result):
             row=row,
             col=col,
         )
-        fig.update_yaxes(title_text="variable", row=row, col=col)
+        fig.update_yaxes(title_text=figure_words("probes", "y_first"), row=row, col=col)
 
 
 # ---------------------------------------------------------------- labels

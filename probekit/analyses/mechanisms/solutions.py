@@ -52,6 +52,7 @@ from probekit.data import (
 from probekit.errors import ConfigError, InputError, UnsupportedModelError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import figure_words
 
 CATEGORY_COLORS = ("#2a9d8f", "#e76f51", "#8d99ae", "#e9c46a", "#6d597a", "#b56576")
 """The colours of the answer categories, in the task's order."""
@@ -115,9 +116,8 @@ class SolutionResult(Result):
             column_widths=[0.6, 0.4],
             horizontal_spacing=0.1,
             subplot_titles=(
-                f"Outputs per {words['group']} (seen: {words['seen_scope']}; held-out: "
-                f"{words['heldout_scope']})",
-                f"Held-out {words['groups']}: prediction − {words['reference']}",
+                figure_words("solutions", "left", **words),
+                figure_words("solutions", "right", **words),
             ),
         )
         self._group_bars(fig, words)
@@ -126,10 +126,11 @@ class SolutionResult(Result):
         # one column per legend group (seen, held-out, the difference), each under its title
         fig.update_layout(barmode="stack", bargap=0.15, legend_traceorder="grouped")
         fig.update_layout(legend_entrywidth=None, legend_tracegroupgap=40)
-        fig.update_yaxes(range=[0, 1.0], title_text="fraction of outputs", row=1, col=1)
-        fig.update_yaxes(title_text="fraction of held-out outputs", row=1, col=2)
-        fig.update_xaxes(title_text=f"{words['group']} (seen, then held-out)", row=1, col=1)
-        fig.update_xaxes(title_text=f"prediction − {words['reference']} (tokens)", row=1, col=2)
+        for col, side in ((1, "left"), (2, "right")):
+            x_title = figure_words("solutions", f"x_{side}", **words)
+            fig.update_xaxes(title_text=x_title, row=1, col=col)
+            fig.update_yaxes(title_text=figure_words("solutions", f"y_{side}"), row=1, col=col)
+        fig.update_yaxes(range=[0, 1.0], row=1, col=1)
         return fig
 
     def _group_bars(self, fig: go.Figure, words: dict[str, str]) -> None:
@@ -138,10 +139,12 @@ class SolutionResult(Result):
         held = list(dict.fromkeys(frac[frac["heldout"].astype(bool)].sort_values("pair")["pair"]))
         table = frac.pivot_table(index="pair", columns="metric", values="value")
         acc = table.reindex(seen).get("accuracy", pd.Series(0.0, index=seen)).fillna(0.0)
-        seen_group, held_group = f"seen {words['groups']}", f"held-out {words['groups']}"
+        seen_group = figure_words("solutions", "seen", **words)
+        held_group = figure_words("solutions", "heldout", **words)
+        correct, wrong = (figure_words("solutions", k, **words) for k in ("correct", "wrong"))
         bars = [
-            (seen, acc, f"correct ({words['target']})", SEEN_COLORS["correct"], seen_group),
-            (seen, 1 - acc, "wrong", SEEN_COLORS["wrong"], seen_group),
+            (seen, acc, correct, SEEN_COLORS["correct"], seen_group),
+            (seen, 1 - acc, wrong, SEEN_COLORS["wrong"], seen_group),
         ]
         categories = self.categories()
         for k, metric in enumerate(categories):
@@ -181,10 +184,10 @@ class SolutionResult(Result):
                 go.Bar(
                     x=list(counts.index),
                     y=list(counts.values),
-                    name=f"held-out {words['group']} {group}",
+                    name=figure_words("solutions", "heldout_group", **{**words, "name": group}),
                     marker_color=DIFF_COLORS[k % len(DIFF_COLORS)],
                     legendgroup="difference",
-                    legendgrouptitle_text=f"prediction − {words['reference']}",
+                    legendgrouptitle_text=figure_words("solutions", "difference", **words),
                     width=0.8,
                 ),
                 row=1,
@@ -221,13 +224,13 @@ class SolutionResult(Result):
     def _title(self, words: dict[str, str]) -> str:
         s = self.summary
         if not s:
-            return "Solution types"
+            return figure_words("solutions", "empty")
         categories = list(self.categories())
         answered = [c for c in categories if c == categories[0] or c in self._answer_offsets()]
         shares = ", ".join(f"{c} {s.get(f'heldout_{c}', float('nan')):.2f}" for c in answered)
-        return (
-            f"Solution: {s.get('solution')} (held-out {shares}; seen {words['groups']} on "
-            f"{words['seen_scope']} {s.get('seen_test_accuracy', float('nan')):.2f})"
+        accuracy = s.get("seen_test_accuracy", float("nan"))
+        return figure_words(
+            "solutions", solution=s.get("solution"), shares=shares, accuracy=accuracy, **words
         )
 
 

@@ -39,6 +39,7 @@ from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 NEURON_MATRICES = ("W_Q", "W_K", "W_V", "W_in")
 """The matrices whose neurons' input weights :func:`condensation` compares."""
@@ -141,14 +142,21 @@ class CondensationResult(Result):
         layers = sorted({ly for ly, _ in keys})
         stats = self.stats().set_index(["layer", "matrix"])
         titles = [
-            f"L{ly} {name}: {stats.groups.get((ly, name), '?')} groups, "
-            f"score {stats.score.get((ly, name), float('nan')):.2f}"
+            figure_words(
+                "condensation",
+                "panel",
+                layer=ly,
+                matrix=name,
+                groups=stats.groups.get((ly, name), "?"),
+                score=stats.score.get((ly, name), float("nan")),
+            )
             for ly in layers
             for name in names
         ]
         fig = make_subplots(
             rows=len(layers), cols=len(names), subplot_titles=titles, horizontal_spacing=0.04
         )
+        x_title, y_title = figure_words("condensation", "x"), figure_words("condensation", "y")
         for r, ly in enumerate(layers):
             for c, name in enumerate(names):
                 if (ly, name) not in keys:
@@ -160,7 +168,7 @@ class CondensationResult(Result):
                         zmax=1,
                         colorscale=figures.DIVERGING,
                         showscale=(r == 0 and c == 0),
-                        colorbar={"title": {"text": "cosine<br>similarity"}},
+                        colorbar={"title": {"text": figure_words("condensation", "colorbar")}},
                         hovertemplate="neuron %{y} vs %{x}: %{z:.3f}<extra></extra>",
                     ),
                     row=r + 1,
@@ -168,13 +176,12 @@ class CondensationResult(Result):
                 )
                 fig.update_yaxes(autorange="reversed", showticklabels=False, row=r + 1, col=c + 1)
                 fig.update_xaxes(showticklabels=False, row=r + 1, col=c + 1)
-                fig.update_xaxes(title_text="neuron (clustered order)", row=r + 1, col=c + 1)
+                fig.update_xaxes(title_text=x_title, row=r + 1, col=c + 1)
                 if c == 0:
-                    fig.update_yaxes(title_text="neuron", row=r + 1, col=c + 1)
+                    fig.update_yaxes(title_text=y_title, row=r + 1, col=c + 1)
         figures.base_layout(
             fig,
-            f"Condensation: cosine between neurons' input weights (clustered, threshold "
-            f"{self.summary.get('threshold', 0.7)})",
+            figure_words("condensation", threshold=self.summary.get("threshold", 0.7)),
             width=min(figures.MAX_WIDTH, max(500, 260 * len(names) + 120)),
             height=max(340, 280 * len(layers) + 60),
         )
@@ -276,7 +283,9 @@ class CondensationTimelineResult(TimelineResult):
         fig = make_subplots(
             rows=1,
             cols=3,
-            subplot_titles=("condensation score", "groups of neurons", "stable rank"),
+            subplot_titles=[
+                figure_words("condensation_timeline", q) for q in ("score", "groups", "stable_rank")
+            ],
         )
         shown = self.df[self.df.quantity.isin(["score", "groups", "stable_rank"])]
         order = list(dict.fromkeys(shown.matrix))
@@ -299,7 +308,7 @@ class CondensationTimelineResult(TimelineResult):
                     row=1,
                     col=col,
                 )
-            fig.update_xaxes(title_text="training step", row=1, col=col)
+            fig.update_xaxes(title_text=AXES["training_step"], row=1, col=col)
         for k, m in enumerate(order):  # one legend entry per matrix (lines: its layers)
             fig.add_trace(
                 go.Scatter(
@@ -313,14 +322,14 @@ class CondensationTimelineResult(TimelineResult):
                 row=1,
                 col=1,
             )
-        fig.update_yaxes(title_text="score (0 to 1)", row=1, col=1)
-        fig.update_yaxes(title_text="number of groups", row=1, col=2)
-        fig.update_yaxes(title_text="stable rank (dimensions)", row=1, col=3)
+        for col, part in ((1, "y_score"), (2, "y_groups")):
+            y_title = figure_words("condensation_timeline", part)
+            fig.update_yaxes(title_text=y_title, row=1, col=col)
+        fig.update_yaxes(title_text=AXES["stable_rank"], row=1, col=3)
         onset = self.summary.get("onset_step")
         figures.base_layout(
             fig,
-            f"Condensation over training (onset step: {onset}); one line per layer, darker = "
-            "deeper",
+            figure_words("condensation_timeline", onset=onset),
             width=1150,
             height=420,
         )

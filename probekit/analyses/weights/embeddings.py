@@ -29,6 +29,7 @@ from probekit.analyses._projection import check_method, reduce, spearman
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result
+from probekit.words import figure_words
 
 
 class EmbeddingMapResult(Result):
@@ -52,7 +53,7 @@ class EmbeddingMapResult(Result):
                     "color": self.df.token,
                     "colorscale": figures.SEQUENTIAL,
                     "size": 8,
-                    "colorbar": {"title": {"text": "token id"}},
+                    "colorbar": {"title": {"text": figure_words("embedding_map", "colorbar")}},
                 },
                 hovertemplate="token %{customdata}<extra></extra>",
             )
@@ -60,11 +61,14 @@ class EmbeddingMapResult(Result):
         s = self.summary
         return figures.base_layout(
             fig,
-            f"Token embeddings ({s.get('method')}): neighbour ratio "
-            f"{s.get('neighbour_ratio', float('nan')):.2f}, |rank corr| with an axis "
-            f"{s.get('order_corr', float('nan')):.2f}",
-            f"{s.get('method')} axis 1 (arbitrary units)",
-            f"{s.get('method')} axis 2 (arbitrary units)",
+            figure_words(
+                "embedding_map",
+                method=s.get("method"),
+                neighbour_ratio=s.get("neighbour_ratio", float("nan")),
+                order_corr=s.get("order_corr", float("nan")),
+            ),
+            figure_words("embedding_map", "x", method=s.get("method")),
+            figure_words("embedding_map", "y", method=s.get("method")),
             width=900,
             height=600,
         )

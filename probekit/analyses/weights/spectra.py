@@ -22,6 +22,7 @@ from probekit.analyses.weights.embeddings import token_ids
 from probekit.errors import InputError
 from probekit.model import WEIGHT_NAMES, Model, load
 from probekit.result import Result
+from probekit.words import AXES, figure_words
 
 
 def stable_rank(matrix: Any) -> float:
@@ -80,9 +81,9 @@ class SpectraResult(Result):
             rows=1,
             cols=3,
             subplot_titles=(
-                "normalized singular values",
-                "stable rank per layer",
-                "token-embedding covariance eigenvalues",
+                figure_words("spectra", "singular"),
+                figure_words("spectra", "ranks"),
+                figure_words("spectra", "covariance"),
             ),
         )
         singular = self.df[self.df.matrix != "emb_cov"]
@@ -109,7 +110,7 @@ class SpectraResult(Result):
             go.Bar(
                 x=cov["index"],
                 y=cov["value"],
-                name="embedding covariance",
+                name=figure_words("spectra", "covariance_legend"),
                 marker_color="#264653",
                 showlegend=False,
             ),
@@ -118,18 +119,20 @@ class SpectraResult(Result):
         )
         figures.log_axis(fig, "y", row=1, col=1)
         figures.log_axis(fig, "y", row=1, col=3, values=cov["value"])
-        fig.update_xaxes(title_text="singular value index", row=1, col=1)
-        fig.update_yaxes(title_text="σ_i ÷ σ_1 (log scale)", row=1, col=1)
-        fig.update_xaxes(title_text="layer", row=1, col=2)
+        fig.update_xaxes(title_text=figure_words("spectra", "x_singular"), row=1, col=1)
+        fig.update_yaxes(title_text=figure_words("spectra", "y_singular"), row=1, col=1)
+        fig.update_xaxes(title_text=AXES["layer"], row=1, col=2)
         figures.integer_axis(fig, "x", n=int(per_layer.layer.max()) + 1, row=1, col=2)
-        fig.update_yaxes(title_text="stable rank (dimensions)", row=1, col=2)
-        fig.update_xaxes(title_text="eigenvalue index", row=1, col=3)
-        fig.update_yaxes(title_text="eigenvalue (log scale)", row=1, col=3)
+        fig.update_yaxes(title_text=AXES["stable_rank"], row=1, col=2)
+        fig.update_xaxes(title_text=figure_words("spectra", "x_covariance"), row=1, col=3)
+        fig.update_yaxes(title_text=figure_words("spectra", "y_covariance"), row=1, col=3)
         figures.base_layout(
             fig,
-            f"Spectra: stable rank of W_E {self.stable_rank('W_E'):.2f}"
-            f", embedding covariance top share "
-            f"{self.summary.get('emb_cov_top_share', float('nan')):.2f}; one line per layer",
+            figure_words(
+                "spectra",
+                stable_rank=self.stable_rank("W_E"),
+                top_share=self.summary.get("emb_cov_top_share", float("nan")),
+            ),
             width=1150,
             height=420,
         )
