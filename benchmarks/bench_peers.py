@@ -314,7 +314,7 @@ def peak_memory(spec: SimpleNamespace, way: str) -> None:
 
 
 PARTS = (
-    ("output heads", "probekit.model.handle", "Model", "head"),
+    ("output heads", "probekit.model.output", "OutputHead", "__call__"),
     ("output measures", "probekit.analyses._common", None, "output_change"),
     ("clean traces", "probekit.model.handle", "Model", "trace"),
     ("clean output sides", "probekit.analyses.depth.shared", None, "clean_side"),

@@ -67,7 +67,7 @@ class _Counter:
 
 def _variants(trace):
     """Resumes of every kind: from each start with a changed residual, and a swap order."""
-    n = trace.model.n_layers
+    n = trace.runtime.n_layers
     starts = list(range(n))
     residuals = [0.5 * trace.residuals[s] + 0.1 for s in starts]
     single = [trace.resume(s, r) for s, r in zip(starts, residuals, strict=True)]
@@ -164,7 +164,7 @@ class _Shifted(nn.Module):
 
 def test_a_copy_that_differs_falls_back_to_the_bridge():
     model = _load("llama")
-    hf = HFBlocks.build(model)
+    hf = HFBlocks.build(model.runtime)
     block = model.blocks[1]
     hf.copies[id(block)] = _Shifted(hf.copies[id(block)], 1e-4)
     model.hf_blocks = hf

@@ -12,11 +12,13 @@ One job per module, from the bottom up:
 - :mod:`~probekit.model.checkpoint`: a checkpoint folder's files, dtype and size, checked;
 - :mod:`~probekit.model.bridge`: TransformerLens' supported architectures and the bridge;
 - :mod:`~probekit.model.headless`: models without an LM head, sentence-transformers pooling;
-- :mod:`~probekit.model.hf_blocks`: pure Hugging Face block copies for hook-free resumes;
 - :mod:`~probekit.model.output`: the output head (prediction head or norm + unembedding);
-- :mod:`~probekit.model.structure`: how blocks write to the stream, update hooks, replay check;
+- :mod:`~probekit.model.runtime`: the runtime core: the bridge, its blocks and sizes, the output
+  head, the forward with hooks; what every module above takes (none of them knows the handle);
 - :mod:`~probekit.model.trace`: a clean forward kept for resuming from any layer;
-- :mod:`~probekit.model.handle`: :class:`Model`, the public surface over all of them;
+- :mod:`~probekit.model.hf_blocks`: pure Hugging Face block copies for hook-free resumes;
+- :mod:`~probekit.model.structure`: how blocks write to the stream, update hooks, replay check;
+- :mod:`~probekit.model.handle`: :class:`Model`, the public surface composed of all of them;
 - :mod:`~probekit.model.hub`: Hugging Face Hub names resolved to a local snapshot folder;
 - :mod:`~probekit.model.loading`: :func:`load` and device placement.
 

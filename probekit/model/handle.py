@@ -3,9 +3,12 @@
 :class:`Model` is what analyzers hold: the model's sizes and weights, its tokenizer, its
 validated batches, its forward and output head, the hooks that read or replace each block's
 updates, and the clean :class:`~probekit.model.Trace` that resumes the forward from any layer.
-Each of those jobs lives in a module of its own in :mod:`probekit.model` (block structure,
-inputs, output head, Hugging Face block path, trace); the methods here are the public surface
-over them. Analyzers only use the handle's methods and the canonical hook names it returns.
+The handle is composed of parts that take its :class:`~probekit.model.runtime.Runtime` (the
+bridge, blocks, output head and forward with hooks): the Hugging Face block copies
+(:class:`~probekit.model.hf_blocks.BlockCopies`), the structure probes
+(:class:`~probekit.model.structure.StructureProbes`) and the traces; none of them knows the
+handle. The methods here are the public surface over them. Analyzers only use the handle's
+methods and the canonical hook names it returns.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -17,10 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -31,30 +32,24 @@ from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model import inputs
 from probekit.model import structure as block_structure
 from probekit.model.checkpoint import named_weights
-from probekit.model.headless import Headless, pool, stop_at_base_output
-from probekit.model.hf_blocks import RAW_BLOCKS_ENV, HFBlocks, block_path_refusal, hf_block_for
-from probekit.model.output import apply_head
-from probekit.model.sites import (
-    MASKED_LM_SUFFIXES,
-    REQUIRED_SITES,
-    WEIGHT_NAMES,
-    HookList,
-    hook_name,
-)
-from probekit.model.structure import BlockStructure
+from probekit.model.headless import Headless, pool
+from probekit.model.hf_blocks import BlockCopies, HFBlocks
+from probekit.model.runtime import Runtime
+from probekit.model.sites import WEIGHT_NAMES, HookList, hook_name
+from probekit.model.structure import BlockStructure, StructureProbes
 from probekit.model.trace import Trace, record_trace
 from probekit.numerics import all_finite
-from probekit.progress import advance
 
 
 class Model:
     """A loaded model: the bridge plus what analyzers need to know about it.
 
-    Build one with :func:`~probekit.model.load`. Attributes: ``bridge`` (the
-    TransformerBridge), ``hf_model`` (the wrapped Hugging Face module), ``n_layers``,
-    ``d_model``, ``d_vocab``, ``n_ctx``, ``device``, ``dtype``, ``architecture``,
-    ``is_causal``, ``blocks``. The wrapped model is put in eval mode (no dropout): every
-    analysis needs a deterministic forward.
+    Build one with :func:`~probekit.model.load` (which builds its ``runtime``, the
+    :class:`~probekit.model.runtime.Runtime`; ``source`` is the folder it was loaded from).
+    Attributes: ``bridge`` (the TransformerBridge), ``hf_model`` (the wrapped Hugging Face
+    module), ``n_layers``, ``d_model``, ``d_vocab``, ``n_ctx``, ``device``, ``dtype``,
+    ``architecture``, ``is_causal``, ``blocks``. The wrapped model is put in eval mode (no
+    dropout): every analysis needs a deterministic forward.
 
     Every block is read as h_{l+1} = h_l + a_l + m_l, with a_l the attention and m_l the MLP
     update (see :attr:`structure`, read from the model at load, and
@@ -75,52 +70,54 @@ class Model:
         ('stream', True, False)
     """
 
-    def __init__(
-        self, bridge: Any, source: str | None = None, headless: Headless | None = None
-    ) -> None:
-        self.bridge = bridge
+    def __init__(self, runtime: Runtime, source: str | None = None) -> None:
+        self.runtime = runtime
         self.source = source
-        self.headless = headless
-        self.hf_model: nn.Module = bridge.original_model
-        if headless is not None:
-            stop_at_base_output(self.hf_model)
-        if not hasattr(bridge, "blocks") or len(bridge.blocks) == 0:
-            raise UnsupportedModelError(
-                f"the {self.architecture} bridge exposes no 'blocks' stack",
-                fix="use a standard decoder (GPT-2, Llama, ...) or encoder (BERT) architecture",
-            )
-        missing = [
-            name
-            for site in REQUIRED_SITES
-            if (name := self.hook_name(0, site)) not in bridge.hook_dict
-        ]
-        if missing:
-            raise UnsupportedModelError(
-                f"the {self.architecture} bridge lacks the hook points {missing}",
-                fix="use an architecture with separate attention and MLP sublayers",
-            )
-        self.hf_model.eval()
-        self.raw_blocks: bool = os.environ.get(RAW_BLOCKS_ENV, "1") != "0"
+        self._copies = BlockCopies(runtime)
+        self._probes = StructureProbes(runtime, route=self._copies.block_for)
+
+    @property
+    def bridge(self) -> Any:
+        """The TransformerBridge over the Hugging Face model."""
+        return self.runtime.bridge
+
+    @property
+    def hf_model(self) -> nn.Module:
+        """The Hugging Face module the bridge wraps (in eval mode)."""
+        return self.runtime.hf_model
+
+    @property
+    def headless(self) -> Headless | None:
+        """How the model was loaded without its LM head (None: with it)."""
+        return self.runtime.headless
+
+    @property
+    def raw_blocks(self) -> bool:
         """Run hook-free blocks of :meth:`Trace.resume` / :meth:`Trace.resume_stacked` through
         pure Hugging Face copies of the blocks (see :attr:`block_path`); False: always the
         bridge. Default from the ``PROBEKIT_RAW_BLOCKS`` environment variable (``0``: off)."""
-        self.hf_blocks: HFBlocks | None = None
+        return self._copies.enabled
+
+    @raw_blocks.setter
+    def raw_blocks(self, on: bool) -> None:
+        self._copies.enabled = on
+
+    @property
+    def hf_blocks(self) -> HFBlocks | None:
         """The pure Hugging Face copies of the blocks and their checks, built the first time
         :attr:`block_path` or a hook-free block run asks (None before)."""
+        return self._copies.hf_blocks
+
+    @hf_blocks.setter
+    def hf_blocks(self, copies: HFBlocks | None) -> None:
+        self._copies.hf_blocks = copies
 
     # ---- what the model is -------------------------------------------------------------
     @property
     def architecture(self) -> str:
         """The Hugging Face class loaded (the base class, e.g. ``GPT2Model``, for a model
         without a head)."""
-        if self.headless is not None:
-            return self.headless.architecture
-        return self._bridged_architecture
-
-    @property
-    def _bridged_architecture(self) -> str:
-        """The class the bridge wraps (the head class of a model loaded without a head)."""
-        return str(getattr(self.bridge.cfg, "architecture", type(self.hf_model).__name__))
+        return self.runtime.architecture
 
     @property
     def output_kind(self) -> str:
@@ -167,58 +164,51 @@ class Model:
     @property
     def n_layers(self) -> int:
         """Number of blocks."""
-        return len(self.bridge.blocks)
+        return self.runtime.n_layers
 
     @property
     def d_model(self) -> int:
         """Width of the residual stream."""
-        return int(self.bridge.cfg.d_model)
+        return self.runtime.d_model
 
     @property
     def d_vocab(self) -> int:
         """Size of the vocabulary."""
-        return int(self.bridge.cfg.d_vocab)
+        return self.runtime.d_vocab
 
     @property
     def n_ctx(self) -> int:
         """The longest sequence the model takes (its context)."""
-        return int(self.bridge.cfg.n_ctx)
+        return self.runtime.n_ctx
 
     @property
     def device(self) -> torch.device:
         """Where inputs go: the first device of a ``device_map`` that is not the disk (the CPU
         when every layer is offloaded), else the device of the weights."""
-        placed = getattr(self.hf_model, "hf_device_map", None)
-        if not placed:
-            placed = getattr(getattr(self.hf_model, "base_model", None), "hf_device_map", None)
-        if placed:
-            devices = [d for d in placed.values() if d != "disk"]
-            first = devices[0] if devices else "cpu"
-            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
-        return next(self.hf_model.parameters()).device
+        return self.runtime.device
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the model's weights."""
-        return next(self.hf_model.parameters()).dtype
+        return self.runtime.dtype
 
     @property
     def is_causal(self) -> bool:
         """True for decoders (targets are next tokens), False for masked-LM encoders."""
-        return not self._bridged_architecture.endswith(MASKED_LM_SUFFIXES)
+        return self.runtime.is_causal
 
     @property
     def blocks(self) -> nn.ModuleList:
         """The ModuleList of blocks that the model's forward iterates over, in run order."""
-        return self.bridge.blocks
+        return self.runtime.blocks
 
     @property
     def n_heads(self) -> int:
         """Number of attention (query) heads per layer."""
-        return int(self.bridge.cfg.n_heads)
+        return self.runtime.n_heads
 
     # ---- how the blocks write to the stream (probekit.model.structure) -------------------
-    @cached_property
+    @property
     def structure(self) -> BlockStructure:
         """How every block writes to the residual stream, read from the model (once).
 
@@ -232,7 +222,7 @@ class Model:
         unchanged). Raises :class:`UnsupportedModelError` when no definition fits: never wrong
         numbers.
         """
-        return block_structure.read_structure(self)
+        return self._probes.structure
 
     @property
     def post_norm(self) -> bool:
@@ -247,11 +237,11 @@ class Model:
         with parallel residual): ``h_out = h_in + attn(h_in) + mlp(h_in)``."""
         return self.structure.parallel
 
-    @cached_property
+    @property
     def supports_pattern_edits(self) -> bool:
         """Whether editing ``attn_pattern`` changes the output (False where the bridge only
         observes an attention computed inside the wrapped module, e.g. BERT). Tested once."""
-        return block_structure.pattern_edits_work(self)
+        return self._probes.pattern_edits
 
     def update_hooks(
         self,
@@ -448,14 +438,12 @@ class Model:
     @contextmanager
     def hooks(self, fwd_hooks: HookList = (), bwd_hooks: HookList = ()) -> Iterator[Model]:
         """Attach TransformerLens hooks for the duration of the block; always removed after."""
-        with self.bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks)):
+        with self.runtime.hooks(fwd_hooks, bwd_hooks):
             yield self
 
     def forward(self, batch: Batch, fwd_hooks: HookList = ()) -> torch.Tensor:
         """Full forward of one prepared batch through the bridge; returns logits ``[B, T, V]``."""
-        advance(self.n_layers)  # its block passes, on a command's live progress line
-        with self.hooks(fwd_hooks):
-            return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
+        return self.runtime.forward(batch, fwd_hooks)
 
     @torch.no_grad()
     def logits(self, tokens: Any, attention_mask: Any = None) -> torch.Tensor:
@@ -476,7 +464,8 @@ class Model:
         """Map a final-layer residual ``[B, T, d_model]`` to logits: the masked-LM prediction
         head (BERT's ``cls``, RoBERTa's ``lm_head``) of encoders; for decoders the final norm
         and unembedding, then the logit soft-capping (Gemma 2/3) or scaling (Granite, Cohere) the
-        model's config defines. :meth:`check_structure` checks it against the model's forward.
+        model's config defines (:class:`~probekit.model.output.OutputHead`, resolved once).
+        :meth:`check_structure` checks it against the model's forward.
 
         ``out``: a tensor of the logits' shape and dtype that a plain unembedding on a CPU
         writes them into (:func:`~probekit.model.output.unembed`), for callers that measure
@@ -486,7 +475,7 @@ class Model:
         final hidden state: the base model's final norm (decoders) or the residual itself
         (post-norm encoders such as BERT, whose last block ends in its norm); pooling is
         :meth:`pool`'s, applied where outputs are compared."""
-        return apply_head(self, residual, out)
+        return self.runtime.head(residual, out)
 
     @torch.no_grad()
     def check_structure(self) -> None:
@@ -495,7 +484,7 @@ class Model:
         resuming from the first block or applying :meth:`head` to the last residual does not
         reproduce. Runs a few forwards of 6 tokens; :func:`~probekit.model.load` calls it.
         """
-        block_structure.check_structure(self)
+        self._probes.check()
 
     @torch.no_grad()
     def trace(self, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
@@ -504,8 +493,7 @@ class Model:
         The returned :class:`Trace` resumes the forward from any layer without recomputing the
         blocks before it (see :meth:`Trace.resume`).
         """
-        advance(self.n_layers)  # its block passes, on a command's live progress line
-        return record_trace(self, batch, fwd_hooks)
+        return record_trace(self.runtime, batch, fwd_hooks, self._copies.block_for)
 
     # ---- the Hugging Face block path of hook-free resumes (probekit.model.hf_blocks) -----
     @property
@@ -532,14 +520,16 @@ class Model:
             >>> model.block_path
             'bridge (Model.raw_blocks is False)'
         """
-        why = block_path_refusal(self)
+        why = self._copies.refusal()
         return "hf" if why is None else f"bridge ({why})"
 
     def raw_block(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
         """The pure HF copy a :class:`Trace` runs instead of bridge ``block`` now on
         ``device_type`` (the device of the residual; default the model's), or None (the
-        bridge). Called per block run, so the checked case costs a few microseconds."""
-        return hf_block_for(self, block, device_type)
+        bridge): what the route of the model's traces gives per block run
+        (:meth:`~probekit.model.hf_blocks.BlockCopies.block_for`), so the checked case costs a
+        few microseconds."""
+        return self._copies.block_for(block, device_type)
 
 
 __all__ = ["Model"]

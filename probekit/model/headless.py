@@ -57,8 +57,8 @@ def stop_at_base_output(wrapper: nn.Module) -> None:
     hooks hand ``last_hidden_state`` to the bridge, which returns it (TransformerLens' own
     early exit), so the unread wrapper head never runs. The hooks sit on the base model and
     on its direct children that return a model output (OPT's head class calls the base
-    model's ``decoder`` directly); :meth:`~probekit.model.Model.check_structure` checks the
-    result."""
+    model's ``decoder`` directly); the replay check at load
+    (:meth:`~probekit.model.structure.StructureProbes.check`) checks the result."""
     from transformer_lens.model_bridge.exceptions import StopAtLayerException
 
     def stop(module: nn.Module, args: Any, output: Any) -> None:
@@ -99,7 +99,7 @@ def wrap_headless(base: nn.Module, head_name: str) -> nn.Module:
     """``base`` inside its ``head_name`` class, for the bridge to attach to: the head class is
     built on the meta device (no random weights), its base model is ``base`` itself, and its
     head weights are tied to the input embeddings or zeros. The head is never run or read
-    (:func:`stop_at_base_output`, :meth:`~probekit.model.Model.head`)."""
+    (:func:`stop_at_base_output`, :func:`~probekit.model.output.resolve_head`)."""
     import transformers
 
     with torch.device("meta"):

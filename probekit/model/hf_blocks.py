@@ -3,21 +3,24 @@ blocks (sharing their weights, without TransformerLens' components) that a :clas
 <probekit.model.Trace>` runs instead of the bridge's where no hook can tell the difference,
 checked once per precision against the bridge's own blocks.
 
-:attr:`probekit.model.Model.block_path` says which path hook-free block runs take now.
+:class:`BlockCopies` takes the model's :class:`~probekit.model.runtime.Runtime`; its
+:meth:`~BlockCopies.block_for` is the route of the model's traces, and the handle's
+``block_path`` says which path hook-free block runs take now.
 
 Example:
     >>> from probekit.toy import toy_model
     >>> model = toy_model(n_layers=2)
-    >>> block_path_refusal(model) is None, hf_block_for(model, model.blocks[0]) is not None
+    >>> copies = BlockCopies(model.runtime)
+    >>> copies.refusal() is None, copies.block_for(model.blocks[0]) is not None
     (True, True)
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,14 +28,14 @@ from torch import nn
 from probekit.data import Batch
 from probekit.errors import UnsupportedModelError
 from probekit.model.inputs import probe_batch
+from probekit.model.runtime import Runtime
+from probekit.model.sites import global_hooks, hook_registries
+from probekit.model.trace import record_trace
 from probekit.numerics import relative_deviation
-
-if TYPE_CHECKING:
-    from probekit.model.handle import Model
 
 RAW_BLOCKS_ENV = "PROBEKIT_RAW_BLOCKS"
 """Environment variable: ``0`` turns the Hugging Face block path of hook-free resumes off for
-models loaded afterwards (the default :attr:`~probekit.model.Model.raw_blocks` is True)."""
+models loaded afterwards (the default of the handle's ``raw_blocks`` is True)."""
 
 RAW_BLOCKS_TOLERANCE = 1e-6
 """The pure Hugging Face blocks replace the bridge's only where, on the check batches, every
@@ -109,20 +112,6 @@ def _pure_copy(module: nn.Module, memo: dict[int, nn.Module]) -> nn.Module:
     return clone
 
 
-def hook_registries(module: nn.Module) -> list[dict]:
-    """The hook dictionaries of every module under ``module`` (torch never replaces them)."""
-    return [
-        registry
-        for m in module.modules()
-        for registry in (
-            m._forward_hooks,
-            m._forward_pre_hooks,
-            m._backward_hooks,
-            m._backward_pre_hooks,
-        )
-    ]
-
-
 def _mirror_hooks(modules: Sequence[nn.Module]) -> int:
     """How many of the forward hooks on ``modules`` are the permanent ones TransformerLens'
     ``_wire_symbolic_hooks`` adds (they re-fire a placeholder sublayer's own hook points)."""
@@ -130,17 +119,6 @@ def _mirror_hooks(modules: Sequence[nn.Module]) -> int:
         "_wire_symbolic_hooks" in getattr(fn, "__name__", "")
         for m in modules
         for fn in m._forward_hooks.values()
-    )
-
-
-def global_hooks() -> bool:
-    """True when a global torch module hook is registered (it would see other modules)."""
-    registry = torch.nn.modules.module
-    return bool(
-        registry._global_forward_hooks
-        or registry._global_forward_pre_hooks
-        or registry._global_backward_hooks
-        or registry._global_backward_pre_hooks
     )
 
 
@@ -152,8 +130,8 @@ def _precision_key(device_type: str) -> tuple[str, bool, torch.dtype | None]:
 
 @dataclass
 class HFBlocks:
-    """Pure Hugging Face copies of a model's bridge blocks (see
-    :attr:`~probekit.model.Model.block_path`), keyed by ``id`` of the bridge block (a
+    """Pure Hugging Face copies of a model's bridge blocks (see :class:`BlockCopies`), keyed
+    by ``id`` of the bridge block (a
     reordered block list keeps each copy with its block), with each bridge block's hook
     registries for the hook test (and the hook counter at which it last found none) and the
     outcome of the per-precision checks. ``refusal`` says why there are no copies (None: there
@@ -167,13 +145,13 @@ class HFBlocks:
     refusal: str | None = None
 
     @classmethod
-    def build(cls, model: Model) -> HFBlocks:
-        """The copies of ``model``'s blocks, or the reason there are none."""
-        if any(hasattr(m, "_hf_hook") for m in model.hf_model.modules()):
+    def build(cls, runtime: Runtime) -> HFBlocks:
+        """The copies of ``runtime``'s blocks, or the reason there are none."""
+        if any(hasattr(m, "_hf_hook") for m in runtime.hf_model.modules()):
             return cls(refusal="accelerate device_map / offload hooks on the model")
         out = cls()
         try:
-            for block in model.blocks:
+            for block in runtime.blocks:
                 out.copies[id(block)] = _pure_copy(block.original_component, {})
                 out.watched[id(block)] = hook_registries(block)
                 out.own_hooks[id(block)] = _mirror_hooks(list(block.modules()))
@@ -198,65 +176,82 @@ class HFBlocks:
         return False
 
 
-def block_path_refusal(model: Model, device_type: str | None = None) -> str | None:
-    """Why hook-free blocks of ``model`` on ``device_type`` (default: the model's) do not run
-    through the HF copies now (None: they do); builds the copies and runs the check of the
-    current precision the first time (see :attr:`probekit.model.Model.block_path`)."""
-    if not model.raw_blocks:
-        return "Model.raw_blocks is False"
-    if model.hf_blocks is None:
-        model.hf_blocks = HFBlocks.build(model)
-    hf = model.hf_blocks
-    if hf.refusal is not None:
-        return hf.refusal
-    key = _precision_key(device_type or model.device.type)
-    if key not in hf.checks:
-        if any(hf.foreign_hooks(block) for block in model.blocks):
-            return "not checked yet (hooks are active in the blocks)"
-        hf.checks[key] = _check_copies(model, hf)
-    return hf.checks[key]
+class BlockCopies:
+    """The Hugging Face block path of a :class:`Runtime`: whether it is on (``enabled``,
+    default from :data:`RAW_BLOCKS_ENV`), the copies and their checks (``hf_blocks``, built
+    the first time :meth:`refusal` or :meth:`block_for` asks; None before), and the route a
+    :class:`~probekit.model.Trace` takes per hook-free block (:meth:`block_for`).
 
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> copies = BlockCopies(toy_model(n_layers=2).runtime)
+        >>> copies.enabled = False
+        >>> copies.refusal()
+        'Model.raw_blocks is False'
+    """
 
-def hf_block_for(
-    model: Model, block: nn.Module, device_type: str | None = None
-) -> nn.Module | None:
-    """The pure HF copy to run instead of bridge ``block`` now on ``device_type`` (the
-    device of the residual; default the model's), or None (the bridge). Called per block
-    run, so the checked case costs a few microseconds."""
-    hf = model.hf_blocks
-    key = _precision_key(device_type or model.device.type)
-    if hf is None or key not in hf.checks:
-        if block_path_refusal(model, device_type) is not None:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.enabled: bool = os.environ.get(RAW_BLOCKS_ENV, "1") != "0"
+        self.hf_blocks: HFBlocks | None = None
+
+    def refusal(self, device_type: str | None = None) -> str | None:
+        """Why hook-free blocks on ``device_type`` (default: the model's) do not run through
+        the HF copies now (None: they do); builds the copies and runs the check of the current
+        precision the first time (the handle's ``block_path`` says it in words)."""
+        if not self.enabled:
+            return "Model.raw_blocks is False"  # the switch as users set it, on the handle
+        if self.hf_blocks is None:
+            self.hf_blocks = HFBlocks.build(self.runtime)
+        hf = self.hf_blocks
+        if hf.refusal is not None:
+            return hf.refusal
+        key = _precision_key(device_type or self.runtime.device.type)
+        if key not in hf.checks:
+            if any(hf.foreign_hooks(block) for block in self.runtime.blocks):
+                return "not checked yet (hooks are active in the blocks)"
+            hf.checks[key] = _check_copies(self.runtime, hf)
+        return hf.checks[key]
+
+    def block_for(self, block: nn.Module, device_type: str | None = None) -> nn.Module | None:
+        """The pure HF copy to run instead of bridge ``block`` now on ``device_type`` (the
+        device of the residual; default the model's), or None (the bridge): the
+        :data:`~probekit.model.trace.Route` of the model's traces. Called per block run, so
+        the checked case costs a few microseconds."""
+        hf = self.hf_blocks
+        key = _precision_key(device_type or self.runtime.device.type)
+        if hf is None or key not in hf.checks:
+            if self.refusal(device_type) is not None:
+                return None
+            hf = self.hf_blocks
+            assert hf is not None
+        if not self.enabled or hf.refusal is not None or hf.checks[key] is not None:
             return None
-        hf = model.hf_blocks
-        assert hf is not None
-    if not model.raw_blocks or hf.refusal is not None or hf.checks[key] is not None:
-        return None
-    if block.training or global_hooks() or hf.foreign_hooks(block):
-        return None
-    return hf.copies.get(id(block))
+        if block.training or global_hooks() or hf.foreign_hooks(block):
+            return None
+        return hf.copies.get(id(block))
 
 
 @torch.no_grad()
-def _check_copies(model: Model, hf: HFBlocks) -> str | None:
+def _check_copies(runtime: Runtime, hf: HFBlocks) -> str | None:
     """Compare every HF copy with its bridge block on the probe batch and a padded one,
     alone and stacked; None when all agree within :data:`RAW_BLOCKS_TOLERANCE`."""
-    probe = probe_batch(model.n_ctx, model.d_vocab, model.device)
+    probe = probe_batch(runtime.n_ctx, runtime.d_vocab, runtime.device)
     mask = torch.cat([probe.attention_mask, probe.attention_mask])
     n = mask.shape[1]
     mask[1, n - n // 2 :] = 0
     try:
-        return _compare_copies(model, hf, [probe, Batch(probe.tokens.repeat(2, 1), mask)])
+        return _compare_copies(runtime, hf, [probe, Batch(probe.tokens.repeat(2, 1), mask)])
     except Exception as err:  # a call the copies (or stacked bridge blocks) cannot run
         return f"the check of the Hugging Face copies failed ({type(err).__name__}: {err})"
 
 
-def _compare_copies(model: Model, hf: HFBlocks, batches: list[Batch]) -> str | None:
+def _compare_copies(runtime: Runtime, hf: HFBlocks, batches: list[Batch]) -> str | None:
     """The first difference beyond :data:`RAW_BLOCKS_TOLERANCE` between a copy and its bridge
     block on ``batches`` (None: none)."""
     for batch in batches:
-        trace = model.trace(batch)
-        for layer, block in enumerate(model.blocks):
+        trace = record_trace(runtime, batch)
+        for layer, block in enumerate(runtime.blocks):
             if trace.hf_calls[layer] is None:
                 return f"the bridge block {layer} never called its Hugging Face block"
             h, other = trace.residuals[layer], trace.residuals[layer + 1]
@@ -276,9 +271,6 @@ __all__ = [
     "RAW_BLOCKS_ENV",
     "RAW_BLOCKS_TOLERANCE",
     "TANH_GELUS",
+    "BlockCopies",
     "HFBlocks",
-    "block_path_refusal",
-    "global_hooks",
-    "hf_block_for",
-    "hook_registries",
 ]

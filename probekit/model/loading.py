@@ -5,8 +5,8 @@ sentence-transformers folders wrapped for the bridge.
 
 A call of :func:`load` runs: placement -> folder checks (:mod:`probekit.model.checkpoint`) ->
 the head class of a base model (:mod:`probekit.model.headless`) -> ``from_pretrained`` -> the
-bridge (:mod:`probekit.model.bridge`) -> :class:`probekit.model.Model` -> its weight and
-structure checks.
+bridge (:mod:`probekit.model.bridge`) -> its :class:`~probekit.model.runtime.Runtime` ->
+:class:`probekit.model.Model` -> its weight and structure checks.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from probekit.model.headless import (
     wrap_headless,
 )
 from probekit.model.hub import hub_name, resolve
+from probekit.model.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
     from transformers import PreTrainedModel
 
     if isinstance(source, TransformerBridge):
-        return Model(source)
+        return Model(Runtime(source))
     if not isinstance(source, PreTrainedModel):
         raise InputError(
             f"cannot load a model from a {type(source).__name__}",
@@ -177,7 +178,7 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
         hf_model.to(device=device, dtype=dtype)
     if head is not None:
         return _headless_model(hf_model, head, None, None, None)
-    return Model(attach_bridge(hf_model, arch))
+    return Model(Runtime(attach_bridge(hf_model, arch)))
 
 
 def _load_folder(
@@ -190,7 +191,7 @@ def _load_folder(
         hf_model.to(device or _default_device())
     if head is not None:
         return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
-    return Model(attach_bridge(hf_model, arch, _tokenizer(path)), source=str(path))
+    return Model(Runtime(attach_bridge(hf_model, arch, _tokenizer(path))), source=str(path))
 
 
 def check_loadable(source: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
@@ -285,7 +286,7 @@ def _headless_model(
     wrapper = wrap_headless(base, head_name)
     bridge = attach_bridge(wrapper, head_name, tokenizer)
     headless = Headless(arch, has_final_norm(bridge, wrapper.base_model), pooling)
-    return Model(bridge, source=source, headless=headless)
+    return Model(Runtime(bridge, headless), source=source)
 
 
 __all__ = ["check_loadable", "load"]

@@ -1,56 +1,100 @@
-"""How a final residual becomes the model's output: the masked-LM prediction head of
-encoders, or the final norm and unembedding of decoders (written into a tensor the caller
-reuses, on a CPU when nothing can see the difference) with the logit scaling or soft-capping
-the config defines; a model without a head outputs its final hidden state.
+"""How a final residual becomes the model's output, resolved once: the masked-LM prediction
+head of encoders, or the final norm and unembedding of decoders (written into a tensor the
+caller reuses, on a CPU when nothing can see the difference) with the logit scaling or
+soft-capping the config defines; a model without a head outputs its final hidden state.
 
 Example:
     >>> import torch
     >>> from probekit.toy import toy_model
     >>> model = toy_model(n_layers=2)
-    >>> apply_head(model, torch.zeros(1, 3, model.d_model)).shape[-1] == model.d_vocab
+    >>> head = resolve_head(model.bridge, model.hf_model, None, causal=True)
+    >>> head(torch.zeros(1, 3, model.d_model)).shape[-1] == model.d_vocab
     True
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from probekit.model.hf_blocks import global_hooks, hook_registries
-
-if TYPE_CHECKING:
-    from probekit.model.handle import Model
+from probekit.model.headless import Headless
+from probekit.model.sites import global_hooks, hook_registries
 
 
-def apply_head(
-    model: Model, residual: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``model``'s output on a final-layer residual ``[B, T, d_model]`` (see
-    :meth:`probekit.model.Model.head`; ``out`` as there)."""
-    if model.headless is not None:
-        return model.bridge.ln_final(residual) if model.headless.final_norm else residual
-    for name in ("cls",) if model.is_causal else ("cls", "lm_head"):
-        prediction_head = getattr(model.hf_model, name, None)
+@dataclass(frozen=True)
+class OutputHead:
+    """A model's output head, its modules and config numbers looked up once.
+
+    ``first`` runs on the final residual (the final norm; a masked-LM encoder's whole prediction
+    head; None: nothing, the residual as it is); ``unembedding`` (the bridge's) then maps the
+    result to logits (None: ``first``'s result is the output), which are multiplied by
+    ``scale`` (Cohere), soft-capped at ``cap`` (Gemma 2/3) and divided by ``scaling``
+    (Granite) where these are set (None: not).
+
+    Example:
+        >>> head = OutputHead(first=None)   # a post-norm encoder without its LM head
+        >>> float(head(torch.ones(1, 2, 4)).sum())
+        8.0
+    """
+
+    first: Callable[[torch.Tensor], torch.Tensor] | None
+    unembedding: nn.Module | None = None
+    scale: float | None = None
+    cap: float | None = None
+    scaling: float | None = None
+
+    def __call__(self, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The output on a final-layer residual ``[B, T, d_model]`` (``out``: see
+        :func:`unembed`; always use the returned tensor)."""
+        hidden = residual if self.first is None else self.first(residual)
+        if self.unembedding is None:
+            return hidden
+        logits = unembed(self.unembedding, hidden, out)
+        if self.scale is not None:
+            logits = logits * self.scale
+        if self.cap is not None:
+            logits = torch.tanh(logits / self.cap) * self.cap
+        if self.scaling is not None:
+            logits = logits / self.scaling
+        return logits
+
+
+def resolve_head(
+    bridge: Any, hf_model: nn.Module, headless: Headless | None, causal: bool
+) -> OutputHead:
+    """The output head of the bridge over ``hf_model``: for a model loaded without its LM head
+    (``headless``) the base model's final norm, if it has one; the Hugging Face model's own
+    prediction head (``cls``; ``lm_head`` too for an encoder, not ``causal``) where there is
+    one; else the bridge's final norm and unembedding, with the logit scaling
+    (``logit_scale``, ``logits_scaling``) and soft-capping (``final_logit_softcapping``) of
+    ``hf_model``'s config. Raises the bridge's ``AttributeError`` when it lacks a final norm."""
+    if headless is not None:
+        return OutputHead(bridge.ln_final if headless.final_norm else None)
+    for name in ("cls",) if causal else ("cls", "lm_head"):
+        prediction_head = getattr(hf_model, name, None)
         if prediction_head is not None:
-            return prediction_head(residual)
-    logits = unembed(model.bridge, model.bridge.ln_final(residual), out)
-    config = model.hf_model.config
+            return OutputHead(prediction_head)
+    config = hf_model.config
     scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, int | float) and scale != 1:
-        logits = logits * scale
     cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
     scaling = getattr(config, "logits_scaling", None)
-    if scaling and scaling != 1:
-        logits = logits / scaling
-    return logits
+    return OutputHead(
+        bridge.ln_final,
+        bridge.unembed,
+        scale=scale if isinstance(scale, int | float) and scale != 1 else None,
+        cap=cap if cap else None,
+        scaling=scaling if scaling and scaling != 1 else None,
+    )
 
 
-def unembed(bridge: Any, normed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The bridge's unembedding of ``normed``. Given ``out`` (a contiguous tensor of the
+def unembed(
+    unembedding: nn.Module, normed: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The bridge's ``unembedding`` of ``normed``. Given ``out`` (a contiguous tensor of the
     logits' shape and dtype), on a CPU, when the unembedding is a plain ``nn.Linear`` with no
     hook anywhere on it and no gradient is taken, the same product is written into ``out``
     (one ``addmm``, as ``nn.Linear`` computes it): a caller that measures each variant's
@@ -64,11 +108,10 @@ def unembed(bridge: Any, normed: torch.Tensor, out: torch.Tensor | None = None) 
         >>> normed = torch.randn(1, 3, model.d_model)
         >>> out = torch.empty(1, 3, model.d_vocab)
         >>> with torch.no_grad():
-        ...     logits = unembed(model.bridge, normed, out)
+        ...     logits = unembed(model.bridge.unembed, normed, out)
         >>> logits.data_ptr() == out.data_ptr(), torch.equal(logits, model.bridge.unembed(normed))
         (True, True)
     """
-    unembedding = bridge.unembed
     linear = getattr(unembedding, "original_component", None)
     if out is None or type(linear) is not nn.Linear:
         return unembedding(normed)
@@ -95,4 +138,4 @@ def unembed(bridge: Any, normed: torch.Tensor, out: torch.Tensor | None = None) 
     return out
 
 
-__all__ = ["apply_head", "unembed"]
+__all__ = ["OutputHead", "resolve_head", "unembed"]

@@ -1,5 +1,6 @@
 """Where probekit reads and edits a model: the canonical hook names of TransformerLens 4's
-``TransformerBridge``, the per-layer weight names, and the kinds of output a model has.
+``TransformerBridge``, the per-layer weight names, the kinds of output a model has, and the torch
+hook registries that tell whether anyone else hooks a module (the fast paths then step aside).
 
 Only the modules of :mod:`probekit.model` spell hook names; every other layer asks the handle
 (:meth:`probekit.model.Model.hook_name`, :meth:`probekit.model.Model.update_hooks`).
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
+from torch import nn
 
 HookList = Sequence[tuple[Any, Callable]]
 """TransformerLens-style forward hooks: ``[(hook_name_or_filter, fn(tensor, hook))]``."""
@@ -67,6 +71,31 @@ def hook_name(layer: int, site: str) -> str:
     return {**SITES, **POST_NORM_SITES}[site].format(layer=layer)
 
 
+def hook_registries(module: nn.Module) -> list[dict]:
+    """The hook dictionaries of every module under ``module`` (torch never replaces them)."""
+    return [
+        registry
+        for m in module.modules()
+        for registry in (
+            m._forward_hooks,
+            m._forward_pre_hooks,
+            m._backward_hooks,
+            m._backward_pre_hooks,
+        )
+    ]
+
+
+def global_hooks() -> bool:
+    """True when a global torch module hook is registered (it would see other modules)."""
+    registry = torch.nn.modules.module
+    return bool(
+        registry._global_forward_hooks
+        or registry._global_forward_pre_hooks
+        or registry._global_backward_hooks
+        or registry._global_backward_pre_hooks
+    )
+
+
 __all__ = [
     "MASKED_LM_SUFFIXES",
     "OUTPUT_KINDS",
@@ -75,5 +104,7 @@ __all__ = [
     "SITES",
     "WEIGHT_NAMES",
     "HookList",
+    "global_hooks",
     "hook_name",
+    "hook_registries",
 ]

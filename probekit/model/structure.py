@@ -3,12 +3,13 @@ forwards that find the block structure, the hooks that observe or replace each b
 attention and MLP updates, and the replay check :func:`probekit.model.load` runs.
 
 Every block is read as ``h_out = h_in + a + m`` (see :data:`BLOCK_KINDS`); which hook sites
-hold ``a`` and ``m`` depends on the structure, so analyzers ask for
-:meth:`probekit.model.Model.update_hooks` and never name the sites.
+hold ``a`` and ``m`` depends on the structure, so analyzers ask the handle for its
+``update_hooks`` and never name the sites. The probes run a
+:class:`~probekit.model.runtime.Runtime`; :class:`StructureProbes` keeps what they find.
 
 Example:
     >>> from probekit.toy import toy_model
-    >>> read_structure(toy_model("llama"))
+    >>> read_structure(toy_model("llama").runtime)
     BlockStructure(kind='sum', parallel=False)
 """
 
@@ -17,22 +18,21 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 import torch
 
 from probekit.data import Batch
 from probekit.errors import NumericalError, ProbekitError, UnsupportedModelError
 from probekit.model.inputs import probe_batch
+from probekit.model.runtime import Runtime
 from probekit.model.sites import POST_NORM_SITES, REQUIRED_SITES, HookList, hook_name
+from probekit.model.trace import Route, bridge_only, record_trace
 from probekit.numerics import all_finite, dtype_guard, tolerance, within_tolerance
 
-if TYPE_CHECKING:
-    from probekit.model.handle import Model
-
 BLOCK_KINDS = ("sum", "sandwich", "stream")
-"""How a block's sublayers write to the residual stream (see
-:attr:`probekit.model.Model.structure`):
+"""How a block's sublayers write to the residual stream (see the handle's ``structure``):
 
 - ``sum``: ``h_out = h_in + attn_out + mlp_out`` (pre-norm blocks, sequential or parallel),
 - ``sandwich``: ``h_out = h_in + norm(attn_out) + norm(mlp_out)`` (post-sublayer norms),
@@ -58,26 +58,26 @@ class BlockStructure:
     parallel: bool
 
 
-def read_structure(model: Model) -> BlockStructure:
-    """How every block of ``model`` writes to the residual stream (see
-    :attr:`probekit.model.Model.structure`, which caches it)."""
-    clean = _probe_record(model)
-    needed = [(site, i) for site in REQUIRED_SITES for i in range(model.n_layers)]
+def read_structure(runtime: Runtime) -> BlockStructure:
+    """How every block of ``runtime`` writes to the residual stream (see
+    :attr:`StructureProbes.structure`, which keeps it)."""
+    clean = _probe_record(runtime)
+    needed = [(site, i) for site in REQUIRED_SITES for i in range(runtime.n_layers)]
     if any(key not in clean for key in needed):
         raise UnsupportedModelError(
-            f"the {model.architecture} forward does not pass through every block's "
+            f"the {runtime.architecture} forward does not pass through every block's "
             "residual, attention and MLP hooks",
             fix=UNREADABLE_FIX,
         )
     if not all(all_finite(t) for t in clean.values()):
         raise NumericalError(
-            f"the {model.architecture} forward overflows (NaN or infinite activations), so "
+            f"the {runtime.architecture} forward overflows (NaN or infinite activations), so "
             "its block structure cannot be read",
             fix="check the checkpoint's weights and the dtype (float16 overflows above "
             "65504; load with dtype=torch.float32)",
         )
-    tol = tolerance(model.dtype)
-    layers = range(model.n_layers)
+    tol = tolerance(runtime.dtype)
+    layers = range(runtime.n_layers)
     for kind in ("sum", "sandwich"):
         attn, mlp = UPDATE_SITES[kind]
         if (attn, 0) not in clean or (mlp, 0) not in clean:
@@ -89,12 +89,12 @@ def read_structure(model: Model) -> BlockStructure:
                 tol,
             )
             for i in layers
-        ) and _edits_honoured(model, kind, tol):
-            return BlockStructure(kind, _reads_block_input(model, kind, clean, tol))
-    if _mid_is_state(model, clean, tol):
+        ) and _edits_honoured(runtime, kind, tol):
+            return BlockStructure(kind, _reads_block_input(runtime, kind, clean, tol))
+    if _mid_is_state(runtime, clean, tol):
         return BlockStructure("stream", False)
     raise UnsupportedModelError(
-        f"the {model.architecture} blocks do not write to the residual stream in a way "
+        f"the {runtime.architecture} blocks do not write to the residual stream in a way "
         "probekit can read from the bridge's hooks (neither h_out = h_in + attn + mlp, nor "
         "with post-sublayer norms, nor a post-norm mid-block state)",
         fix=UNREADABLE_FIX,
@@ -102,7 +102,7 @@ def read_structure(model: Model) -> BlockStructure:
 
 
 def _probe_record(
-    model: Model, edits: HookList = (), before: Sequence[tuple[str, int]] = ()
+    runtime: Runtime, edits: HookList = (), before: Sequence[tuple[str, int]] = ()
 ) -> dict[tuple[str, int], torch.Tensor]:
     """One probe forward with ``edits``; float64 copies of every update site keyed
     ``(site, layer)``: after the edits, except the ``before`` ones (as computed)."""
@@ -118,46 +118,46 @@ def _probe_record(
     names = {
         (site, i): name
         for site in sites
-        for i in range(model.n_layers)
-        if (name := hook_name(i, site)) in model.bridge.hook_dict
+        for i in range(runtime.n_layers)
+        if (name := hook_name(i, site)) in runtime.bridge.hook_dict
     }
     first = [(names[key], keep(key)) for key in before if key in names]
     last = [(name, keep(key)) for key, name in names.items() if key not in before]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with dtype_guard(model.dtype, model.device):
-            model.forward(_probe(model), first + list(edits) + last)
+        with dtype_guard(runtime.dtype, runtime.device):
+            runtime.forward(_probe(runtime), first + list(edits) + last)
     return held
 
 
-def _probe(model: Model) -> Batch:
-    """The probe batch of ``model`` (its context, vocabulary and device)."""
-    return probe_batch(model.n_ctx, model.d_vocab, model.device)
+def _probe(runtime: Runtime) -> Batch:
+    """The probe batch of ``runtime`` (its context, vocabulary and device)."""
+    return probe_batch(runtime.n_ctx, runtime.d_vocab, runtime.device)
 
 
-def _edits_honoured(model: Model, kind: str, tol: float) -> bool:
+def _edits_honoured(runtime: Runtime, kind: str, tol: float) -> bool:
     """Whether zeroing both updates of every block through the hooks leaves h_out = h_in."""
     edits = [
         hook
-        for i in range(model.n_layers)
+        for i in range(runtime.n_layers)
         for sub in ("attn", "mlp")
         for hook in replace_hooks(kind, i, sub, None)
     ]
-    got = _probe_record(model, edits)
+    got = _probe_record(runtime, edits)
     return all(
         within_tolerance(got["resid_in", i], got["resid_out", i], tol)
-        for i in range(model.n_layers)
+        for i in range(runtime.n_layers)
     )
 
 
-def _reads_block_input(model: Model, kind: str, clean: dict, tol: float) -> bool:
+def _reads_block_input(runtime: Runtime, kind: str, clean: dict, tol: float) -> bool:
     """Whether layer 0's MLP update is unchanged when its attention update is zeroed."""
     mlp = UPDATE_SITES[kind][1]
-    got = _probe_record(model, replace_hooks(kind, 0, "attn", None), before=[(mlp, 0)])
+    got = _probe_record(runtime, replace_hooks(kind, 0, "attn", None), before=[(mlp, 0)])
     return within_tolerance(got[mlp, 0], clean[mlp, 0], tol)
 
 
-def _mid_is_state(model: Model, clean: dict, tol: float) -> bool:
+def _mid_is_state(runtime: Runtime, clean: dict, tol: float) -> bool:
     """Post-norm check: with every block input perturbed but the attention hook given its
     clean value, every block output is the clean one (the hook holds the whole stream)."""
     if ("attn_out", 0) not in clean:
@@ -168,33 +168,33 @@ def _mid_is_state(model: Model, clean: dict, tol: float) -> bool:
         return tensor.to(like.device, like.dtype)
 
     edits = []
-    for i in range(model.n_layers):
+    for i in range(runtime.n_layers):
         h = clean["resid_in", i]
         noise = torch.randn(h.shape, generator=g, dtype=h.dtype) * h.std()
         edits += [
             (hook_name(i, "resid_in"), lambda t, hook, v=h + noise: value(v, t)),
             (hook_name(i, "attn_out"), lambda t, hook, v=clean["attn_out", i]: value(v, t)),
         ]
-    before = [("attn_out", i) for i in range(model.n_layers)]
-    got = _probe_record(model, edits, before=before)
-    layers = range(model.n_layers)
+    before = [("attn_out", i) for i in range(runtime.n_layers)]
+    got = _probe_record(runtime, edits, before=before)
+    layers = range(runtime.n_layers)
     moved = all(not within_tolerance(got["attn_out", i], clean["attn_out", i], tol) for i in layers)
     return moved and all(
         within_tolerance(got["resid_out", i], clean["resid_out", i], tol) for i in layers
     )
 
 
-def pattern_edits_work(model: Model) -> bool:
-    """Whether editing ``attn_pattern`` changes ``model``'s output (see
-    :attr:`probekit.model.Model.supports_pattern_edits`)."""
-    if hook_name(0, "attn_pattern") not in model.bridge.hook_dict:
+def pattern_edits_work(runtime: Runtime) -> bool:
+    """Whether editing ``attn_pattern`` changes ``runtime``'s output (see the handle's
+    ``supports_pattern_edits``)."""
+    if hook_name(0, "attn_pattern") not in runtime.bridge.hook_dict:
         return False
-    tokens = torch.ones(1, 3, dtype=torch.long, device=model.device)
+    tokens = torch.ones(1, 3, dtype=torch.long, device=runtime.device)
     batch = Batch(tokens, torch.ones_like(tokens))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clean = model.forward(batch)
-        zeroed = model.forward(
+        clean = runtime.forward(batch)
+        zeroed = runtime.forward(
             batch, [(hook_name(0, "attn_pattern"), lambda t, hook: torch.zeros_like(t))]
         )
     return not torch.equal(clean, zeroed)
@@ -206,7 +206,7 @@ def update_hooks(
     on_layer: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
 ) -> list[tuple[str, Callable]]:
     """Hooks that call ``on_layer(h_in, a, m, h_out)`` once block ``layer`` of a model whose
-    blocks are of ``kind`` has run (see :meth:`probekit.model.Model.update_hooks`)."""
+    blocks are of ``kind`` has run (see the handle's ``update_hooks``)."""
     held: dict[str, torch.Tensor] = {}
 
     def keep(key: str) -> Callable:
@@ -259,43 +259,74 @@ def replace_hooks(
     return [(hook_name(layer, before), keep), (hook_name(layer, at), replace)]
 
 
-def check_structure(model: Model) -> None:
-    """Refuse, with :class:`UnsupportedModelError`, a model whose numbers probekit would get
-    wrong (see :meth:`probekit.model.Model.check_structure`)."""
-    try:
-        _check_replay(model)
-    except NumericalError:
-        return  # an overflowing forward: the analyses name the first non-finite layer
-    except ProbekitError:
-        raise
-    except Exception as err:  # the bridge's own forward fails on this architecture
-        raise UnsupportedModelError(
-            f"TransformerLens' bridge cannot run a {model.architecture} forward "
-            f"({type(err).__name__}: {err})",
-            fix=UNREADABLE_FIX,
-        ) from err
+class StructureProbes:
+    """The structure probes of a :class:`Runtime`, each result kept once found: its block
+    :attr:`structure`, whether :attr:`pattern_edits` work, and the replay :meth:`check` (whose
+    resumed blocks take ``route``, as the model's traces do).
 
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> probes = StructureProbes(toy_model("bert").runtime)
+        >>> probes.structure, probes.pattern_edits
+        (BlockStructure(kind='stream', parallel=False), False)
+    """
 
-def _check_replay(model: Model) -> None:
-    """Resuming the probe forward from block 0, and the head on the last residual, give the
-    model's own logits."""
-    model.structure  # noqa: B018  (raises when no block structure fits)
-    with dtype_guard(model.dtype, model.device):
-        trace = model.trace(_probe(model))
-        for start, what in ((0, "the blocks replayed"), (model.n_layers, "the output head")):
-            if not within_tolerance(trace.resume(start), trace.logits, tolerance(model.dtype)):
-                raise UnsupportedModelError(
-                    f"probekit cannot reproduce the {model.architecture} forward from "
-                    f"{what} (resumed logits differ from the model's own)",
-                    fix=UNREADABLE_FIX,
-                )
+    def __init__(self, runtime: Runtime, route: Route = bridge_only) -> None:
+        self.runtime = runtime
+        self.route = route
+
+    @cached_property
+    def structure(self) -> BlockStructure:
+        """How every block writes to the residual stream (:func:`read_structure`, once)."""
+        return read_structure(self.runtime)
+
+    @cached_property
+    def pattern_edits(self) -> bool:
+        """Whether editing ``attn_pattern`` changes the output (:func:`pattern_edits_work`,
+        once)."""
+        return pattern_edits_work(self.runtime)
+
+    def check(self) -> None:
+        """Refuse, with :class:`UnsupportedModelError`, a model whose numbers probekit would
+        get wrong: blocks whose updates cannot be read (:attr:`structure`), or a forward that
+        resuming from the first block or applying the head to the last residual does not
+        reproduce (the handle's ``check_structure``)."""
+        try:
+            self._check_replay()
+        except NumericalError:
+            return  # an overflowing forward: the analyses name the first non-finite layer
+        except ProbekitError:
+            raise
+        except Exception as err:  # the bridge's own forward fails on this architecture
+            raise UnsupportedModelError(
+                f"TransformerLens' bridge cannot run a {self.runtime.architecture} forward "
+                f"({type(err).__name__}: {err})",
+                fix=UNREADABLE_FIX,
+            ) from err
+
+    def _check_replay(self) -> None:
+        """Resuming the probe forward from block 0, and the head on the last residual, give
+        the model's own logits."""
+        self.structure  # noqa: B018  (raises when no block structure fits)
+        runtime = self.runtime
+        with dtype_guard(runtime.dtype, runtime.device):
+            trace = record_trace(runtime, _probe(runtime), route=self.route)
+            for start, what in ((0, "the blocks replayed"), (runtime.n_layers, "the output head")):
+                if not within_tolerance(
+                    trace.resume(start), trace.logits, tolerance(runtime.dtype)
+                ):
+                    raise UnsupportedModelError(
+                        f"probekit cannot reproduce the {runtime.architecture} forward from "
+                        f"{what} (resumed logits differ from the model's own)",
+                        fix=UNREADABLE_FIX,
+                    )
 
 
 __all__ = [
     "BLOCK_KINDS",
     "UPDATE_SITES",
     "BlockStructure",
-    "check_structure",
+    "StructureProbes",
     "pattern_edits_work",
     "read_structure",
     "replace_hooks",

@@ -2,10 +2,14 @@
 passed to it, so that any layer's forward can be rerun from there with a changed residual, a
 changed block order, or several variants stacked along the batch dimension.
 
+A trace holds the :class:`~probekit.model.runtime.Runtime` it ran on and a ``route``: the
+module that runs a hook-free block instead of the bridge's, if any (the Hugging Face copies of
+:mod:`probekit.model.hf_blocks` give it; without one, every block runs through the bridge).
+
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
     >>> model = toy_model(n_layers=2)
-    >>> trace = record_trace(model, model.prepare(toy_tokens())[0])
+    >>> trace = record_trace(model.runtime, model.prepare(toy_tokens())[0])
     >>> len(trace.residuals)
     3
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,12 +26,19 @@ from torch import nn
 from probekit.data import Batch
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model.inputs import check_layer_list
+from probekit.model.runtime import Runtime
 from probekit.model.sites import HookList, hook_name
 from probekit.numerics import all_finite
 from probekit.progress import advance
 
-if TYPE_CHECKING:
-    from probekit.model.handle import Model
+Route = Callable[[nn.Module, str], nn.Module | None]
+"""``route(block, device_type)``: the module to run instead of the bridge's ``block`` now, on
+residuals of ``device_type``, with the Hugging Face block's call; None: the bridge's block."""
+
+
+def bridge_only(block: nn.Module, device_type: str) -> None:
+    """The :data:`Route` of a trace whose blocks all run through the bridge."""
+    return None
 
 
 @dataclass
@@ -38,23 +49,25 @@ class Trace:
     ``logits`` the clean output and ``calls[l]`` the arguments the model passed to block ``l``
     (attention mask, position embeddings, ...), replayed by :meth:`resume`; ``hf_calls[l]``
     those the bridge block passed on to the Hugging Face block inside it, replayed when a
-    hook-free block runs through the pure Hugging Face copy (:attr:`Model.block_path`).
+    hook-free block runs through the module ``route`` gives (the pure Hugging Face copy: see
+    the handle's ``block_path``). ``runtime`` is the model's runtime core.
     """
 
-    model: Model
+    runtime: Runtime
     batch: Batch
     residuals: list[torch.Tensor]
     logits: torch.Tensor
     calls: list[tuple[tuple, dict]] = field(repr=False)
     hf_calls: list[tuple[tuple, dict] | None] = field(default_factory=list, repr=False)
+    route: Route = field(default=bridge_only, repr=False)
 
     def _route(self, layer: int) -> tuple[nn.Module, tuple[tuple, dict]]:
-        """The module to run for block ``layer`` and its clean call: the pure HF copy with
-        the HF block's arguments where :meth:`Model.raw_block` allows it, else the bridge."""
-        block = self.model.blocks[layer]
+        """The module to run for block ``layer`` and its clean call: the module
+        :attr:`route` gives, with the HF block's arguments, else the bridge's block."""
+        block = self.runtime.blocks[layer]
         call = self.hf_calls[layer] if layer < len(self.hf_calls) else None
         device = self.residuals[layer].device.type
-        raw = None if call is None else self.model.raw_block(block, device)
+        raw = None if call is None else self.route(block, device)
         return (block, self.calls[layer]) if raw is None else (raw, call)  # type: ignore[return-value]
 
     def run_block(self, layer: int, residual: torch.Tensor) -> torch.Tensor:
@@ -91,7 +104,7 @@ class Trace:
             return value
 
         def tile_alibi(value: Any) -> Any:
-            heads = self.model.n_heads
+            heads = self.runtime.n_heads
             if not isinstance(value, torch.Tensor) or value.shape[0] != size * heads:
                 return tile(value)
             per_sequence = value.reshape(size, heads, *value.shape[1:])
@@ -124,8 +137,8 @@ class Trace:
         remaining positions, as in :meth:`resume`). Step by step, the variants that run the
         same block at the same position are stacked along the batch dimension and the block
         runs once for all of them (one variant alone runs exactly as :meth:`resume` does).
-        ``observe(v, layer, h_in, h_out)`` sees every block run. Apply :meth:`Model.head` to
-        each returned residual for its logits.
+        ``observe(v, layer, h_in, h_out)`` sees every block run. Apply the model's head
+        (``model.head``) to each returned residual for its logits.
 
         Example:
             >>> from probekit.toy import toy_model, toy_tokens
@@ -135,7 +148,7 @@ class Trace:
             >>> bool(torch.allclose(model.head(a), trace.resume(1, trace.residuals[0]), atol=1e-5))
             True
         """
-        n, k = self.model.n_layers, len(starts)
+        n, k = self.runtime.n_layers, len(starts)
         residuals = [None] * k if residuals is None else list(residuals)
         orders = [None] * k if orders is None else list(orders)
         plan = []
@@ -178,7 +191,7 @@ class Trace:
         ``order`` lists the blocks to run from there on (default ``start .. n_layers-1``), so a
         swap of layers i < j is ``resume(i, order=[j, i+1, ..., i, ...])``; ``fwd_hooks`` are
         active during the resumed part; ``observe(layer, h_in, h_out)`` sees every block run;
-        ``out`` is passed to :meth:`Model.head`.
+        ``out`` is passed to the model's head (``model.head``).
 
         Example:
             >>> from probekit.toy import toy_model, toy_tokens
@@ -189,7 +202,7 @@ class Trace:
             >>> bool(torch.allclose(trace.resume(0), trace.logits, atol=1e-5))
             True
         """
-        n = self.model.n_layers
+        n = self.runtime.n_layers
         if isinstance(start, bool) or not hasattr(start, "__index__") or not 0 <= int(start) <= n:
             raise InputError(
                 f"start layer {start!r} is not an integer in [0, {n}]",
@@ -198,22 +211,26 @@ class Trace:
         start = int(start)
         h = self.residuals[start] if residual is None else residual
         order = list(range(start, n)) if order is None else check_layer_list(order, n, "order")
-        with self.model.hooks(fwd_hooks):
+        with self.runtime.hooks(fwd_hooks):
             for layer in order:
                 h_out = self.run_block(layer, h)
                 if observe is not None:
                     observe(layer, h, h_out)
                 h = h_out
-            return self.model.head(h, out)
+            return self.runtime.head(h, out)
 
 
 @torch.no_grad()
-def record_trace(model: Model, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
-    """The clean forward of ``batch`` through ``model`` that keeps only each block's input
-    residual and its call arguments (see :meth:`probekit.model.Model.trace`)."""
-    residuals: list[torch.Tensor | None] = [None] * (model.n_layers + 1)
-    calls: list[tuple[tuple, dict] | None] = [None] * model.n_layers
-    hf_calls: list[tuple[tuple, dict] | None] = [None] * model.n_layers
+def record_trace(
+    runtime: Runtime, batch: Batch, fwd_hooks: HookList = (), route: Route = bridge_only
+) -> Trace:
+    """The clean forward of ``batch`` through ``runtime`` (with ``fwd_hooks``) that keeps only
+    each block's input residual and its call arguments; its hook-free block runs go where
+    ``route`` says (the handle's ``trace``)."""
+    advance(runtime.n_layers)  # its block passes, on a command's live progress line
+    residuals: list[torch.Tensor | None] = [None] * (runtime.n_layers + 1)
+    calls: list[tuple[tuple, dict] | None] = [None] * runtime.n_layers
+    hf_calls: list[tuple[tuple, dict] | None] = [None] * runtime.n_layers
 
     def keep(layer: int) -> Callable:
         def fn(tensor: torch.Tensor, hook: Any) -> None:
@@ -227,27 +244,27 @@ def record_trace(model: Model, batch: Batch, fwd_hooks: HookList = ()) -> Trace:
 
         return pre_hook
 
-    hooks = [(hook_name(i, "resid_in"), keep(i)) for i in range(model.n_layers)]
-    hooks.append((hook_name(model.n_layers - 1, "resid_out"), keep(model.n_layers)))
+    hooks = [(hook_name(i, "resid_in"), keep(i)) for i in range(runtime.n_layers)]
+    hooks.append((hook_name(runtime.n_layers - 1, "resid_out"), keep(runtime.n_layers)))
     handles = []
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(runtime.blocks):
         handles.append(block.register_forward_pre_hook(record(i, calls), with_kwargs=True))
         inner = getattr(block, "original_component", None)
         if isinstance(inner, nn.Module):  # what the bridge passes the HF block
             hook = record(i, hf_calls)
             handles.append(inner.register_forward_pre_hook(hook, with_kwargs=True))
     try:
-        logits = model.forward(batch, list(fwd_hooks) + hooks)
+        logits = runtime.forward(batch, list(fwd_hooks) + hooks)
     finally:
         for handle in handles:
             handle.remove()
     if any(r is None for r in residuals) or any(c is None for c in calls):
         raise UnsupportedModelError(
-            f"the {model.architecture} forward did not pass through every block hook",
+            f"the {runtime.architecture} forward did not pass through every block hook",
             fix="use a standard architecture whose forward runs each block once",
         )
     check_finite_stream(residuals, logits)  # type: ignore[arg-type]
-    return Trace(model, batch, residuals, logits, calls, hf_calls)  # type: ignore[arg-type]
+    return Trace(runtime, batch, residuals, logits, calls, hf_calls, route)  # type: ignore[arg-type]
 
 
 def check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> None:
@@ -269,4 +286,4 @@ def check_finite_stream(residuals: list[torch.Tensor], logits: torch.Tensor) -> 
     )
 
 
-__all__ = ["Trace", "check_finite_stream", "record_trace"]
+__all__ = ["Route", "Trace", "bridge_only", "check_finite_stream", "record_trace"]

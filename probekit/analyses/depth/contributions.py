@@ -252,7 +252,7 @@ def _sublayer_ablated(
     ``intervene_at`` (all: None); a forward resumed at ``layer`` inside
     :func:`~probekit.interventions.ablate`."""
     trace = shared.trace(batch)
-    with shared.precision(), ablate(trace.model, layer, component, at=intervene_at):
+    with shared.precision(), ablate(shared.model, layer, component, at=intervene_at):
         out = shared.logits_out(trace.residuals[-1])
         logits = trace.resume(layer, out=out)
     check_outputs_finite(logits, "the outputs of an intervened forward")
