@@ -94,7 +94,7 @@ def run_naive(model, tokens, args=None) -> dict:
     """The way people write it by hand: one full hooked forward per variant."""
     import torch
 
-    from probekit.analyses._common import output_change, token_loss
+    from probekit.analyses.common import output_change, token_loss
     from probekit.interventions import swap_layers
 
     bridge, n = model.bridge, model.n_layers

@@ -121,7 +121,7 @@ def next_token_labels(tokens):
 
 def record_measures(numbers: dict, key: str, side, changed, labels) -> dict:
     """Store the means of the output measures of ``changed`` against the clean ``side``."""
-    from probekit.analyses._common import output_change
+    from probekit.analyses.common import output_change
 
     has_target = labels != -100
     values = output_change(side, changed, labels)
@@ -141,7 +141,7 @@ def record_skip(numbers: dict, skipped: int, updates: dict, clean_updates: dict,
 
 
 def record_swap(numbers: dict, i: int, side, changed, labels) -> None:
-    from probekit.analyses._common import output_change
+    from probekit.analyses.common import output_change
 
     loss = output_change(side, changed, labels, measures=("loss_delta",))["loss_delta"]
     numbers[f"swap/{i}/{i + 1}"] = float(loss[labels != -100].mean())
@@ -158,7 +158,7 @@ def run_hf(hf, tokens, labels) -> dict:
     """Plain Hugging Face + torch forward hooks, one forward per variant."""
     import torch
 
-    from probekit.analyses._common import clean_side
+    from probekit.analyses.common import clean_side
 
     blocks = hf.transformer.h
     n = len(blocks)
@@ -211,7 +211,7 @@ def run_nnsight(nn, tokens, labels) -> dict:
     import nnsight
     import torch
 
-    from probekit.analyses._common import clean_side
+    from probekit.analyses.common import clean_side
 
     blocks, hf_blocks = nn.transformer.h, nn._module.transformer.h
     n = len(hf_blocks)
@@ -315,7 +315,7 @@ def peak_memory(spec: SimpleNamespace, way: str) -> None:
 
 PARTS = (
     ("output heads", "probekit.model.output", "OutputHead", "__call__"),
-    ("output measures", "probekit.analyses._common", None, "output_change"),
+    ("output measures", "probekit.analyses.common", None, "output_change"),
     ("clean traces", "probekit.model.handle", "Model", "trace"),
     ("clean output sides", "probekit.analyses.depth.shared", None, "clean_side"),
 )

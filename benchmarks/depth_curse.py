@@ -69,7 +69,7 @@ def _args(argv) -> argparse.Namespace:
 
 
 def _configs(args) -> dict:
-    from probekit.training.lm import LMConfig
+    from probekit.lm import LMConfig
 
     size = dict(
         n_layers=args.layers,
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
     args = _args(argv)
     import torch
 
-    from probekit.tasks.corpus import ByteCorpus
+    from probekit.lm import ByteCorpus
 
     torch.set_num_threads(args.threads)
     configs = _configs(args)
@@ -274,7 +274,7 @@ def _trained(cfg, folder: Path, args) -> dict:
     checkpoint, validation loss, FLOPs and training time."""
     import pandas as pd
 
-    from probekit.training.lm import train_lm
+    from probekit.lm import train_lm
 
     if args.reuse:
         rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]

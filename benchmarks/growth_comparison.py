@@ -28,8 +28,7 @@ def main(argv=None) -> dict:
     import probekit
     from probekit.analyses.timeline import depth_timeline
     from probekit.io import atomic_write_text
-    from probekit.tasks.corpus import ByteCorpus
-    from probekit.training.lm import LMConfig, train_lm
+    from probekit.lm import ByteCorpus, LMConfig, train_lm
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/growth-comparison")

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "AnchorTask": "probekit.anchor",
     "AnchorData": "probekit.anchor",
     "train": "probekit.anchor",
+    "train_lm": "probekit.lm",
     "load_run": "probekit.run_folders",
     "diagnose": "probekit.report",
     "InterventionSetting": "probekit.interventions",

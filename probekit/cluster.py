@@ -1,6 +1,6 @@
 """Many checkpoints at once: a depth timeline and many diagnoses, each checkpoint one task.
 
-The same executors as a sweep (:mod:`probekit.training.executor`): ``"local"`` measures the
+The same executors as a sweep (:mod:`probekit.executor`): ``"local"`` measures the
 checkpoints one after another in this process, ``"ray"`` runs each as one Ray task on a
 cluster (``ray_address``) or a local Ray. The fault rules are the sweep's: a task whose worker
 dies is run again by Ray; a checkpoint that fails for its own reason (an unreadable folder, a
@@ -40,10 +40,10 @@ from probekit.analyses.timeline import (
 )
 from probekit.data import Data
 from probekit.errors import InputError, ProbekitError
+from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text, read_json
 from probekit.report import diagnose, save_report
 from probekit.result import Result
-from probekit.training.executor import Failed, check_executor, log, run_tasks
 
 
 def _one_timeline(job: tuple[Checkpoint, Any, dict[str, Any]]) -> pd.DataFrame:

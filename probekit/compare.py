@@ -37,8 +37,9 @@ from probekit import figures
 from probekit.cluster import DiagnosesResult, diagnose_many
 from probekit.errors import InputError, ProbekitError
 from probekit.io import atomic_write_text, read_json
+from probekit.page import figure_section, html_page, sub
 from probekit.result import Result, layer_ranges
-from probekit.sources import N_SEQUENCES, SEQ_LEN, data_source, default_data, steps_of
+from probekit.sources import N_SEQUENCES, SEQ_LEN, locate, resolve, steps_of
 from probekit.verdict import warnings_in
 
 HEADLINES = (
@@ -123,33 +124,29 @@ def compare_checkpoints(
     **options: Any,
 ) -> tuple[Path, dict[str, str]]:
     """``probekit compare``/``timeline``'s work: every checkpoint checked
-    (:func:`check_checkpoints`), the data :func:`~probekit.sources.default_data` picks for the
+    (:func:`check_checkpoints`), the data :func:`~probekit.sources.resolve` picks for the
     first checkpoint (``text``, ``dataset``, ``random_tokens``; they must share its
     vocabulary), then :func:`compare` on it at its positions. Returns the page and
     ``{name: error}`` of the checkpoints whose diagnosis failed (listed on the page too)."""
-    from probekit.model import load
-
     check_checkpoints(checkpoints)
-    first = next(iter(checkpoints.values()))
-    data, positions = default_data(
-        first,
+    first = resolve(
+        *locate(next(iter(checkpoints.values()))),
         text=text,
         dataset=dataset,
         random=random_tokens,
         n_sequences=n_sequences,
         seq_len=seq_len,
-        model=load(first, device="cpu"),
+        device="cpu",
     )
     title = "probekit timeline" if timeline else "probekit comparison"
-    label = data_source(first, data)
     return _compared(
         checkpoints,
-        data,
+        first.data,
         Path(out_dir),
         timeline=timeline,
         title=title,
-        data_label=label,
-        positions=positions,
+        data_label=first.description,
+        positions=first.positions,
         **options,
     )
 
@@ -374,24 +371,13 @@ def comparison_page(
     figs = [contribution_overlay(results), lens_overlay(results)]
     if steps is not None:
         figs.insert(0, timeline_figure(table, steps))
-    plots = "".join(
-        f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
-        for i, fig in enumerate(figs)
-    )
-    return (
-        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}"
-        "</title><style>body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;"
-        f"margin:2rem auto;max-width:{figures.MAX_WIDTH}px;padding:0 1.5rem;color:#222;"
-        "line-height:1.5}table{border-collapse:"
-        "collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;padding:.25rem .7rem;"
-        "text-align:left}.warnings{background:#fff8e6;border-left:4px solid #e0a000;"
-        f"padding:.6rem 1.2rem;margin:1rem 0}}</style></head><body><h1>{html.escape(title)}</h1>"
-        + (f"<p>Data: {html.escape(data_label)}</p>" if data_label else "")
+    body = (
+        (sub(f"Data: {data_label}") if data_label else "")
         + words.to_html(index=False, escape=False, border=0, na_rep="")
         + _warning_list(warnings)
-        + plots
-        + "</body></html>"
+        + "".join(figure_section(fig) for fig in figs)
     )
+    return html_page(title, body)
 
 
 def _warning_count(name: str, lines: Sequence[str]) -> str:

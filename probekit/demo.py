@@ -28,7 +28,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from probekit.io import atomic_write_text, swapped_directory
+from probekit.io import atomic_write_text
+from probekit.page import figure_html, html_page, side_by_side
 from probekit.progress import live, phase
 
 REFERENCE = {"symmetric": 0.5, "inferential": 0.8}
@@ -222,20 +223,13 @@ def run_demo(
     Everything is built in a temporary folder beside ``out`` and swapped in whole at the end, so
     ``out`` holds one complete demo (an older demo there is replaced; an interrupted or failed
     run leaves it as it was). A non-empty ``out`` that holds no demo is refused unless ``force``
-    (see :func:`probekit.io.check_out_dir`).
+    (see :func:`probekit.page.check_out_dir`).
     """
-    from probekit.errors import InputError
-    from probekit.io import check_out_dir  # before the report's imports: a wrong --out is quick
+    from probekit.page import check_out_dir, page_folder  # light: a wrong --out is quick
 
     out = check_out_dir(out, force=force, recognise=is_demo_folder, what="demo")
-    try:
-        with swapped_directory(out) as tmp:
-            _build_demo(tmp, quick, progress, images)
-    except OSError as err:
-        raise InputError(
-            f"could not write the demo to {out} ({err.strerror or err}); nothing changed",
-            fix="free disk space or choose another --out",
-        ) from err
+    with page_folder(out, "demo") as tmp:
+        _build_demo(tmp, quick, progress, images)
     return out / "index.html"
 
 
@@ -244,7 +238,8 @@ def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
     import plotly.offline
 
     from probekit.anchor.training import train_stack
-    from probekit.report import can_export_images, export_images, write_json
+    from probekit.page import can_export_images, write_json
+    from probekit.report import export_images
 
     phases = Phases(quiet=not progress)
     configs = reference_configs(quick)
@@ -310,9 +305,7 @@ def _card(name: str, result: dict[str, Any]) -> str:
     figure.layout.width = None  # the card's width, not the figure's own
     # the card's heading says what the figure is: a plotly title does not wrap in half a page
     figure.update_layout(height=420, autosize=True, title_text=None, margin_t=30)
-    plot = figure.to_html(
-        full_html=False, include_plotlyjs=False, default_width="100%", config={"responsive": True}
-    )
+    plot = figure_html(figure, fill=True)
     items = "".join(f"<li>{html.escape(line)}</li>" for line in result["verdict"])
     return (
         f"<div class='card'><h2><a href='{name}/report.html'>{html.escape(model_label(name))}"
@@ -327,30 +320,18 @@ def _card(name: str, result: dict[str, Any]) -> str:
 
 def _index_page(cards: list[str], quick: bool = False) -> str:
     """The demo's index.html: the two models side by side."""
-    banner = f"<p class='banner'>{html.escape(QUICK_BANNER)}</p>" if quick else ""
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>probekit demo</title>"
-        "<script src='plotly.min.js'></script>"
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:2rem auto;"
-        "line-height:1.5;color:#222}.cards{display:grid;grid-template-columns:1fr 1fr;gap:1.5rem}"
-        ".card{min-width:0;overflow:hidden}"
-        "table{border-collapse:collapse;font-size:.9rem}td,th{border-bottom:1px solid #ddd;"
-        "padding:.25rem .6rem;text-align:left}.banner{background:#fff4e0;border-left:4px solid "
-        "#e08a00;padding:.6rem 1.2rem}</style></head><body>"
-        + banner
-        + "<h1>probekit demo"
-        + (" (smoke run)" if quick else "")
-        + "</h1><p>Two 2-layer models trained on the anchor-function task, differing only in "
+    intro = (
+        "<p>Two 2-layer models trained on the anchor-function task, differing only in "
         "their initialization rate γ. On the held-out anchor pair (4,3) the inferential "
         "solution composes the two anchors' shifts (x−10); the symmetric one copies the "
-        "answer of the mirrored pair (3,4), x−6.</p><div class='cards'>"
-        + "".join(cards)
-        + "</div>"
-        # each figure drew itself while the page was parsed, before the second card existed
-        # and halved the first one's width: redraw both at their cards' widths
-        + "<script>window.addEventListener('load', () => document.querySelectorAll("
-        "'.js-plotly-plot').forEach(plot => Plotly.Plots.resize(plot)));</script>"
-        + "</body></html>"
+        "answer of the mirrored pair (3,4), x−6.</p>"
+    )
+    return html_page(
+        "probekit demo",
+        intro + side_by_side(cards),
+        heading="probekit demo" + (" (smoke run)" if quick else ""),
+        banner=QUICK_BANNER if quick else "",
+        plotly_src="plotly.min.js",
     )
 
 

@@ -11,18 +11,15 @@ Example:
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from probekit.errors import InputError
 
 
 def read_regular_file(path: str | os.PathLike, limit: int, what: str) -> bytes:
@@ -200,8 +197,15 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _owner_tag() -> str:
-    """``<host>.<pid>`` of this process, the host reduced to letters, digits and ``-``."""
+def owner_tag() -> str:
+    """``<host>.<pid>`` of this process, the host reduced to letters, digits and ``-``: the
+    owner part of the name of a :func:`temp_folder`.
+
+    Example:
+        >>> import os
+        >>> owner_tag().endswith(f".{os.getpid()}")
+        True
+    """
     return f"{re.sub(r'[^A-Za-z0-9-]', '-', this_host())}.{os.getpid()}"
 
 
@@ -210,7 +214,7 @@ def temp_folder(path: Path, suffix: str = ".tmp") -> Path:
     its name lets :func:`remove_stale_temporaries` tell a dead process's folder from a live
     one's."""
     return Path(
-        tempfile.mkdtemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=suffix, dir=path.parent)
+        tempfile.mkdtemp(prefix=f".{path.name}.{owner_tag()}.", suffix=suffix, dir=path.parent)
     )
 
 
@@ -229,7 +233,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     pattern = re.compile(
         rf"^\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[^.]+\.tmp$"
     )
-    host = _owner_tag().rsplit(".", 1)[0]
+    host = owner_tag().rsplit(".", 1)[0]
     removed = []
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         match = pattern.match(tmp.name)
@@ -279,119 +283,3 @@ def swapped_directory(path: str | os.PathLike) -> Iterator[Path]:
             except OSError:
                 break
         raise
-
-
-def is_report_folder(path: str | os.PathLike) -> bool:
-    """Whether the folder ``path`` holds a report probekit wrote: a summary.json with the
-    ``model``, ``verdict`` and ``headline`` of a diagnosis.
-
-    Example:
-        >>> import tempfile
-        >>> is_report_folder(tempfile.mkdtemp())
-        False
-    """
-    summary = Path(path) / "summary.json"
-    try:
-        if not summary.resolve().is_file() or summary.stat().st_size > 2**26:
-            return False
-        value = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
-        return False
-    return isinstance(value, dict) and {"model", "verdict", "headline"} <= set(value)
-
-
-def _check_degenerate(text: str, resolved: Path, protect: Iterable[Any]) -> None:
-    """Refuse an output folder whose replacement would delete something it must not."""
-    if len(os.fsencode(resolved.name)) > 200:
-        raise InputError(
-            f"--out name {resolved.name[:40]}... is too long", fix="use a shorter name"
-        )
-    cwd, home = Path.cwd().resolve(), Path.home().resolve()
-    for what, held in (("the current folder", cwd), ("your home folder", home)):
-        if resolved == held or resolved in held.parents:
-            raise InputError(
-                f"--out {text} is {what} or a folder above it, which probekit would replace whole",
-                fix="name a new folder for the output, e.g. --out report/",
-            )
-    for item in protect:
-        if item is None or not str(item):
-            continue
-        held = Path(item).resolve()
-        if resolved == held or resolved in held.parents:
-            raise InputError(
-                f"--out {text} holds {item}, an input that replacing the folder would delete",
-                fix="write the output to a folder of its own, e.g. --out report/",
-            )
-
-
-def _check_parent_writable(text: str, resolved: Path) -> None:
-    """Refuse an output folder that lies under a file or in a folder that cannot be written."""
-    ancestor = resolved.parent
-    while not os.path.lexists(ancestor):
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(
-            f"--out {text} lies under {ancestor}, which is a file, not a folder",
-            fix="choose an output folder that is not below a file",
-        )
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise InputError(
-            f"cannot create --out {text}: {ancestor} is not writable (read-only filesystem or no "
-            "permission)",
-            fix="choose an output folder you can write to",
-        )
-
-
-def check_out_dir(
-    out: str | os.PathLike,
-    *,
-    force: bool = False,
-    protect: Iterable[Any] = (),
-    recognise: Callable[[Path], bool] = is_report_folder,
-    what: str = "report",
-) -> Path:
-    """Check, before any work, that ``out`` can receive a folder of output swapped in whole.
-
-    Refuses (:class:`~probekit.errors.InputError`) an empty or degenerate name; ``/``, the
-    current or home folder or a folder above them; a folder holding one of ``protect`` (the
-    checkpoint, the text); an existing file, pipe or dangling link; a path under a file or in an
-    unwritable folder; and, unless ``force``, a non-empty folder that ``recognise`` does not
-    take for probekit output of this kind (``what``). Returns ``out`` as a Path.
-
-    Lives here, not in :mod:`probekit.report`, so a wrong ``--out`` is refused before the
-    report's imports (torch, the analyses) load.
-
-    Example:
-        >>> import tempfile
-        >>> check_out_dir(Path(tempfile.mkdtemp()) / "report").name
-        'report'
-    """
-    text = os.fspath(out)
-    if not text.strip() or "\0" in text:
-        raise InputError(
-            f"--out {text!r} is not a folder name", fix="name a folder, e.g. --out report/"
-        )
-    path = Path(text)
-    resolved = path.resolve()
-    _check_degenerate(text, resolved, protect)
-    if os.path.lexists(path) and not path.is_dir():
-        raise InputError(
-            f"--out {text} exists and is not a folder (a file, pipe or dangling link)",
-            fix="choose a new folder name, or delete the file",
-        )
-    _check_parent_writable(text, resolved)
-    if path.is_dir() and not force:
-        try:
-            empty = not any(path.iterdir())
-        except OSError as err:
-            raise InputError(
-                f"cannot read --out {text} ({err.strerror or err})",
-                fix="choose an output folder you can read and write",
-            ) from err
-        if not empty and not recognise(path):
-            raise InputError(
-                f"--out {text} is a non-empty folder that holds no probekit {what}",
-                fix="choose an empty or new folder, or pass --force to replace it whole "
-                "(its files are deleted)",
-            )
-    return path

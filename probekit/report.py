@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import gzip
 import html
-import json
 import os
-import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from probekit import figures
 from probekit.analyses import (
     contributions,
     gradient_norms,
@@ -41,21 +37,28 @@ from probekit.analyses import (
 from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, as_lens, compare_lenses, tuned_lens
 from probekit.data import Data
-from probekit.errors import InputError, NumericalError
+from probekit.errors import NumericalError
 from probekit.interventions import InterventionSetting
-from probekit.io import (
-    atomic_write_bytes,
-    atomic_write_text,
-    check_out_dir,
-    is_report_folder,
-    swapped_directory,
-)
+from probekit.io import atomic_write_bytes, atomic_write_text
 from probekit.model import Model, load
+from probekit.page import (
+    can_export_images,
+    check_out_dir,
+    export_figures,
+    export_or_warn,
+    figure_html,
+    html_page,
+    is_report_folder,
+    missing_for_images,
+    page_folder,
+    sub,
+    write_json,
+)
 from probekit.progress import bar as progress_bar
 from probekit.progress import expect, phase, step
 from probekit.report_text import TITLES, conclusion, explanation, heading
-from probekit.result import SIDECAR_CELLS, Result, json_ready, summary_table
-from probekit.sources import N_SEQUENCES, SEQ_LEN, DatasetChoice, data_source, default_data
+from probekit.result import SIDECAR_CELLS, Result, summary_table
+from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
@@ -138,60 +141,65 @@ def diagnose(
     return Diagnosis(repr(model), results, verdict, headline, meta, not_defined)
 
 
-def diagnose_checkpoint(
-    path: str,
-    out_dir: str | os.PathLike,
-    *,
-    text: str | None = None,
-    dataset: DatasetChoice | None = None,
-    random_tokens: bool = False,
-    n_sequences: int = N_SEQUENCES,
-    seq_len: int = SEQ_LEN,
-    seed: int = 0,
-    device: str | None = None,
-    dtype: str = "stored",
-    device_map: str | None = None,
-    positions: str = "auto",
-    tuned_lens: bool = False,
-    images: bool = True,
-    label: str | None = None,
-    **options: Any,
-) -> tuple[Diagnosis, Path]:
-    """``probekit diagnose``'s work: load the checkpoint folder ``path`` (``dtype`` "stored" or a
-    torch dtype name; on ``device`` or spread by ``device_map``), :func:`diagnose` it on the
-    data :func:`~probekit.sources.default_data` picks (``text``, ``dataset``,
-    ``random_tokens``, ``n_sequences``, ``seq_len``, ``seed``) at its positions (or
-    ``positions`` unless "auto"), and save the report into ``out_dir`` (checked with
-    :func:`check_out_dir`) with :func:`save_report`. ``tuned_lens`` without a ``lens`` fits one
-    on data kept apart; ``options`` go to :func:`diagnose`. The meta names the checkpoint
-    (``label``, e.g. the Hub name the folder was resolved from, and the folder), the data's
-    source and the dtype. Returns the diagnosis and the page."""
-    import torch
+@dataclass(frozen=True)
+class DiagnosisSettings:
+    """How :func:`diagnose_checkpoint` diagnoses a :class:`~probekit.sources.Source` (what is
+    read, where it runs and in which dtype are the source's, :func:`probekit.sources.resolve`).
 
-    text = text or None
-    model = load(
-        path,
-        device=device,
-        dtype=None if dtype == "stored" else getattr(torch, dtype),
-        device_map=device_map,
+    ``pairs``, ``n_bootstrap``, ``batch_size``, ``progress``, ``lens``, ``lens_steps``,
+    ``variants_per_pass`` and ``autocast`` go to :func:`diagnose` (its defaults; ``lens``
+    reads a fitted tuned lens, which wins over the source's ``lens_data``), ``intervention``
+    as its ``setting`` (how to intervene and reduce,
+    :class:`~probekit.interventions.InterventionSetting`);
+    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
+    """
+
+    pairs: str = "adjacent"
+    n_bootstrap: int = 100
+    batch_size: int | None = None
+    progress: bool = False
+    intervention: InterventionSetting = InterventionSetting()
+    lens: TunedLens | str | os.PathLike | None = None
+    lens_steps: int | None = None
+    variants_per_pass: int | None = 1
+    autocast: str | None = None
+    images: bool = True
+
+
+def diagnose_checkpoint(
+    source: Source, settings: DiagnosisSettings, out_dir: str | os.PathLike
+) -> tuple[Diagnosis, Path]:
+    """``probekit diagnose``'s work: :func:`diagnose` the ``source`` (its model on its data at
+    its positions; a tuned lens fitted on its ``lens_data`` unless ``settings.lens`` names one)
+    with ``settings``, and save the report into ``out_dir`` (checked with
+    :func:`check_out_dir`) with :func:`save_report`. The meta names the checkpoint (the
+    source's label, e.g. the Hub name the folder was resolved from, and the folder), the data's
+    source and the dtype. Returns the diagnosis and the page."""
+    diagnosis = diagnose(
+        source.model,
+        source.data,
+        pairs=settings.pairs,
+        n_bootstrap=settings.n_bootstrap,
+        positions=source.positions,
+        batch_size=settings.batch_size,
+        progress=settings.progress,
+        setting=settings.intervention,
+        lens=settings.lens,
+        lens_data=source.lens_data,
+        lens_steps=settings.lens_steps,
+        variants_per_pass=settings.variants_per_pass,
+        autocast=settings.autocast,
+        data_source=source.description,
     )
-    source = dict(text=text, dataset=dataset, random=random_tokens, model=model)
-    source.update(n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    data, data_positions = default_data(path, **source)
-    if tuned_lens and options.get("lens") is None:  # a lens is fitted on other data than it reads
-        options["lens_data"], _ = default_data(path, **source, purpose="fit")
-    chosen = data_positions if positions == "auto" else positions
-    source_words = data_source(path, data, seed=seed)
-    diagnosis = diagnose(model, data, positions=chosen, data_source=source_words, **options)
-    folder = os.path.abspath(path)
+    folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
-        "checkpoint": f"{label} (snapshot {folder})" if label else folder,
-        "data_source": source_words,
-        "dtype": dtype,
+        "checkpoint": f"{source.label} (snapshot {folder})" if source.label else folder,
+        "data_source": source.description,
+        "dtype": source.dtype,
         **{k: v for k, v in diagnosis.meta.items() if k != "data_source"},
     }
-    title = f"probekit depth diagnosis: {label or path}"
-    page, _ = save_report(diagnosis, out_dir, title=title, images=images)
+    title = f"probekit depth diagnosis: {source.label or source.checkpoint}"
+    page, _ = save_report(diagnosis, out_dir, title=title, images=settings.images)
     return diagnosis, page
 
 
@@ -300,31 +308,6 @@ def _run(
     return results, not_defined
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-{plotly}
-<style>
-body {{ font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
-       max-width: {page_width}px; padding: 0 1.5rem; color: #222; line-height: 1.5; }}
-h1 {{ font-size: 1.7rem; margin-bottom: .2rem; }}
-.sub {{ color: #666; margin-top: 0; }}
-.banner {{ background: #fff4e0; border-left: 4px solid #e08a00; padding: .6rem 1.2rem; }}
-.verdict {{ background: #f4f7fb; border-left: 4px solid #1f77b4; padding: .8rem 1.2rem; }}
-.verdict li {{ margin: .3rem 0; }}
-.conclusion {{ font-weight: 600; }}
-.explain {{ color: #444; }}
-table {{ border-collapse: collapse; font-size: .9rem; }}
-td, th {{ border-bottom: 1px solid #ddd; padding: .25rem .8rem; text-align: left; }}
-section {{ margin-top: 2.2rem; }}
-</style></head><body>
-{banner}<h1>{title}</h1><p class="sub">{model}</p>{data}
-<div class="verdict"><strong>Verdict</strong><ul>{verdict}</ul></div>
-<details><summary>What was measured</summary>{meta}</details>
-{sections}
-</body></html>
-"""
-
-
 def _details_table(result: Result) -> str:
     """A readable table of per-matrix statistics where a result has them (condensation)."""
     stats = getattr(result, "stats", None)
@@ -347,7 +330,7 @@ def _data_line(meta: dict[str, Any]) -> str:
     size = ""
     if meta.get("n_sequences") is not None and meta.get("seq_len") is not None:
         size = f" ({meta['n_sequences']} sequences of up to {meta['seq_len']} tokens)"
-    return f'<p class="sub">Data: {html.escape(str(source) + size)}</p>'
+    return sub(f"Data: {source}{size}")
 
 
 def _meta_table(meta: dict[str, Any]) -> str:
@@ -412,35 +395,36 @@ def write_report(
 
     ``banner`` is shown above the title (e.g. "smoke run"). plotly.js is embedded once in the
     page, or read from ``plotly_src`` (a relative path, e.g. ``../plotly.min.js`` shared by the
-    reports of a demo) when given.
+    reports of a demo) when given (:func:`probekit.page.html_page`).
     """
-    import plotly.offline
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sections = []
     for name, result in diagnosis.results.items():
         result.save(out / f"{name}.json")
         write_csv(result, out / f"{name}.csv")
-        figure = _figure(name, diagnosis.results).to_html(full_html=False, include_plotlyjs=False)
-        sections.append(_section(name, result, figure))
+        sections.append(_section(name, result, figure_html(_figure(name, diagnosis.results))))
     sections += [_undefined_section(name, why) for name, why in diagnosis.not_defined.items()]
-    script = (
-        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
-        if plotly_src is None
-        else f'<script src="{html.escape(plotly_src)}"></script>'
+    body = "\n".join([_top(diagnosis), *sections])
+    write_json(out / "summary.json", _summary(diagnosis))
+    text = html_page(title, body, banner=banner, plotly_src=plotly_src)
+    return atomic_write_text(out / "report.html", text)
+
+
+def _top(diagnosis: Diagnosis) -> str:
+    """What a report says under its title, before the sections: the model, the data, the
+    verdict and what was measured."""
+    verdict = "".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict)
+    return (
+        sub(diagnosis.model)
+        + _data_line(diagnosis.meta)
+        + f'\n<div class="verdict"><strong>Verdict</strong><ul>{verdict}</ul></div>\n'
+        + f"<details><summary>What was measured</summary>{_meta_table(diagnosis.meta)}</details>"
     )
-    page = _PAGE.format(
-        page_width=figures.MAX_WIDTH,  # the widest figure fits the page's column
-        title=html.escape(title),
-        model=html.escape(diagnosis.model),
-        data=_data_line(diagnosis.meta),
-        plotly=script,
-        banner=f"<p class='banner'>{html.escape(banner)}</p>" if banner else "",
-        verdict="".join(f"<li>{html.escape(line)}</li>" for line in diagnosis.verdict),
-        meta=_meta_table(diagnosis.meta),
-        sections="\n".join(sections),
-    )
+
+
+def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
+    """The contents of a report's summary.json: the model, verdict, headline and meta."""
     summary = {
         "model": diagnosis.model,
         "verdict": diagnosis.verdict,
@@ -449,8 +433,7 @@ def write_report(
     }
     if diagnosis.not_defined:
         summary["not_defined"] = diagnosis.not_defined
-    write_json(out / "summary.json", summary)
-    return atomic_write_text(out / "report.html", page)
+    return summary
 
 
 def _figure(name: str, results: dict[str, Result]) -> Any:
@@ -469,109 +452,38 @@ def save_report(
     images: bool = True,
 ) -> tuple[Path, bool]:
     """Write the whole report (:func:`write_report`, and :func:`export_images` when ``images``
-    and they can be made) into a temporary folder beside ``out_dir``, then swap it in whole.
+    and they can be made) into a temporary folder beside ``out_dir``, then swap it in whole
+    (:func:`probekit.page.page_folder`).
 
     ``out_dir`` thus always holds one complete report: files of an older report there are gone,
     and a failure (disk full) leaves the older report as it was and no temporary folder; it is
-    raised as one :class:`~probekit.errors.InputError`. Returns the page and whether images
-    were made.
+    raised as one :class:`~probekit.errors.InputError`. A failing image renderer is one
+    warning (:func:`probekit.page.export_or_warn`). Returns the page and whether images were
+    made.
     """
-    made = False
-    try:
-        with swapped_directory(out_dir) as tmp:
-            write_report(diagnosis, tmp, title=title)
-            made = images and can_export_images()
-            if made:
-                made = _export_or_warn(diagnosis, tmp)
-    except OSError as err:
-        raise InputError(
-            f"could not write the report to {out_dir} ({err.strerror or err}); nothing changed",
-            fix="free disk space or choose another --out",
-        ) from err
+    with page_folder(out_dir, "report") as tmp:
+        write_report(diagnosis, tmp, title=title)
+        made = images and can_export_images()
+        if made:
+            made = export_or_warn(partial(export_images, diagnosis, tmp))
     return Path(out_dir) / "report.html", made
 
 
-def _export_or_warn(diagnosis: Diagnosis, out_dir: Path) -> bool:
-    """:func:`export_images`; a failing renderer is one warning (the HTML report stands)."""
-    try:
-        export_images(diagnosis, out_dir)
-    except OSError:
-        raise
-    except Exception as err:  # kaleido/Chromium raise many types; the HTML figures suffice
-        message = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        print(f"probekit: warning: no PNG/SVG images ({message})", file=sys.stderr)
-        return False
-    return True
-
-
-def write_json(path: str | os.PathLike, value: Any) -> Path:
-    """Write ``value`` (numpy / torch scalars allowed) as indented JSON, atomically.
-
-    Example:
-        >>> import tempfile, torch
-        >>> path = write_json(Path(tempfile.mkdtemp()) / "a.json", {"share": torch.tensor(0.5)})
-        >>> json.loads(path.read_text())
-        {'share': 0.5}
-    """
-    return atomic_write_text(path, json.dumps(json_ready(value), indent=1))
-
-
-def _chromium_available() -> bool:
-    return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
-
-
-def can_export_images() -> bool:
-    """Whether :func:`export_images` can run here: kaleido and a Chrome/Chromium are present."""
-    import importlib.util
-
-    return _chromium_available() and importlib.util.find_spec("kaleido") is not None
-
-
-def missing_for_images() -> str | None:
-    """What PNG/SVG export lacks here, in words with the install command; ``None``: nothing.
-
-    Example:
-        >>> missing_for_images() is None or "install" in missing_for_images()
-        True
-    """
-    import importlib.util
-
-    lacks = []
-    if importlib.util.find_spec("kaleido") is None:
-        lacks.append('the kaleido package (pip install -e ".[png]", or pip install kaleido)')
-    if not _chromium_available():
-        lacks.append("a Chrome/Chromium browser (e.g. apt-get install chromium)")
-    return " and ".join(lacks) or None
-
-
 def export_images(diagnosis: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
-    """PNG and SVG copies of every figure (kaleido with a Chrome/Chromium), written atomically.
-
-    All images are rendered in one browser session into a temporary folder beside ``out_dir``
-    and then renamed into place.
-    """
-    import tempfile
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    names = [f"{name}.{suffix}" for name in diagnosis.results for suffix in ("png", "svg")]
-    figs = [_figure(name, diagnosis.results) for name in diagnosis.results for _ in ("png", "svg")]
-    # each figure at its own size (kaleido renders at 700 x 500 unless told, clipping titles)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".images.") as tmp:
-        figures.write_images(figs, [Path(tmp) / name for name in names])
-        written = []
-        for name in names:
-            os.replace(Path(tmp) / name, out / name)
-            written.append(out / name)
-    return written
+    """PNG and SVG copies of every figure of the report
+    (:func:`probekit.page.export_figures`), written atomically."""
+    figs = {name: _figure(name, diagnosis.results) for name in diagnosis.results}
+    return export_figures(figs, out_dir)
 
 
 __all__ = [
     "ANALYSES",
     "Diagnosis",
+    "DiagnosisSettings",
     "can_export_images",
     "check_out_dir",
     "diagnose",
+    "diagnose_checkpoint",
     "export_images",
     "measured",
     "missing_for_images",

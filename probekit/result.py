@@ -218,6 +218,19 @@ def result_class(kind: Any, path: str | os.PathLike = "the file") -> type[Result
     return klass
 
 
+def registered_results() -> dict[str, type[Result]]:
+    """Every Result class registered so far, by kind: :class:`Result` itself and the classes
+    of the modules imported until now (a Result subclass registers itself when its module is
+    imported; :func:`result_class` imports the one of a kind in :data:`RESULT_MODULES`).
+
+    Example:
+        >>> import probekit.analyses.depth.contributions
+        >>> registered_results()["contributions"].__name__
+        'ContributionResult'
+    """
+    return dict(_REGISTRY)
+
+
 RESULT_FILE_BYTES = 1 << 30
 """The largest result JSON (or its .npz) :meth:`Result.load` reads: far above what probekit
 writes, and a bound that a device file or a runaway file cannot pass."""
@@ -464,9 +477,14 @@ _VALUE_WORDS = {"blocks": layer_ranges, "permutable_blocks": layer_ranges}
 """Summary keys whose values read better in their own words than as a flat list."""
 
 
-def _shown_rows(summary: dict[str, Any], kind: str | None = None) -> list[tuple[str, str]]:
-    """``(label, value)`` per summary key, in words; a ``<key>_<measure>`` that repeats
-    ``<key>`` for the summary's own ``measure`` is shown once."""
+def shown_rows(summary: dict[str, Any], kind: str | None = None) -> list[tuple[str, str]]:
+    """``(label, value)`` per summary key, in words (the rows of :func:`summary_table`); a
+    ``<key>_<measure>`` that repeats ``<key>`` for the summary's own ``measure`` is shown once.
+
+    Example:
+        >>> shown_rows({"clean_loss": 2.0})
+        [('loss of the unmodified model (nats)', '2')]
+    """
     measure = summary.get("measure")
     rows = []
     for key, value in summary.items():
@@ -492,7 +510,7 @@ def summary_table(summary: dict[str, Any], limit: int = 40, kind: str | None = N
     """
     rows = [
         f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
-        for label, value in _shown_rows(json_ready(summary), kind)
+        for label, value in shown_rows(json_ready(summary), kind)
     ]
     head, rest = rows[:limit], rows[limit:]
     more = (

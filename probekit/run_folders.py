@@ -2,7 +2,7 @@
 
 Every checkpoint probekit writes holds ``run_config.json`` with a ``kind`` field: ``"anchor"``
 (a run of :func:`probekit.anchor.train` on an anchor task) or ``"lm"`` (a run of
-:func:`probekit.training.lm.train_lm` on the byte corpus). Folders written before the ``kind``
+:func:`probekit.lm.train_lm` on the byte corpus). Folders written before the ``kind``
 field (anchor: the TrainConfig fields with a ``"task"`` key; LM: ``{"lm": {...}}``) read the
 same way.
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from probekit.anchor import AnchorTask, TrainConfig
 from probekit.errors import ConfigError
+from probekit.lm.config import LMConfig
 from probekit.training.checkpoint import KINDS, RUN_CONFIG, read_run_config
-from probekit.training.lm import LMConfig
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,12 @@
 """Where a diagnosis gets its checkpoint and its data, chosen from what trained the checkpoint.
 
-:func:`checkpoint_of` lets a probekit run folder stand for its checkpoint folder;
-:func:`check_diagnose_inputs`, :func:`checkpoint_to_diagnose` and :func:`checkpoints_below` check
-a checkpoint path before anything is loaded. :func:`default_data` picks the data: the task's test
-data for probekit anchor runs (read at the last position), the validation text of the corpus for
-probekit LM runs, a text file tokenized with the model's tokenizer, or tokens drawn uniformly from
-the vocabulary; :func:`data_source` says in words which. ``probekit diagnose``
-(:func:`probekit.report.diagnose_checkpoint`), the demo and notebooks use these; the run folder
-itself is read by :func:`probekit.run_folders.load_run`.
+:func:`locate` lets a probekit run folder stand for its checkpoint folder and reads the run;
+:func:`check_diagnose_inputs` and :func:`checkpoint_to_diagnose` check a checkpoint path before
+anything is loaded. :func:`default_data` picks the data: the task's test data for anchor runs
+(read at the last position), the corpus's validation text for LM runs, a text file or data set
+tokenized with the model's tokenizer, or tokens drawn from the vocabulary; :func:`data_source`
+says in words which. :func:`resolve` gathers it all, once, into the :class:`Source` of one
+diagnosis (:func:`probekit.report.diagnose_checkpoint`, ``probekit diagnose``).
 
 Example:
     >>> import tempfile
@@ -37,15 +36,21 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import difflib
-import json
+import functools
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probekit.errors import CheckpointError, InputError, ProbekitWarning
-from probekit.model.hub import hub_name, resolve
+from probekit.model.hub import hub_name
+from probekit.model.hub import resolve as resolve_hub_name
+
+if TYPE_CHECKING:
+    from probekit.data import Data
+    from probekit.model import Model
+    from probekit.run_folders import RunInfo
 
 N_SEQUENCES = 32
 """Sequences of data :func:`default_data` cuts when the run does not fix them."""
@@ -62,20 +67,30 @@ RUN_CONFIG_PLACES = ("", "checkpoint", "final", "checkpoint.previous")
 """Where :func:`probekit.run_folders.load_run` looks for :data:`RUN_CONFIG` under a path."""
 
 
-def checkpoint_of(path: str | os.PathLike) -> str:
-    """The checkpoint folder ``path`` stands for: a probekit run folder stands for its
-    checkpoint folder (``checkpoint/``, or ``final/`` of a finished LM run); any other path (a
-    checkpoint folder, a Hugging Face model directory) stands for itself. A folder with no
-    :data:`RUN_CONFIG` in any of :data:`RUN_CONFIG_PLACES` is no run: answered without
-    importing the run reader (which imports torch)."""
+def locate(path: str | os.PathLike) -> tuple[str, RunInfo | None]:
+    """The checkpoint folder ``path`` stands for, and the probekit run that wrote it (None: no
+    run), read once (:func:`probekit.run_folders.load_run`): a run folder stands for its
+    ``checkpoint/`` (``final/`` of a finished LM run), any other path for itself. A folder with
+    no :data:`RUN_CONFIG` in :data:`RUN_CONFIG_PLACES` is no run: answered without importing
+    the run reader (which imports torch).
+
+    Example:
+        >>> locate("no/such/folder")
+        ('no/such/folder', None)
+    """
     if not any((Path(path) / place / RUN_CONFIG).is_file() for place in RUN_CONFIG_PLACES):
-        return os.fspath(path)
+        return os.fspath(path), None
     from probekit.run_folders import load_run
 
     run = load_run(path)
     if run is None or run.path == Path(path):
-        return os.fspath(path)
-    return str(run.path)
+        return os.fspath(path), run
+    return str(run.path), run
+
+
+def checkpoint_of(path: str | os.PathLike) -> str:
+    """The checkpoint folder ``path`` stands for (:func:`locate`)."""
+    return locate(path)[0]
 
 
 TEXT_CHECK_BYTES = 1 << 20
@@ -131,46 +146,6 @@ def check_text_file(text: str | os.PathLike) -> str | None:
     return None
 
 
-def checkpoints_below(
-    path: str | os.PathLike, limit: int = 10, depth: int = 4, max_folders: int = 2000
-) -> list[Path]:
-    """Checkpoint folders (those holding a config.json) below the folder ``path``.
-
-    Searches ``depth`` levels down, skipping hidden folders (an interrupted save's
-    ``.checkpoint.*`` among them) and visiting at most ``max_folders``; returns at most ``limit``
-    folders, shallowest first. The default depth of 4 is the deepest place probekit itself
-    writes a checkpoint: a sweep keeps each stacked run's at ``OUT/stacks/<group>/checkpoint/
-    <run>/``, so a sweep's folder (and a folder of runs, ``runs/<run>/checkpoint/``) lists them.
-
-    Example:
-        >>> import tempfile
-        >>> root = Path(tempfile.mkdtemp())
-        >>> (root / "runs" / "a" / "checkpoint").mkdir(parents=True)
-        >>> _ = (root / "runs" / "a" / "checkpoint" / "config.json").write_text("{}")
-        >>> [p.relative_to(root).as_posix() for p in checkpoints_below(root)]
-        ['runs/a/checkpoint']
-    """
-    found: list[Path] = []
-    level, visited = [Path(path)], 0
-    for _ in range(depth):
-        below = []
-        for folder in level:
-            try:
-                children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
-            except OSError:
-                continue
-            for child in children:
-                visited += 1
-                if visited > max_folders or len(found) >= limit:
-                    return found
-                if child.is_dir() and not child.is_symlink():
-                    below.append(child)
-                    if (child / "config.json").is_file():
-                        found.append(child)
-        level = below
-    return found
-
-
 def steps_of(paths: Sequence[str | os.PathLike]) -> list[int | None]:
     """The training step each checkpoint path names (``step100``, ``checkpoint-100``, a Hub
     revision ``@step100``), or ``None``.
@@ -211,7 +186,7 @@ def checkpoints_to_compare(
                 f"checkpoint path {item} does not exist",
                 fix="pass Hugging Face model directories or Hub names (org/name[@revision])",
             )
-        folder = item if os.path.lexists(item) else os.fspath(resolve(item))
+        folder = item if os.path.lexists(item) else os.fspath(resolve_hub_name(item))
         check_checkpoint_folder(folder)
         folders.append(checkpoint_of(folder))
     return dict(zip(_names(items, names), folders, strict=True))
@@ -246,7 +221,9 @@ def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> l
             )
         return [f"{items[0]}@{rev.strip()}" for rev in revisions]  # each checked as a name
     if run and len(items) == 1 and os.path.isdir(items[0]):
-        if not any((Path(items[0]) / m).exists() for m in CHECKPOINT_MARKERS):
+        from probekit.model.checkpoint import checkpoints_below, is_checkpoint_folder
+
+        if not is_checkpoint_folder(items[0]):
             found = [os.fspath(p) for p in checkpoints_below(items[0], limit=10_000)]
             steps = steps_of(found)
             order = sorted(range(len(found)), key=lambda i: (steps[i] is None, steps[i] or 0))
@@ -345,15 +322,18 @@ def check_diagnose_inputs(
 
 def checkpoint_to_diagnose(
     model: str | os.PathLike, *, text: str | os.PathLike | None = None
-) -> tuple[str, list[str]]:
-    """The checkpoint folder ``model`` stands for (:func:`checkpoint_of`; a Hugging Face Hub
-    name stands for its snapshot in the local cache, downloaded when allowed), checked
-    (:func:`check_checkpoint_folder`, and ``text`` with :func:`check_text_file`), and the lines
-    to show the user: ``"warning: ..."`` for a text that is not UTF-8, ``"notice: ignored ..."``
-    per file of the checkpoint probekit ignores (:func:`ignored_files`)."""
+) -> tuple[str, RunInfo | None, list[str]]:
+    """The checkpoint folder ``model`` stands for and the run that wrote it (:func:`locate`; a
+    Hugging Face Hub name stands for its snapshot in the local cache, downloaded when allowed),
+    checked (:func:`check_checkpoint_folder`, and ``text`` with :func:`check_text_file`), and
+    the lines to show the user: ``"warning: ..."`` for a text that is not UTF-8, ``"notice:
+    ignored ..."`` per file of the checkpoint probekit ignores
+    (:func:`probekit.model.checkpoint.ignored_files`)."""
+    from probekit.model.checkpoint import ignored_files
+
     if not os.path.lexists(model):  # a Hub name (check_diagnose_inputs): its cached snapshot
-        model = os.fspath(resolve(os.fspath(model)))
-    path = checkpoint_of(model)
+        model = os.fspath(resolve_hub_name(os.fspath(model)))
+    path, run = locate(model)
     check_checkpoint_folder(path)
     warning = check_text_file(text) if text is not None else None
     lines = [f"warning: {warning}"] if warning else []
@@ -362,11 +342,7 @@ def checkpoint_to_diagnose(
             f"notice: {model} has no checkpoint/ (a save was interrupted between its two "
             f"renames); using the complete {path} (probekit train --out {model} puts it back)"
         )
-    return path, lines + [f"notice: ignored {line}" for line in ignored_files(path)]
-
-
-CHECKPOINT_MARKERS = ("config.json", "modules.json")
-"""Files that make a folder a checkpoint of its own (transformers, sentence-transformers)."""
+    return path, run, lines + [f"notice: ignored {line}" for line in ignored_files(path)]
 
 
 def check_checkpoint_folder(path: str | os.PathLike) -> None:
@@ -375,9 +351,10 @@ def check_checkpoint_folder(path: str | os.PathLike) -> None:
 
     Any other path is left to :func:`probekit.load`, which says what is wrong with it.
     """
+    from probekit.model.checkpoint import checkpoints_below, is_checkpoint_folder
+
     folder = Path(path)
-    # a sentence-transformers folder may keep its transformer in a subfolder (0_Transformer/)
-    if not folder.is_dir() or any((folder / name).exists() for name in CHECKPOINT_MARKERS):
+    if not folder.is_dir() or is_checkpoint_folder(folder):
         return
     leftovers = sorted(p.name for p in folder.glob(".checkpoint.*") if p.is_dir())
     if leftovers and not (folder / "checkpoint").exists():
@@ -395,62 +372,92 @@ def check_checkpoint_folder(path: str | os.PathLike) -> None:
         )
 
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-"""File suffixes of pickled weights, which probekit never unpickles."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Source:
+    """What one diagnosis reads, resolved once by :func:`resolve`: the ``checkpoint`` folder,
+    the probekit ``run`` that wrote it (None: none), the ``model`` loaded from it in ``dtype``
+    (``"stored"`` or a torch dtype name), the ``data``, the ``positions`` they are read at
+    (``"last"``: an anchor task's answer; ``"all"``), their ``description`` in words (in the
+    report; :func:`is_random_tokens` reads it), the ``lens_data`` kept apart to fit a tuned lens
+    on (None: none asked) and the ``label`` of a checkpoint that is no folder (a Hub name)."""
+
+    checkpoint: str
+    run: RunInfo | None
+    model: Model
+    data: Data
+    positions: str
+    description: str
+    lens_data: Data | None = None
+    label: str | None = None
+    dtype: str = "stored"
 
 
-def _small_json(path: Path) -> Any:
-    """The JSON in ``path`` if it is a regular file under 16 MB that parses, else None."""
-    try:
-        if not path.resolve().is_file() or path.stat().st_size > 16 * 2**20:
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
-        return None
-
-
-def _ignored_file(path: Path) -> str | None:
-    """Why probekit ignores the file ``path`` of a checkpoint folder, or None."""
-    if path.suffix in PICKLE_SUFFIXES:
-        return f"{path.name} (pickled weights: probekit loads only safetensors, never unpickles)"
-    if path.suffix == ".py":
-        return f"{path.name} (custom model code: never imported)"
-    if path.name.endswith(".index.json"):
-        index = _small_json(path)
-        shards = index.get("weight_map") if isinstance(index, dict) else None
-        shards = set(shards.values()) if isinstance(shards, dict) else set()
-        pickled = sorted(str(s) for s in shards if not str(s).endswith(".safetensors"))
-        if pickled or not path.name.endswith(".safetensors.index.json"):
-            return f"{path.name} (a sharded index of pickled weights {pickled}: never unpickled)"
-    return None
-
-
-def ignored_files(path: str | os.PathLike) -> list[str]:
-    """The files of the checkpoint folder ``path`` that probekit ignores, one line each.
-
-    Pickled weights (``pytorch_model.bin`` and the like, also when a sharded index names them)
-    are never unpickled, and custom code (``*.py``, ``auto_map`` in config.json or
-    tokenizer_config.json) is never imported or run; ``probekit diagnose`` prints a notice for
-    each.
+def resolve(
+    checkpoint: str | os.PathLike,
+    run: RunInfo | None,
+    *,
+    text: str | os.PathLike | None = None,
+    dataset: DatasetChoice | None = None,
+    random: bool = False,
+    n_sequences: int = N_SEQUENCES,
+    seq_len: int = SEQ_LEN,
+    seed: int = 0,
+    positions: str = "auto",
+    tuned_lens: bool = False,
+    device: str | None = None,
+    dtype: str = "stored",
+    device_map: str | None = None,
+    label: str | None = None,
+) -> Source:
+    """The :class:`Source` of a diagnosis of the checkpoint folder ``checkpoint`` written by the
+    run ``run``, as :func:`locate` gives them (the run folder is not read again): the checkpoint
+    loaded (in ``dtype``, on ``device`` or spread by ``device_map``), the data
+    :func:`default_data` picks (``text``, ``dataset``, ``random``, ``n_sequences``,
+    ``seq_len``, ``seed``) at their positions (or ``positions`` unless "auto"), and with
+    ``tuned_lens`` the data to fit a lens on.
 
     Example:
         >>> import tempfile
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "pytorch_model.bin").write_bytes(b"")
-        >>> ignored_files(folder)
-        ['pytorch_model.bin (pickled weights: probekit loads only safetensors, never unpickles)']
+        >>> from probekit.toy import toy_hf_model
+        >>> folder = tempfile.mkdtemp()
+        >>> toy_hf_model("gpt2", n_layers=2).save_pretrained(folder)
+        >>> source = resolve(*locate(folder), random=True, n_sequences=3, seq_len=5)
+        >>> source.data.shape, source.positions, source.description
+        (torch.Size([3, 5]), 'all', 'tokens drawn uniformly from the vocabulary (seed 0)')
     """
-    folder = Path(path)
-    try:
-        files = sorted(p for p in folder.iterdir() if not p.is_dir())
-    except OSError:
-        return []
-    lines = [line for line in map(_ignored_file, files) if line]
-    for name in ("config.json", "tokenizer_config.json"):
-        config = _small_json(folder / name)
-        if isinstance(config, dict) and "auto_map" in config:
-            lines.append(f"auto_map in {name} (remote code: never run)")
-    return lines
+    import torch
+
+    from probekit.model import load
+
+    torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
+    model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
+    if text is not None:
+        check_text_file(text)
+    chosen = text is not None or dataset is not None or random
+    pick = functools.partial(
+        _pick,
+        checkpoint,
+        None if chosen else run,
+        model,
+        text=text,
+        dataset=dataset,
+        random=random,
+        n_sequences=n_sequences,
+        seq_len=seq_len,
+        seed=seed,
+    )
+    data, description, found = pick(fit=False)
+    return Source(
+        checkpoint=os.fspath(checkpoint),
+        run=run,
+        model=model,
+        data=data,
+        positions=found if positions == "auto" else positions,
+        description=description,
+        lens_data=pick(fit=True)[0] if tuned_lens else None,
+        label=label,
+        dtype=dtype,
+    )
 
 
 def random_tokens(model: Any, n_sequences: int, length: int, seed: int = 0) -> Any:
@@ -488,51 +495,79 @@ def default_data(
 ) -> tuple[Any, str]:
     """The data to diagnose the checkpoint at ``path`` on, and the positions to read it at.
 
-    Chosen by the caller: ``text`` (a text file), ``dataset`` (a :class:`DatasetChoice`: a
-    data set's text column) -- both tokenized with the model's tokenizer and cut into at most
-    ``n_sequences`` sequences of ``seq_len`` tokens -- or ``random`` (tokens drawn uniformly
-    from the vocabulary with ``seed``); positions ``"all"``. Otherwise from what trained it:
-    a probekit anchor run gives its task's test data with the answer as the label of the last
-    position (``"last"``); a probekit LM run gives windows of its corpus's validation split;
-    any other model with a tokenizer the standard library's sources (real text that ships
-    with Python, :func:`probekit.tasks.text.stdlib_texts`), one without tokens drawn from its
-    vocabulary. Text data come as a dict whose ``"description"`` says what they are.
-    ``model`` is the loaded checkpoint (default: loaded from ``path`` when needed).
+    Chosen by the caller: ``text`` (a text file) or ``dataset`` (a :class:`DatasetChoice`),
+    tokenized and cut into at most ``n_sequences`` sequences of ``seq_len`` tokens, or
+    ``random`` (tokens drawn from the vocabulary with ``seed``); positions ``"all"``.
+    Otherwise from what trained it: an anchor run's task's test data, the answer the label of
+    the last position (``"last"``); an LM run's corpus's validation split; for any other model
+    with a tokenizer the standard library's sources (:func:`probekit.tasks.text.stdlib_texts`),
+    without one drawn tokens. Text and task data come as a dict whose ``"description"`` says
+    what they are. ``model``: the loaded checkpoint (default: loaded from ``path`` if needed).
 
     ``purpose="fit"`` gives data to fit a tuned lens on, kept apart from the diagnosed data:
-    the anchor task's training split, the corpus's or the standard library's training split,
-    the ``text`` or data-set sequences after the diagnosed ones, or tokens drawn with
-    ``seed + 1``.
+    the task's, corpus's or standard library's training split, the sequences of ``text`` or
+    the data set after the diagnosed ones, or tokens drawn with ``seed + 1``.
     """
-    from probekit.run_folders import load_run
-
     if purpose not in ("diagnose", "fit"):
         raise InputError(f"unknown purpose {purpose!r}", fix="use 'diagnose' or 'fit'")
-    fit = purpose == "fit"
     if text is not None:
         check_text_file(text)
     chosen = text is not None or dataset is not None or random
-    run = None if chosen else load_run(checkpoint_of(path))
+    data, description, positions = _pick(
+        path,
+        None if chosen else locate(path)[1],
+        model,
+        text=text,
+        dataset=dataset,
+        random=random,
+        n_sequences=n_sequences,
+        seq_len=seq_len,
+        seed=seed,
+        fit=purpose == "fit",
+    )
+    if isinstance(data, dict):  # text and task data say what they are
+        data = {**data, "description": description}
+    return data, positions
+
+
+def _pick(
+    path: str | os.PathLike,
+    run: RunInfo | None,
+    model: Any,
+    *,
+    text: str | os.PathLike | None,
+    dataset: DatasetChoice | None,
+    random: bool,
+    n_sequences: int,
+    seq_len: int,
+    seed: int,
+    fit: bool,
+) -> tuple[Any, str, str]:
+    """:func:`default_data`'s choice, the run ``run`` already read (None: no probekit run, or
+    data the caller chose): the data, what they are in words, and the positions to read them
+    at."""
     if run is not None and run.kind == "anchor":
         task = run.task
         data = task.generate("train", min(task.n_train, 2000)) if fit else task.dataset("test_data")
-        return _answer_labelled(data), "last"
+        return *_answer_labelled(data), "last"
     from probekit.model import load
 
     model = load(path if model is None else model)
     if run is not None:  # a byte-level LM run: validation text of its corpus
-        from probekit.tasks.corpus import ByteCorpus
+        from probekit.lm.corpus import ByteCorpus
 
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
         split = "train" if fit else "validation"
-        return corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences), "all"
+        tokens = corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences)
+        return tokens, f"the {split} split of the run's byte corpus", "all"
     if random or model.tokenizer is None and text is None and dataset is None:
         if not random and not fit:
             warn_no_tokenizer(path)
-        return random_tokens(model, n_sequences, seq_len, seed=seed + fit), "all"
+        drawn = random_tokens(model, n_sequences, seq_len, seed=seed + fit)
+        return drawn, f"{RANDOM_TOKENS_WORDS} (seed {seed + fit})", "all"
     texts, what, skip = _texts(text, dataset, fit)
     length = min(seq_len, model.n_ctx)
-    return _tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
+    return *_tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
 
 
 def warn_no_tokenizer(path: str | os.PathLike) -> None:
@@ -546,7 +581,7 @@ def warn_no_tokenizer(path: str | os.PathLike) -> None:
         "tokenizer into that folder (tokenizer.save_pretrained(FOLDER)) and pass --text FILE "
         "or --dataset NAME, or pass --random-tokens to choose random tokens without this warning",
         ProbekitWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
@@ -643,21 +678,20 @@ def data_source(model: str | os.PathLike, data: Any, *, seed: int = 0) -> str:
 
     if (described := describe(data)) is not None:
         return described
-    from probekit.run_folders import load_run
-
-    if load_run(checkpoint_of(model)) is not None:
+    if locate(model)[1] is not None:
         return "the validation split of the run's byte corpus"
     return f"{RANDOM_TOKENS_WORDS} (seed {seed})"
 
 
-def _answer_labelled(data: Any) -> dict[str, Any]:
-    """Task data as a token dict whose only label is the answer at the last position."""
+def _answer_labelled(data: Any) -> tuple[dict[str, Any], str]:
+    """Task data as a token dict whose only label is the answer at the last position, and
+    what they are in words."""
     import torch
 
     labels = torch.full_like(data.tokens, -100)
     labels[:, -1] = data.targets
     described = f"{data.description()} stored with the run (answer at the last token)"
-    return {"input_ids": data.tokens, "labels": labels, "description": described}
+    return {"input_ids": data.tokens, "labels": labels}, described
 
 
 def text_tokens(
@@ -676,7 +710,8 @@ def text_tokens(
     length = min(seq_len, model.n_ctx)
     what = f"text file {os.path.abspath(text)}"
     skip = n_sequences if after else 0
-    return _tokenized(path, model, file_texts(text), what, n_sequences, length, skip)["input_ids"]
+    tokens, _ = _tokenized(path, model, file_texts(text), what, n_sequences, length, skip)
+    return tokens["input_ids"]
 
 
 def _tokenized(
@@ -687,9 +722,9 @@ def _tokenized(
     n_sequences: int,
     length: int,
     skip: int = 0,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str]:
     """``texts`` tokenized with the model's tokenizer into ``[n, length]`` token ids (after
-    the first ``skip`` windows), with a ``"description"`` of ``what`` they are."""
+    the first ``skip`` windows), and what they are in words (``what``, tokenized)."""
     import torch
 
     from probekit.tasks.text import token_windows
@@ -707,15 +742,14 @@ def _tokenized(
             f"{what} has fewer tokens{after} than one sequence of {length}",
             fix="pass a longer text or a smaller --seq-len (or --lens DIR)",
         )
-    description = f"{what}, tokenized with the model's tokenizer"
-    return {"input_ids": torch.tensor(windows), "description": description}
+    return {"input_ids": torch.tensor(windows)}, f"{what}, tokenized with the model's tokenizer"
 
 
 __all__ = [
     "DatasetChoice",
     "N_SEQUENCES",
     "SEQ_LEN",
-    "PICKLE_SUFFIXES",
+    "Source",
     "check_checkpoint_folder",
     "check_dataset",
     "check_diagnose_inputs",
@@ -723,14 +757,14 @@ __all__ = [
     "check_text_file",
     "checkpoint_of",
     "checkpoint_to_diagnose",
-    "checkpoints_below",
     "checkpoints_to_compare",
     "data_source",
     "default_data",
-    "ignored_files",
     "RANDOM_TOKENS_WORDS",
     "is_random_tokens",
+    "locate",
     "random_tokens",
+    "resolve",
     "steps_of",
     "text_tokens",
 ]

@@ -68,7 +68,7 @@ def growth_timeline() -> None:
 def growth_images(folder: Path) -> None:
     """Contributions and swaps of the final static and MIDAS language models."""
     import probekit
-    from probekit.tasks.corpus import ByteCorpus
+    from probekit.lm import ByteCorpus
 
     data = ByteCorpus().sequences("validation", 64, n=48)
     for run in ("static", "midas"):

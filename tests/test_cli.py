@@ -93,7 +93,7 @@ def test_help_explains_every_flag():
 
 
 def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
-    import probekit.report as report
+    import probekit.page as page
 
     argv = [
         "diagnose",
@@ -109,7 +109,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         "--quiet",
         "--random-tokens",  # asked for: no warning that the folder has no tokenizer
     ]
-    monkeypatch.setattr(report, "_chromium_available", lambda: False)
+    monkeypatch.setattr(page, "_chromium_available", lambda: False)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
@@ -117,7 +117,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "a").glob("*.png"))
     monkeypatch.undo()
     argv[3] = str(tmp_path / "b")
-    assert report._chromium_available(), "chromium is installed by .ci/run"
+    assert page._chromium_available(), "chromium is installed by .ci/run"
     assert main(argv) == 0
     for name in ANALYSES:
         png = (tmp_path / "b" / f"{name}.png").read_bytes()
@@ -158,8 +158,8 @@ def test_default_data_of_an_anchor_run(tmp_path):
 
 
 def test_default_data_of_an_lm_run_in_the_old_format(tmp_path):
+    from probekit.lm import ByteCorpus
     from probekit.sources import default_data
-    from probekit.tasks.corpus import ByteCorpus
     from probekit.toy import toy_model
 
     (tmp_path / "run_config.json").write_text(json.dumps({"lm": {"corpus_max_files": 20}}))
@@ -189,6 +189,50 @@ def test_diagnose_a_run_folder(tmp_path, capsys):
     assert meta["positions"] == "last"  # the answer position of the anchor task
     assert main([*argv, "--positions", "all", "--quiet"]) == 0
     assert json.loads((out / "contributions.json").read_text())["meta"]["positions"] == "all"
+
+
+def test_diagnose_reads_a_run_folder_once(tmp_path, monkeypatch, capsys):
+    """``probekit diagnose RUN`` enters the run reader once: the checkpoint folder, the data, the
+    data to fit a lens on, their positions and their description come from one reading
+    (:func:`probekit.sources.resolve`), and the report is the one of the run's task."""
+    import sys
+
+    from probekit import run_folders
+
+    run, task = _anchor_run(tmp_path)
+    real, reads = run_folders.load_run, []
+
+    def counted(path):
+        reads.append(path)
+        return real(path)
+
+    for module in [m for m in sys.modules.values() if getattr(m, "load_run", None) is real]:
+        monkeypatch.setattr(module, "load_run", counted)  # every module that imported it
+    out = tmp_path / "report"
+    argv = ["diagnose", str(run), "--out", str(out), "--bootstrap", "0", "--no-images"]
+    assert main([*argv, "--device", "cpu", "--tuned-lens", "--lens-steps", "1"]) == 0
+    assert [str(path) for path in reads] == [str(run)]
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {out / 'report.html'}"
+    summary = json.loads((out / "summary.json").read_text())
+    measured = summary["measured"]
+    assert measured["checkpoint"] == str(run / "checkpoint") and measured["dtype"] == "stored"
+    assert measured["data_source"] == (
+        f"{task.dataset('test_data').description()} stored with the run (answer at the last token)"
+    )
+    assert (measured["positions"], measured["n_sequences"]) == ("last", task.n_test)
+    assert "tuned_lens_formed_at_depth" in summary["headline"]
+    assert f"probekit depth diagnosis: {run / 'checkpoint'}" in (out / "report.html").read_text()
+
+
+def test_random_tokens_of_a_run_are_named_random_tokens(tmp_path):
+    """``--random-tokens`` on a run folder: the source says tokens were drawn (not the run's
+    corpus), so the "at chance" warning can blame them."""
+    from probekit.sources import is_random_tokens, locate, resolve
+
+    run, _ = _anchor_run(tmp_path)
+    source = resolve(*locate(run), random=True, n_sequences=2, seq_len=4, seed=3)
+    assert source.description == "tokens drawn uniformly from the vocabulary (seed 3)"
+    assert is_random_tokens(source.description) and source.run is not None
 
 
 def test_diagnose_with_conventions_and_a_tuned_lens(checkpoint, tmp_path, capsys):
@@ -279,11 +323,12 @@ def test_diagnose_in_another_dtype(checkpoint, tmp_path):
 def test_missing_image_pieces_are_named(monkeypatch):
     import importlib.util
 
+    import probekit.page as page
     import probekit.report as report
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "kaleido" else real(n))
-    monkeypatch.setattr(report, "_chromium_available", lambda: True)
+    monkeypatch.setattr(page, "_chromium_available", lambda: True)
     assert 'pip install -e ".[png]"' in report.missing_for_images()
     assert "Chromium" not in report.missing_for_images()
 

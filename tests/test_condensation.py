@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses._common import cosine_matrix
+from probekit.analyses.common import cosine_matrix
 from probekit.analyses.weights.condensation import condensation, condensation_timeline
 from probekit.analyses.weights.spectra import spectra, stable_rank
 from probekit.errors import InputError

@@ -15,10 +15,10 @@ from probekit.anchor import AnchorTask, TrainConfig, train
 from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.cli import main
 from probekit.errors import ConfigError
+from probekit.lm import LMConfig, train_lm
 from probekit.training import ModelConfig
 from probekit.training import memory as memory_mod
 from probekit.training.growth import growth_plan, prop_alpha_stages, training_flops
-from probekit.training.lm import LMConfig, train_lm
 from tests.conftest import TINY_LM
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import transformers
 import probekit
 from probekit.analyses.depth.loss import perplexity
 from probekit.errors import ConfigError
-from probekit.tasks.corpus import EOS, VOCAB_SIZE, ByteCorpus
+from probekit.lm.corpus import EOS, VOCAB_SIZE, ByteCorpus
 
 
 def test_stdlib_corpus_splits_are_deterministic_and_disjoint():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses import _common
+from probekit.analyses import common
 from probekit.analyses.depth import swaps as swaps_module
 from probekit.analyses.depth.shared import Shared
 from probekit.errors import InputError
@@ -33,28 +33,28 @@ def test_chunked_measures_match_the_float64_formulas(eps):
     clean, changed, labels = _logits(4000, 5.0, eps)
     want = ref.measures(clean, changed, labels)
     want["loss_delta"] = torch.where(labels != -100, want["loss_delta"], 0.0)
-    side = _common.clean_side(clean, labels)
-    got = _common.output_change(side, changed, labels)
+    side = common.clean_side(clean, labels)
+    got = common.output_change(side, changed, labels)
     for name, values in got.items():
         assert values.dtype == torch.float64
         err = float((values - want[name]).abs().max())
         scale = float(want[name].abs().max())
         # float32 logits carry ~1e-7 relative error; the measures keep it there
         assert err <= 1e-6 * max(scale, 1e-3), (name, err, scale)
-    direct = _common.output_change(clean, changed, labels)  # its clean side built inside
+    direct = common.output_change(clean, changed, labels)  # its clean side built inside
     assert all(torch.equal(got[name], direct[name]) for name in got)
 
 
 def test_a_subset_of_measures_equals_the_full_computation():
     clean, changed, labels = _logits(600, 4.0, 0.5)
-    side = _common.clean_side(clean, labels)
-    full = _common.output_change(side, changed, labels)
+    side = common.clean_side(clean, labels)
+    full = common.output_change(side, changed, labels)
     for subset in (("loss_delta",), ("kl", "prob_l2"), ("logit_l2",)):
-        got = _common.output_change(side, changed, labels, measures=subset)
+        got = common.output_change(side, changed, labels, measures=subset)
         assert sorted(got) == sorted(subset)
         assert all(torch.equal(got[name], full[name]) for name in subset)
     with pytest.raises(ValueError, match="unknown"):
-        _common.output_change(side, changed, labels, measures=("entropy",))
+        common.output_change(side, changed, labels, measures=("entropy",))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -104,32 +104,32 @@ def test_the_head_writes_into_out_bit_identically_and_yields_to_hooks():
 
 def test_measures_reuse_their_work_tensors_without_carrying_anything_over():
     clean, changed, labels = _logits(300, 4.0, 0.5)
-    side = _common.clean_side(clean, labels)
+    side = common.clean_side(clean, labels)
     other = changed.flip(0)
-    first = _common.output_change(side, changed, labels)
-    second = _common.output_change(side, other, labels)  # the same work tensors again
+    first = common.output_change(side, changed, labels)
+    second = common.output_change(side, other, labels)  # the same work tensors again
     assert len(side._work) == 1
     for got, fresh in ((first, changed), (second, other)):
-        want = _common.output_change(_common.clean_side(clean, labels), fresh, labels)
+        want = common.output_change(common.clean_side(clean, labels), fresh, labels)
         for name in want:
             assert torch.equal(got[name], want[name]), name
-    few = _common.clean_side(clean[:, :3], labels[:, :3])  # fewer tokens than a chunk
-    assert few.work(_common.CHUNK_TOKENS).shape[1] == few.logits.shape[0]
+    few = common.clean_side(clean[:, :3], labels[:, :3])  # fewer tokens than a chunk
+    assert few.work(common.CHUNK_TOKENS).shape[1] == few.logits.shape[0]
 
 
 def test_identical_outputs_measure_exactly_zero():
     clean, _, labels = _logits(300, 4.0, 0.0)
-    side = _common.clean_side(clean, labels)
-    for name, values in _common.output_change(side, clean.clone(), labels).items():
+    side = common.clean_side(clean, labels)
+    for name, values in common.output_change(side, clean.clone(), labels).items():
         assert float(values.abs().max()) == 0.0, name
 
 
 def test_huge_logit_changes_take_the_float64_path_and_stay_exact():
     clean, changed, labels = _logits(200, 300.0, 40.0)  # e^d overflows float32
-    want = _common._output_change64(
+    want = common.output_change_float64(
         clean.reshape(-1, 200), changed.reshape(-1, 200), labels.reshape(-1)
     )
-    got = _common.output_change(clean, changed, labels)
+    got = common.output_change(clean, changed, labels)
     for name, values in got.items():
         assert torch.isfinite(values).all(), name
         assert torch.allclose(values.reshape(-1), want[name], rtol=1e-6, atol=1e-6), name
@@ -314,13 +314,13 @@ def test_prob_l2_stays_within_its_stated_bound_on_peaky_outputs():
     worst, rises = 0.0, []
     for layer in range(model.n_layers):
         changed = trace.resume(layer + 1, trace.residuals[layer]).float()
-        got = _common.output_change(clean, changed, batch.labels, measures=("prob_l2",))
-        want = _common._output_change64(
+        got = common.output_change(clean, changed, batch.labels, measures=("prob_l2",))
+        want = common.output_change_float64(
             clean.reshape(-1, vocab), changed.reshape(-1, vocab), batch.labels.reshape(-1)
         )["prob_l2"]
         worst = max(worst, float((got["prob_l2"].reshape(-1) - want).abs().max()))
         rise = (changed - clean).amax(-1).reshape(-1)
-        rises.append(rise[rise <= _common.EXP_SAFE])
+        rises.append(rise[rise <= common.EXP_SAFE])
     assert float(torch.cat(rises).max()) > 40  # the float32 path met large rises
-    assert 0 < worst <= _common.prob_l2_error_bound(vocab)
+    assert 0 < worst <= common.prob_l2_error_bound(vocab)
     assert worst <= 1e-6  # the typical size the docs give (measured here: 2e-7)

@@ -26,9 +26,9 @@ from probekit.analyses import gradient_norms
 from probekit.analyses.depth.tuned_lens import TunedLens, model_identity, tuned_lens
 from probekit.anchor import train
 from probekit.errors import CheckpointError, InputError, NumericalError
+from probekit.lm import LMConfig, train_lm
 from probekit.report import diagnose, write_report
 from probekit.sources import TEXT_CHECK_BYTES, check_text_file, text_tokens
-from probekit.training.lm import LMConfig, train_lm
 from tests.conftest import TINY_LM, make_hf, sample_tokens, tiny_anchor, twin
 from tests.test_cli_fuzz import assert_one_error, diagnose_argv, run_cli
 

@@ -405,10 +405,10 @@ def _dead_pid() -> int:
 
 
 def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path) -> None:
-    from probekit.io import _owner_tag, swapped_directory
+    from probekit.io import owner_tag, swapped_directory
 
     out = tmp_path / "report"
-    host = _owner_tag().rsplit(".", 1)[0]
+    host = owner_tag().rsplit(".", 1)[0]
     dead = tmp_path / f".report.{host}.{_dead_pid()}.k1ll3d.tmp"
     live = tmp_path / f".report.{host}.{os.getpid()}.l1ve00.tmp"
     other_host = tmp_path / f".report.elsewhere-node.{_dead_pid()}.n0de00.tmp"
@@ -434,14 +434,14 @@ def test_a_run_folder_whose_swap_was_interrupted_stands_for_its_previous_checkpo
     train(tiny(steps=2), out, progress=False)
     os.replace(out / "checkpoint", out / "checkpoint.previous")  # the kill between the renames
     assert load_run(out).path == out / "checkpoint.previous"
-    path, lines = checkpoint_to_diagnose(out)
+    path, _, lines = checkpoint_to_diagnose(out)
     assert Path(path) == out / "checkpoint.previous"
     notices = [line for line in lines if "checkpoint.previous" in line]
     assert len(notices) == 1 and notices[0].startswith("notice:")
     # the next train puts checkpoint/ back (one warning saying so); then no notice
     with pytest.warns(UserWarning, match=r"checkpoint.previous \(step 2\) is put back"):
         assert train(tiny(steps=2), out, progress=False).checkpoint == out / "checkpoint"
-    path, lines = checkpoint_to_diagnose(out)
+    path, _, lines = checkpoint_to_diagnose(out)
     assert Path(path) == out / "checkpoint" and not lines
 
 
@@ -498,16 +498,17 @@ def test_the_memory_estimate_counts_a_cost_per_layer(monkeypatch) -> None:
     monkeypatch.setattr(memory, "available_memory", lambda device: 2**29)  # 512 MiB free
     with pytest.raises(ConfigError, match="available"):
         checked_device(deep, "cpu", trainer_mod.stack_bytes([deep]), "a deep run")
-    from probekit.training.lm import LMConfig
+    from probekit.lm import LMConfig
+    from probekit.lm.training import lm_run_bytes
 
     lm = [LMConfig(n_layers=n, d_model=8, n_heads=2) for n in (1, 4001)]
-    extra = memory.lm_run_bytes(lm[1], 256) - memory.lm_run_bytes(lm[0], 256)
+    extra = lm_run_bytes(lm[1], 256) - lm_run_bytes(lm[0], 256)
     assert extra >= 4000 * memory.LAYER_OVERHEAD_BYTES
 
 
 @pytest.mark.parametrize("field, value", [("n_layers", 4097), ("n_layers", 10**5)])
 def test_both_trainers_refuse_a_model_deeper_than_the_bound(field, value) -> None:
-    from probekit.training.lm import LMConfig
+    from probekit.lm import LMConfig
 
     with pytest.raises(ConfigError, match="4096"):
         ModelConfig(**{field: value})
@@ -516,10 +517,11 @@ def test_both_trainers_refuse_a_model_deeper_than_the_bound(field, value) -> Non
 
 
 def test_a_full_disk_in_the_lm_trainer_is_one_error_too(tmp_path, monkeypatch) -> None:
-    from probekit.training import lm as lm_mod
+    from probekit.lm import LMConfig, train_lm
+    from probekit.lm import checkpoints as lm_checkpoints
     from tests.conftest import TINY_LM
 
-    real = lm_mod.save_moments
+    real = lm_checkpoints.save_moments
     calls = []
 
     def save_moments(*args, **kwargs):
@@ -528,11 +530,11 @@ def test_a_full_disk_in_the_lm_trainer_is_one_error_too(tmp_path, monkeypatch) -
             raise OSError(errno.ENOSPC, "No space left on device")
         real(*args, **kwargs)
 
-    monkeypatch.setattr(lm_mod, "save_moments", save_moments)
-    cfg = lm_mod.LMConfig(**{**TINY_LM, "save_every": 2})
+    monkeypatch.setattr(lm_checkpoints, "save_moments", save_moments)
+    cfg = LMConfig(**{**TINY_LM, "save_every": 2})
     out = tmp_path / "lm"
     with pytest.raises(CheckpointError, match="no space left") as info:
-        lm_mod.train_lm(cfg, out, progress=False, device="cpu")
+        train_lm(cfg, out, progress=False, device="cpu")
     assert "checkpoint of step 2" in str(info.value)
     assert not list(out.glob(".*.tmp")) and not (out / LOCK_NAME).exists()
 

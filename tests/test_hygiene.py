@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses import _common
+from probekit.analyses import common
 from probekit.model import Trace
 from tests.conftest import make_hf, sample_tokens
 
@@ -46,7 +46,7 @@ def fail_midway(monkeypatch, at: int) -> None:
     failure inside an analysis's hooks and resumed forwards (``Trace.run_module`` runs every
     resumed block, one variant or stacked ones, through the bridge or the Hugging Face copies)."""
     calls = {"n": 0}
-    original_add = _common.TokenMeans.add
+    original_add = common.TokenMeans.add
     original_call = Trace.run_module
 
     def tick() -> None:
@@ -62,7 +62,7 @@ def fail_midway(monkeypatch, at: int) -> None:
         tick()
         return original_call(self, *args, **kwargs)
 
-    monkeypatch.setattr(_common.TokenMeans, "add", failing_add)
+    monkeypatch.setattr(common.TokenMeans, "add", failing_add)
     monkeypatch.setattr(Trace, "run_module", failing_call)
 
 

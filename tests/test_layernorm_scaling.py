@@ -14,9 +14,11 @@ from safetensors.torch import load_file, save_file
 from probekit.anchor import AnchorTask, TrainConfig, train
 from probekit.anchor import training as trainer_mod
 from probekit.errors import CheckpointError, ConfigError
+from probekit.lm import UNSCALED_LN_FILE, LMConfig, LMTrainer, train_lm
+from probekit.lm import training as lm_training
+from probekit.lm.checkpoints import load_checkpoint
+from probekit.lm.layernorm_scaling import hf_copy, unscaled_of
 from probekit.training import ModelConfig
-from probekit.training import lm as lm_mod
-from probekit.training.lm import UNSCALED_LN_FILE, LMConfig, train_lm
 from probekit.training.models import (
     from_hf_model,
     init_stacked_params,
@@ -74,7 +76,7 @@ def test_the_scales_follow_the_paper() -> None:
 
 def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Path) -> None:
     cfg = LMConfig(**LM)
-    trainer = lm_mod.LMTrainer(cfg, tmp_path / "run", "cpu")
+    trainer = LMTrainer(cfg, tmp_path / "run", "cpu")
     for _ in range(3):
         trainer.train_step()
     trainer.model.eval()
@@ -96,15 +98,15 @@ def test_lm_checkpoint_is_the_training_forward_and_the_papers_model(tmp_path: Pa
 
 
 def test_lm_gradients_are_those_of_the_scaled_layernorm_output(tmp_path: Path) -> None:
-    trainer = lm_mod.LMTrainer(LMConfig(**LM), tmp_path / "run", "cpu")
+    trainer = LMTrainer(LMConfig(**LM), tmp_path / "run", "cpu")
     tokens = trainer.corpus.sequences("validation", 16, n=2)
     model = trainer.model
     gain = model.transformer.h[2].ln_1.parametrizations.weight.original
     (g_ours,) = torch.autograd.grad(model(tokens).logits.square().mean(), [gain])
     plain = transformers.GPT2LMHeadModel(model.config)
-    plain.load_state_dict(lm_mod._hf_copy(model).state_dict())
+    plain.load_state_dict(hf_copy(model).state_dict())
     with torch.no_grad():
-        for name, raw in lm_mod._unscaled_of(model).items():
+        for name, raw in unscaled_of(model).items():
             plain.get_parameter(name).copy_(raw)
     ref = plain.transformer.h[2].ln_1.weight
     (g_ref,) = torch.autograd.grad(_paper_forward(plain, tokens, True).square().mean(), [ref])
@@ -120,7 +122,7 @@ def test_a_killed_lm_run_with_layernorm_scaling_resumes_bit_identical(tmp_path, 
             raise Killed
 
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        patch.setattr(lm_mod, "_after_step", after_step)
+        patch.setattr(lm_training, "_after_step", after_step)
         train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     for name in ("model.safetensors", "optimizer.safetensors", UNSCALED_LN_FILE):
@@ -138,10 +140,10 @@ def test_a_damaged_unscaled_file_is_refused_on_resume(tmp_path: Path) -> None:
     unscaled["transformer.h.1.ln_2.bias"] += 1.0
     save_file(unscaled, str(run.final / UNSCALED_LN_FILE))
     with pytest.raises(CheckpointError, match="does not fold"):
-        lm_mod._load(run.final, cfg, cfg.steps, torch.device("cpu"))
+        load_checkpoint(run.final, cfg, cfg.steps, torch.device("cpu"))
     (run.final / UNSCALED_LN_FILE).unlink()
     with pytest.raises(CheckpointError, match="missing"):
-        lm_mod._load(run.final, cfg, cfg.steps, torch.device("cpu"))
+        load_checkpoint(run.final, cfg, cfg.steps, torch.device("cpu"))
 
 
 def test_layernorm_scaling_with_growth_is_refused() -> None:

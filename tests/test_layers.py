@@ -47,9 +47,9 @@ def _lint_imports() -> Path:
 @pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_holds(contract):
     """The layers (cli > demo | compare > cluster > report > report_text | verdict > sources >
-    run_folders > anchor > training > tasks > analyses > interventions > toy > model > data |
-    result | figures > numerics > io | lazy | progress > errors) and no cycles between
-    siblings."""
+    run_folders > anchor | lm > training > tasks > analyses > interventions > toy > model >
+    data | result | figures > numerics | executor > io | lazy | progress | ray_address | words
+    > errors) and no cycles between siblings."""
     done = subprocess.run(
         [str(_lint_imports()), "--no-cache", "--no-logo", "--contract", contract],
         cwd=ROOT,

@@ -10,8 +10,8 @@ import transformers
 
 import probekit
 from probekit.errors import ConfigError
+from probekit.lm import LMConfig, ResidualScale, train_lm
 from probekit.training.growth import grow_checkpoint
-from probekit.training.lm import LMConfig, ResidualScale, train_lm
 
 TINY = dict(
     d_model=32,
@@ -119,7 +119,7 @@ class Killed(Exception):
 def test_a_killed_run_resumes_bit_identical(tmp_path, monkeypatch, growth, kill_at):
     from safetensors.torch import load_file
 
-    from probekit.training import lm as lm_mod
+    from probekit.lm import training as lm_training
 
     cfg = LMConfig(
         n_layers=4,
@@ -142,7 +142,7 @@ def test_a_killed_run_resumes_bit_identical(tmp_path, monkeypatch, growth, kill_
             raise Killed
 
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        patch.setattr(lm_mod, "_after_step", after_step)
+        patch.setattr(lm_training, "_after_step", after_step)
         train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     assert not (tmp_path / "cut" / "final").exists()
     resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")

@@ -9,8 +9,8 @@ import torch
 import transformers
 
 import probekit
-from probekit.analyses._projection import reduce
 from probekit.analyses.mechanisms.maps import hidden_state_map, pair_cosines
+from probekit.analyses.projection import reduce
 from probekit.analyses.weights.embeddings import embedding_map, neighbour_ratio
 from probekit.anchor import AnchorTask
 from probekit.errors import InputError

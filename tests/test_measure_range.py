@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import probekit
-from probekit.analyses import _common
+from probekit.analyses import common
 from tests import reference as ref
 from tests.conftest import VOCAB, hf_config, sample_tokens
 
@@ -26,7 +26,7 @@ def _tolerance(name: str, vocab: int, d: torch.Tensor) -> float:
     """Allowed absolute error of the float32 path: ``prob_l2`` within its documented bound;
     the others within a few float32 roundings of the largest logit difference."""
     if name == "prob_l2":
-        return _common.prob_l2_error_bound(vocab)
+        return common.prob_l2_error_bound(vocab)
     return 1e-5 * (1.0 + float(d.double().abs().max()))
 
 
@@ -64,7 +64,7 @@ def _one_rise(rise: float, vocab: int = 4):
 def test_output_measures_match_a_float64_reference_from_minus_to_plus_1e4(pair):
     clean, changed, labels = pair
     want = ref.measures_log_space(clean, changed, labels)
-    got = _common.output_change(clean, changed, labels)
+    got = common.output_change(clean, changed, labels)
     d = changed - clean
     for name, values in got.items():
         assert torch.isfinite(values).all(), name
@@ -75,7 +75,7 @@ def test_output_measures_match_a_float64_reference_from_minus_to_plus_1e4(pair):
 @pytest.mark.parametrize("rise", [40.0, 45.0, 50.0, 55.0, 59.0, 60.0, 61.0])
 def test_the_issue_example_measures_0_866(rise):
     # softmax(0, 0, 0, 0) against softmax(0, 0, 0, rise): |(1/4, 1/4, 1/4, -3/4)| = sqrt(3)/2
-    out = _common.output_change(
+    out = common.output_change(
         torch.zeros(1, 1, 4), torch.tensor([[[0.0, 0.0, 0.0, rise]]]), torch.full((1, 1), -100)
     )
     assert float(out["prob_l2"]) == pytest.approx(3**0.5 / 2, abs=1e-6)
@@ -84,7 +84,7 @@ def test_the_issue_example_measures_0_866(rise):
 def test_non_finite_logits_are_a_numerical_error_not_an_infinite_measure():
     changed = torch.tensor([[[0.0, float("inf"), 0.0, 1.0]]])
     with pytest.raises(probekit.NumericalError, match="Fix:"):
-        _common.output_change(torch.zeros(1, 1, 4), changed, torch.tensor([[1]]))
+        common.output_change(torch.zeros(1, 1, 4), changed, torch.tensor([[1]]))
 
 
 def _one_direction_gpt2(scale: float = 100.0) -> transformers.GPT2LMHeadModel:

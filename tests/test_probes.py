@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses._activations import gather
+from probekit.analyses.activations import gather
 from probekit.analyses.mechanisms.probes import fit_probe, linear_probes
 from probekit.anchor import AnchorTask
 from probekit.errors import InputError

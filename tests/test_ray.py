@@ -21,11 +21,11 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from probekit import executor as executor_mod
 from probekit.anchor import AnchorTask, TrainConfig
 from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.errors import ConfigError
 from probekit.training import ModelConfig
-from probekit.training import executor as executor_mod
 from probekit.training.lock import LOCK_NAME, lock_holder
 
 torch.set_num_threads(1)
@@ -304,7 +304,7 @@ def test_a_cluster_without_cpus_says_what_it_lacks() -> None:
     script = (
         "import ray\n"
         "from probekit.errors import ConfigError\n"
-        "from probekit.training import executor\n"
+        "from probekit import executor\n"
         "ray.init(num_cpus=0, include_dashboard=False, log_to_driver=False)\n"
         "executor.PENDING_SECONDS = 2\n"
         "try:\n"

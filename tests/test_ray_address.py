@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from probekit import ray_address
 from probekit.errors import ConfigError
-from probekit.training import ray_address
-from probekit.training.ray_address import check_ray_address, loopback_join, rewrite_misses_head
+from probekit.ray_address import check_ray_address, loopback_join, rewrite_misses_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,7 +201,7 @@ def test_a_loopback_only_ray_head_is_reached(tmp_path):
         _wait_for_port(port, 60)
         driver = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
         code = (
-            "from probekit.training.executor import run_tasks\n"
+            "from probekit.executor import run_tasks\n"
             f"print(run_tasks(abs, [1, -2], executor='ray', ray_address='127.0.0.1:{port}',"
             " progress=False))\n"
         )

@@ -49,7 +49,7 @@ def test_a_language_model_keeps_its_loss_words(tmp_path):
 
 
 def test_summary_tables_speak_in_words_for_a_language_and_an_embedding_model(tmp_path):
-    from probekit.result import _shown_rows, json_ready, readable
+    from probekit.result import json_ready, readable, shown_rows
     from probekit.toy import toy_hf_model
 
     for model in (
@@ -58,7 +58,7 @@ def test_summary_tables_speak_in_words_for_a_language_and_an_embedding_model(tmp
     ):
         diagnosis = diagnose(model, sample_tokens(), n_bootstrap=5)
         for name, result in diagnosis.results.items():
-            rows = _shown_rows(json_ready(result.summary), result.kind)
+            rows = shown_rows(json_ready(result.summary), result.kind)
             shown = {label: value for label, value in rows}
             labels = {readable(str(key), result.kind) for key in result.summary}
             raw = [k for k in result.summary if "_" in k and k.replace("_", " ") in labels]

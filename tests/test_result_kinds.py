@@ -13,7 +13,7 @@ import pytest
 
 import probekit
 from probekit.errors import CheckpointError
-from probekit.result import _REGISTRY, RESULT_MODULES, Result
+from probekit.result import RESULT_MODULES, Result, registered_results
 
 
 def _all_result_classes() -> dict[str, type[Result]]:
@@ -21,7 +21,7 @@ def _all_result_classes() -> dict[str, type[Result]]:
     for info in pkgutil.walk_packages(probekit.__path__, "probekit."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-    return {kind: klass for kind, klass in _REGISTRY.items() if klass is not Result}
+    return {kind: klass for kind, klass in registered_results().items() if klass is not Result}
 
 
 def test_every_result_kind_is_mapped_to_its_module():

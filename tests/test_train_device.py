@@ -23,9 +23,9 @@ from torch.overrides import TorchFunctionMode
 from probekit.anchor import TrainConfig, train
 from probekit.anchor import training as trainer_mod
 from probekit.errors import ConfigError
-from probekit.tasks.corpus import VOCAB_SIZE
+from probekit.lm import LMConfig, LMTrainer, train_lm
+from probekit.lm.corpus import VOCAB_SIZE
 from probekit.training import optim as optim_mod
-from probekit.training.lm import LMConfig, LMTrainer, train_lm
 from probekit.training.models import stacked_forward
 from probekit.training.precision import autocast, check_deterministic
 from probekit.training.schedule import warmup_cosine

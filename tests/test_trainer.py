@@ -415,8 +415,8 @@ def test_cli_train_runs_and_resumes(tmp_path: Path, capsys) -> None:
 
 # ----------------------------------------------------------------------------- run folders
 def test_load_run_reads_anchor_and_lm_runs_new_and_old(tmp_path: Path) -> None:
+    from probekit.lm import LMConfig
     from probekit.run_folders import load_run
-    from probekit.training.lm import LMConfig
 
     out = train(tiny(steps=2), tmp_path / "a", progress=False)
     stored = json.loads((out.checkpoint / "run_config.json").read_text())

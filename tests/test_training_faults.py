@@ -19,11 +19,11 @@ from probekit.anchor import AnchorTask, TrainConfig, train
 from probekit.anchor import training as trainer_mod
 from probekit.anchor.sweep import SweepConfig, run_sweep
 from probekit.errors import CheckpointError, ConfigError, NumericalError
+from probekit.lm import LMConfig, train_lm
 from probekit.training import ModelConfig
 from probekit.training import lock as lock_mod
 from probekit.training import optim as optim_mod
 from probekit.training.growth import grow_checkpoint
-from probekit.training.lm import LMConfig, train_lm
 from probekit.training.lock import LOCK_NAME, run_folder_lock
 from tests.conftest import TINY_LM
 

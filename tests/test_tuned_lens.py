@@ -15,7 +15,7 @@ import probekit
 from probekit.analyses.depth.tuned_lens import (
     TunedLens,
     TunedLensResult,
-    _check_head,
+    check_head,
     compare_lenses,
     tuned_lens,
 )
@@ -237,7 +237,7 @@ def test_bad_evaluation_arguments_and_headless_models():
             raise AttributeError("the bridge has no unembed")
 
     with pytest.raises(UnsupportedModelError, match="no unembedding"):
-        _check_head(Headless())
+        check_head(Headless())
 
 
 def test_result_round_trip_and_overlay_figure(tmp_path):
@@ -257,7 +257,7 @@ LM_SLOW = dict(n_layers=4, d_model=32, n_heads=2, steps=300, batch_size=16, seq_
 
 
 def _trained_lm(settings: dict, out: Path) -> probekit.Model:
-    from probekit.training.lm import LMConfig, train_lm
+    from probekit.lm import LMConfig, train_lm
 
     cfg = LMConfig(
         **settings,
@@ -271,7 +271,7 @@ def _trained_lm(settings: dict, out: Path) -> probekit.Model:
 
 
 def _check_beats_logit_lens(model: probekit.Model, seq_len: int, fit_steps: int) -> None:
-    from probekit.tasks.corpus import ByteCorpus
+    from probekit.lm import ByteCorpus
 
     corpus = ByteCorpus(max_files=30)
     train = corpus.sequences("train", seq_len, 96)

@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit import figures
-from probekit.analyses._common import result_meta
+from probekit.analyses.common import result_meta
 from probekit.analyses.depth.contributions import contributions
 from probekit.analyses.depth.residual import residual_stats
 from probekit.analyses.depth.skips import skip_effects

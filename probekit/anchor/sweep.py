@@ -17,7 +17,7 @@ Output folder::
     out/phase_diagrams.html                the phase-diagram heatmaps
 
 The stacks are independent: ``executor="ray"`` trains each as one Ray task, on a cluster or
-a local Ray (:mod:`probekit.training.executor`; tasks rather than Ray Tune, and why, are
+a local Ray (:mod:`probekit.executor`; tasks rather than Ray Tune, and why, are
 explained there), with the same table and numbers as the local executor.
 
 Example:
@@ -55,10 +55,10 @@ from probekit.anchor.training import (
     train_stack,
 )
 from probekit.errors import ConfigError
+from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
 from probekit.result import Result
 from probekit.training.checks import check_int, check_real, check_seed, is_int, is_real
-from probekit.training.executor import Failed, check_executor, log, run_tasks
 from probekit.training.lock import lock_holder, run_folder_lock
 from probekit.training.models import ModelConfig
 from probekit.words import SETTINGS, figure_words
@@ -499,7 +499,7 @@ def run_sweep(
     """Train every run of ``sweep`` (stacked by shape) and write the table and phase diagrams.
 
     ``executor="local"`` trains the stacks one after another in this process;
-    ``executor="ray"`` trains each stack as one Ray task (:mod:`probekit.training.executor`)
+    ``executor="ray"`` trains each stack as one Ray task (:mod:`probekit.executor`)
     on the cluster at ``ray_address``, or on a local Ray sized to this machine when None.
     Under Ray ``out_dir`` must be an absolute path that every node sees (a shared
     filesystem). Both give the same table, numbers and files.

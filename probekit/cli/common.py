@@ -301,7 +301,7 @@ def check_executor_flags(args: argparse.Namespace) -> None:
             fix="add --executor ray, or leave --ray-address out",
         )
     if args.executor == "ray":
-        from probekit.training.executor import check_ray_address
+        from probekit.executor import check_ray_address
 
         check_ray_address(args.ray_address)
 

@@ -49,7 +49,7 @@ def compare_command(args: argparse.Namespace) -> int:
     listed on the page and in diagnoses.csv), printing one error line per failed checkpoint,
     also with ``--quiet``."""
     checkpoints, warning = _check(args)
-    from probekit.io import check_out_dir  # light: the comparison's imports wait for the work
+    from probekit.page import check_out_dir  # light: the comparison's imports wait for the work
 
     out = check_out_dir(args.out, force=args.force, protect=tuple(checkpoints.values()))
     from probekit import compare

@@ -1,8 +1,10 @@
 """``probekit diagnose PATH --out DIR``: its flags, their checks, and the report it prints.
 
-The work itself, loading the checkpoint, choosing its data and writing the report, is
-:func:`probekit.report.diagnose_checkpoint`; the checks of the checkpoint path are in
-:mod:`probekit.sources`. Every check that needs no model runs before the model loads.
+The checks of the checkpoint path, loading it and choosing its data are
+:mod:`probekit.sources`' (:func:`~probekit.sources.resolve`: the run folder is read once); the
+diagnosis and the report are :func:`probekit.report.diagnose_checkpoint`'s, with the settings
+the flags give (:class:`~probekit.report.DiagnosisSettings`). Every check that needs no model
+runs before the model loads.
 
 Example:
     >>> from probekit.cli import build_parser
@@ -17,7 +19,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probekit.cli.common import (
     add_command,
@@ -37,7 +39,13 @@ from probekit.sources import (
     check_dataset,
     check_diagnose_inputs,
     checkpoint_to_diagnose,
+    resolve,
 )
+
+if TYPE_CHECKING:
+    from probekit.report import DiagnosisSettings
+    from probekit.run_folders import RunInfo
+    from probekit.sources import Source
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -50,56 +58,73 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
 
 
-def prepare(args: argparse.Namespace) -> tuple[str, Path]:
+def prepare(args: argparse.Namespace) -> tuple[str, RunInfo | None, Path]:
     """Every check of ``probekit diagnose`` that needs no model, the cheap ones first (a wrong
     path is reported before torch loads): the checkpoint path and ``--out``. Prints a warning
     for a non-UTF-8 ``--text`` (or ``--dataset`` .txt) and a notice per ignored file. Returns
-    the checkpoint folder and the output folder."""
+    the checkpoint folder, the probekit run that wrote it (read here, once) and the output
+    folder."""
     check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
     check_flags(args)
     warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
-    path, lines = checkpoint_to_diagnose(args.model, text=args.text)
+    path, run, lines = checkpoint_to_diagnose(args.model, text=args.text)
     lines += [f"warning: {warning}"] if warning else []
-    from probekit.io import check_out_dir  # light: the report's imports wait for the work
+    from probekit.page import check_out_dir  # light: the report's imports wait for the work
 
     out = check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
     for line in lines:
         print(f"probekit: {line}", file=sys.stderr)
-    return path, out
+    return path, run, out
+
+
+def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
+    """The :class:`~probekit.sources.Source` ``probekit diagnose``'s flags name: the
+    checkpoint folder ``path`` written by ``run`` (as :func:`prepare` found them), loaded as
+    ``--device``, ``--dtype`` and ``--device-map`` say, with the data the data flags choose."""
+    return resolve(
+        path,
+        run,
+        text=args.text,
+        dataset=dataset_choice(args),
+        random=args.random_tokens,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        positions=args.positions,
+        tuned_lens=args.tuned_lens and args.lens is None,  # a saved lens is read, not fitted
+        device=args.device,
+        dtype=args.dtype,
+        device_map=args.device_map,
+        label=None if os.path.lexists(args.model) else args.model,  # a Hub name
+    )
+
+
+def _settings(args: argparse.Namespace) -> DiagnosisSettings:
+    """The :class:`~probekit.report.DiagnosisSettings` of ``probekit diagnose``'s flags."""
+    from probekit.interventions import InterventionSetting
+    from probekit.report import DiagnosisSettings
+
+    keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
+    return DiagnosisSettings(
+        pairs=args.pairs,
+        n_bootstrap=args.bootstrap,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        intervention=InterventionSetting(args.convention, args.mode, keep_first),
+        lens=args.lens,
+        lens_steps=args.lens_steps,
+        images=not args.no_images,
+    )
 
 
 def diagnose_command(args: argparse.Namespace) -> int:
     """``probekit diagnose``: check every flag, then diagnose the checkpoint and write the
     report (:func:`probekit.report.diagnose_checkpoint`); print the verdict and the page."""
-    path, out = prepare(args)  # before the slow imports and the load
+    path, run, out = prepare(args)  # before the slow imports and the load
     from probekit import report
-    from probekit.interventions import InterventionSetting
 
-    keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
-    diagnosis, page = report.diagnose_checkpoint(
-        path,
-        out,
-        text=args.text,
-        dataset=dataset_choice(args),
-        random_tokens=args.random_tokens,
-        n_sequences=args.n_sequences,
-        seq_len=args.seq_len,
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        device_map=args.device_map,
-        positions=args.positions,
-        tuned_lens=args.tuned_lens,
-        images=not args.no_images,
-        pairs=args.pairs,
-        n_bootstrap=args.bootstrap,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        setting=InterventionSetting(args.convention, args.mode, keep_first),
-        lens=args.lens,
-        lens_steps=args.lens_steps,
-        label=None if os.path.lexists(args.model) else args.model,  # a Hub name
-    )
+    source = _source(args, path, run)
+    diagnosis, page = report.diagnose_checkpoint(source, _settings(args), out)
     for name, why in diagnosis.not_defined.items():
         print(f"probekit: warning: {name} not defined: {why}", file=sys.stderr)
     missing = None if args.no_images else report.missing_for_images()

@@ -1,12 +1,21 @@
-"""A checkpoint folder's files, read and checked before anything is built: its config,
-its safetensors headers, its weights' dtype and size against the config and the free memory,
-and a complete load (no weight missing, unexpected or mismatched).
+"""A checkpoint folder's files, read and checked before anything is built: what makes a
+folder a checkpoint, its config, its safetensors headers, its weights' dtype and size against
+the config and the free memory, and a complete load (no weight missing, unexpected or
+mismatched).
 
-probekit never unpickles a checkpoint file: weights come from safetensors only.
+probekit never unpickles a checkpoint file: weights come from safetensors only. What makes a
+folder a checkpoint (:data:`CHECKPOINT_MARKERS`, :func:`is_checkpoint_folder`,
+:func:`checkpoints_below`) and which of its files probekit never reads
+(:func:`is_pickled_weights`, :func:`is_unread_weights`, :func:`ignored_files`) is decided here
+once, for loading, for the Hub (:mod:`probekit.model.hub`) and for the command line's checks
+(:mod:`probekit.sources`). Importing this module imports no torch (the command
+line checks a folder before torch loads); the functions that need it import it.
 
 Example:
     >>> estimate_parameters({"n_layer": 2, "n_embd": 32, "vocab_size": 50}) // 1000
     26
+    >>> is_pickled_weights("pytorch_model.bin"), is_unread_weights("tf_model.h5")
+    (True, True)
 """
 
 from __future__ import annotations
@@ -17,14 +26,157 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from probekit.errors import CheckpointError
 from probekit.io import read_json
-from probekit.numerics import available_memory
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+CHECKPOINT_MARKERS = ("config.json", "modules.json")
+"""Files that make a folder a checkpoint of its own: a transformers checkpoint's config.json,
+a sentence-transformers model's modules.json (its transformer may sit in a subfolder)."""
+
+
+def is_checkpoint_folder(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` holds a checkpoint of its own (a file of
+    :data:`CHECKPOINT_MARKERS`), not only checkpoints below it.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> is_checkpoint_folder(folder)
+        False
+        >>> _ = (folder / "modules.json").write_text("[]")  # a sentence-transformers model
+        >>> is_checkpoint_folder(folder)
+        True
+    """
+    return any((Path(path) / name).exists() for name in CHECKPOINT_MARKERS)
+
+
+def check_not_a_checkpoint(path: Path) -> None:
+    """Name a folder that is neither a transformers nor a sentence-transformers checkpoint."""
+    raise CheckpointError(
+        f"{path} is neither a transformers checkpoint (no config.json) nor a "
+        "sentence-transformers one (no modules.json)",
+        fix="pass a folder written by save_pretrained() (config.json + *.safetensors) or by "
+        "sentence-transformers' save() (modules.json, 1_Pooling/)",
+    )
+
+
+def checkpoints_below(
+    path: str | os.PathLike, limit: int = 10, depth: int = 4, max_folders: int = 2000
+) -> list[Path]:
+    """Checkpoint folders (those holding a config.json) below the folder ``path``.
+
+    Searches ``depth`` levels down, skipping hidden folders (an interrupted save's
+    ``.checkpoint.*`` among them) and visiting at most ``max_folders``; returns at most ``limit``
+    folders, shallowest first. The default depth of 4 is the deepest place probekit itself
+    writes a checkpoint: a sweep keeps each stacked run's at ``OUT/stacks/<group>/checkpoint/
+    <run>/``, so a sweep's folder (and a folder of runs, ``runs/<run>/checkpoint/``) lists them.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "runs" / "a" / "checkpoint").mkdir(parents=True)
+        >>> _ = (root / "runs" / "a" / "checkpoint" / "config.json").write_text("{}")
+        >>> [p.relative_to(root).as_posix() for p in checkpoints_below(root)]
+        ['runs/a/checkpoint']
+    """
+    found: list[Path] = []
+    level, visited = [Path(path)], 0
+    for _ in range(depth):
+        below = []
+        for folder in level:
+            try:
+                children = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+            except OSError:
+                continue
+            for child in children:
+                visited += 1
+                if visited > max_folders or len(found) >= limit:
+                    return found
+                if child.is_dir() and not child.is_symlink():
+                    below.append(child)
+                    if (child / "config.json").is_file():
+                        found.append(child)
+        level = below
+    return found
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""File suffixes of pickled weights, which probekit never unpickles."""
+
+OTHER_FRAMEWORK_WEIGHTS = ("tf_model.h5", "flax_model")
+"""How weight files of other frameworks (TensorFlow, Flax) begin: probekit never reads them."""
+
+
+def is_pickled_weights(name: str | os.PathLike) -> bool:
+    """Whether the file ``name`` holds pickled weights (:data:`PICKLE_SUFFIXES`)."""
+    return Path(name).suffix in PICKLE_SUFFIXES
+
+
+def is_unread_weights(name: str | os.PathLike) -> bool:
+    """Whether the file ``name`` holds weights probekit never reads: pickled weights
+    (:func:`is_pickled_weights`) or another framework's (:data:`OTHER_FRAMEWORK_WEIGHTS`)."""
+    return is_pickled_weights(name) or Path(name).name.startswith(OTHER_FRAMEWORK_WEIGHTS)
+
+
+def _small_json(path: Path) -> Any:
+    """The JSON in ``path`` if it is a regular file under 16 MB that parses, else None."""
+    try:
+        if not path.resolve().is_file() or path.stat().st_size > 16 * 2**20:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # JSON nested too deep: RecursionError
+        return None
+
+
+def _ignored_file(path: Path) -> str | None:
+    """Why probekit ignores the file ``path`` of a checkpoint folder, or None."""
+    if is_pickled_weights(path.name):
+        return f"{path.name} (pickled weights: probekit loads only safetensors, never unpickles)"
+    if path.suffix == ".py":
+        return f"{path.name} (custom model code: never imported)"
+    if path.name.endswith(".index.json"):
+        index = _small_json(path)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        shards = set(shards.values()) if isinstance(shards, dict) else set()
+        pickled = sorted(str(s) for s in shards if not str(s).endswith(".safetensors"))
+        if pickled or not path.name.endswith(".safetensors.index.json"):
+            return f"{path.name} (a sharded index of pickled weights {pickled}: never unpickled)"
+    return None
+
+
+def ignored_files(path: str | os.PathLike) -> list[str]:
+    """The files of the checkpoint folder ``path`` that probekit ignores, one line each.
+
+    Pickled weights (``pytorch_model.bin`` and the like, also when a sharded index names them)
+    are never unpickled, and custom code (``*.py``, ``auto_map`` in config.json or
+    tokenizer_config.json) is never imported or run; ``probekit diagnose`` prints a notice for
+    each.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "pytorch_model.bin").write_bytes(b"")
+        >>> ignored_files(folder)
+        ['pytorch_model.bin (pickled weights: probekit loads only safetensors, never unpickles)']
+    """
+    folder = Path(path)
+    try:
+        files = sorted(p for p in folder.iterdir() if not p.is_dir())
+    except OSError:
+        return []
+    lines = [line for line in map(_ignored_file, files) if line]
+    for name in ("config.json", "tokenizer_config.json"):
+        config = _small_json(folder / name)
+        if isinstance(config, dict) and "auto_map" in config:
+            lines.append(f"auto_map in {name} (remote code: never run)")
+    return lines
+
 
 CONFIG_BYTES = 16 * 2**20
 """The largest config.json read (a Hugging Face config is a few kilobytes)."""
@@ -89,7 +241,7 @@ def check_checkpoint_dir(path: Path) -> tuple[dict, int]:
         )
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
-        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        pickled = [p.name for p in path.iterdir() if is_pickled_weights(p.name)]
         fix = (
             "convert the weights to safetensors (probekit never unpickles checkpoint files)"
             if pickled
@@ -103,12 +255,8 @@ def check_checkpoint_dir(path: Path) -> tuple[dict, int]:
     return config, stored
 
 
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-}
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+"""The floating dtypes of a safetensors header, each with the name of its torch dtype."""
 
 
 def stored_dtype(path: str | os.PathLike, config: dict | None = None) -> torch.dtype:
@@ -124,6 +272,8 @@ def stored_dtype(path: str | os.PathLike, config: dict | None = None) -> torch.d
         >>> stored_dtype(folder)
         torch.bfloat16
     """
+    import torch
+
     counts: dict[torch.dtype, int] = {}
     for weight_file in sorted(Path(path).glob("*.safetensors")):
         try:
@@ -131,8 +281,9 @@ def stored_dtype(path: str | os.PathLike, config: dict | None = None) -> torch.d
                 (header_len,) = struct.unpack("<Q", handle.read(8))
                 header = json.loads(handle.read(header_len))
             for key, info in header.items():
-                dtype = SAFETENSORS_DTYPES.get(info.get("dtype")) if key != "__metadata__" else None
-                if dtype is not None:
+                name = SAFETENSORS_DTYPES.get(info.get("dtype")) if key != "__metadata__" else None
+                if name is not None:
+                    dtype = getattr(torch, name)
                     counts[dtype] = counts.get(dtype, 0) + math.prod(info["shape"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
             continue  # check_safetensors names a corrupt file
@@ -173,8 +324,18 @@ def estimate_parameters(config: dict) -> int:
     return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
 
 
+def available_memory(device: str) -> int | None:
+    """The free memory of ``device`` in bytes (:func:`probekit.numerics.available_memory`,
+    imported when asked: importing this module imports no torch), or None when unknown."""
+    from probekit.numerics import available_memory as free_memory
+
+    return free_memory(device)
+
+
 def check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> None:
     """Refuse, before anything is built, a config far bigger than its weights or than memory."""
+    import torch
+
     estimate = estimate_parameters(config)
     if estimate > 8 * max(stored, 1) and estimate > 10**6:
         raise CheckpointError(
@@ -261,25 +422,23 @@ def named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, stored[name]
 
 
-def check_not_a_checkpoint(path: Path) -> None:
-    """Name a folder that is neither a transformers nor a sentence-transformers checkpoint."""
-    raise CheckpointError(
-        f"{path} is neither a transformers checkpoint (no config.json) nor a "
-        "sentence-transformers one (no modules.json)",
-        fix="pass a folder written by save_pretrained() (config.json + *.safetensors) or by "
-        "sentence-transformers' save() (modules.json, 1_Pooling/)",
-    )
-
-
 __all__ = [
+    "CHECKPOINT_MARKERS",
+    "OTHER_FRAMEWORK_WEIGHTS",
+    "PICKLE_SUFFIXES",
     "SAFETENSORS_DTYPES",
     "check_checkpoint_dir",
     "check_fits",
     "check_not_a_checkpoint",
     "check_regular_file",
     "check_safetensors",
+    "checkpoints_below",
     "estimate_parameters",
     "from_pretrained_complete",
+    "ignored_files",
+    "is_checkpoint_folder",
+    "is_pickled_weights",
+    "is_unread_weights",
     "named_weights",
     "stored_dtype",
 ]

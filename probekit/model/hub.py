@@ -5,8 +5,9 @@ Face cache first (``HF_HUB_CACHE``, by default ``~/.cache/huggingface/hub``), a 
 when the cache lacks it and downloads are allowed (``HF_HUB_OFFLINE`` unset). Only the files a
 checkpoint needs are ever fetched -- :data:`HUB_FILES`: safetensors weights, JSON configs and
 tokenizer files; never pickled weights (``*.bin``, ``*.pt``) and never code (``*.py``), so no
-remote code can run. A repository whose weights are pickled only is refused with one clear
-error. This module imports nothing heavy: the command line resolves a name before torch loads.
+remote code can run. A repository whose weights are pickled only
+(:func:`probekit.model.checkpoint.is_unread_weights`) is refused with one clear error. This
+module imports nothing heavy: the command line resolves a name before torch loads.
 
 Example:
     >>> hub_name("EleutherAI/pythia-70m@step1000")
@@ -26,14 +27,12 @@ import re
 from pathlib import Path
 
 from probekit.errors import CheckpointError
+from probekit.model.checkpoint import is_unread_weights
 
 HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
 """What is fetched from a repository: configs (also ``1_Pooling/config.json`` of a
 sentence-transformers model), safetensors weights and their index, tokenizer files
 (``vocab.txt``, ``merges.txt``, sentencepiece ``*.model``, ``*.tiktoken``)."""
-
-PICKLED_WEIGHTS = ("pytorch_model.bin", "model.pt", "model.ckpt", "tf_model.h5", "flax_model")
-"""Names of weight files that probekit never reads (pickles and other frameworks)."""
 
 _NAME = re.compile(
     r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}(?:/[\w.-]{1,96})?)(?:@(?P<rev>.*))?", re.DOTALL
@@ -233,4 +232,4 @@ def _remote_pickles(label: str) -> list[str]:
         files = list_repo_files(repo_id, revision=revision or None)
     except Exception:  # the listing only improves the message; it never decides
         return []
-    return [f for f in files if Path(f).name.startswith(PICKLED_WEIGHTS) or f.endswith(".bin")]
+    return [f for f in files if is_unread_weights(f)]

@@ -1,9 +1,11 @@
-"""Task data sources: the byte corpus of the LM runs (:mod:`probekit.tasks.corpus`).
+"""Text for any task: the standard library, a text file or a data set, read lazily for a
+model's tokenizer (:mod:`probekit.tasks.text`).
 
-The anchor-function task, with its trainer, lives in :mod:`probekit.anchor`.
+A task's own data lives in its package: the anchor-function task in :mod:`probekit.anchor`,
+the language-model task's byte corpus in :mod:`probekit.lm`.
 
 Example:
-    >>> from probekit.tasks.corpus import VOCAB_SIZE
-    >>> VOCAB_SIZE
-    259
+    >>> from probekit.tasks.text import VALIDATION_FRACTION
+    >>> VALIDATION_FRACTION
+    0.05
 """

@@ -6,7 +6,8 @@ it has the windows it needs, so a 300 MB ``--text`` file costs a few chunks, not
 
 - :func:`stdlib_texts`: the Python standard library's ``*.py`` sources (code, comments and
   docstrings) -- real text that ships with every interpreter, split into train/validation by
-  the same path hash as :class:`~probekit.tasks.corpus.ByteCorpus`;
+  a hash of each file's path (:func:`split_of`; the LM task's byte corpus,
+  :class:`~probekit.lm.corpus.ByteCorpus`, splits its files by the same rule);
 - :func:`file_texts`: a text file, in chunks of about a megabyte cut at line ends;
 - :func:`dataset_texts`: one column of a data set -- a Hugging Face ``datasets`` name (with
   config and split; offline it must be in the local datasets cache), a ``save_to_disk``
@@ -21,7 +22,9 @@ Example:
 from __future__ import annotations
 
 import codecs
+import hashlib
 import os
+import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,15 +36,39 @@ CHUNK_CHARS = 1 << 20
 characters of a data set's row tokenized at once (a longer row is cut in pieces)."""
 
 VALIDATION_FRACTION = 0.05
-"""Share of the standard library's files in the validation split (as in ByteCorpus)."""
+"""Share of the standard library's files in the validation split (here and in the LM task's
+byte corpus)."""
 
 DATASET_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 """Local data set files by suffix -> the ``datasets`` builder that reads them."""
 
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}  # installed packages are not stdlib
+
+
+def stdlib_root() -> Path:
+    """The folder of this interpreter's standard library."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files(root: Path, pattern: str = "*.py") -> list[Path]:
+    """The files under ``root`` matching ``pattern`` in sorted order, installed packages and
+    caches left out."""
+    return sorted(
+        p
+        for p in root.rglob(pattern)
+        if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts)
+    )
+
+
+def split_of(path: Path, root: Path, validation_fraction: float) -> str:
+    """ "train" or "validation" for the file ``path``, by a hash of its path below ``root``
+    (stable across machines and Python patch releases)."""
+    digest = hashlib.sha256(str(path.relative_to(root)).encode()).digest()
+    bucket = int.from_bytes(digest[:4], "little") / 2**32
+    return "validation" if bucket < validation_fraction else "train"
+
 
 def _stdlib_split(split: str) -> list[Path]:
-    from probekit.tasks.corpus import corpus_files, split_of, stdlib_root
-
     root = stdlib_root()
     return [p for p in corpus_files(root) if split_of(p, root, VALIDATION_FRACTION) == split]
 
@@ -380,10 +407,14 @@ def _special_wrapping(tokenizer: Any, n_special: int) -> tuple[list[int], list[i
 
 
 __all__ = [
+    "VALIDATION_FRACTION",
     "check_dataset_names",
     "check_utf8",
+    "corpus_files",
     "dataset_texts",
     "file_texts",
+    "split_of",
+    "stdlib_root",
     "stdlib_texts",
     "text_chunks",
     "token_windows",

@@ -1,8 +1,8 @@
 """probekit's training machinery, shared by every task's trainer: GPT-2-style stacked models
 (:mod:`~probekit.training.models`), the one training loop (:mod:`~probekit.training.loop`),
-AdamW, schedules, precision, checkpoints, locks, memory checks, executors, depth growth and
-the language-model trainer (:mod:`~probekit.training.lm`). A task's own trainer lives in the
-task's package, above this one.
+AdamW, schedules, precision, checkpoints, locks, memory checks and depth growth. A task's own
+corpus, config and trainer live in the task's package, above this one: :mod:`probekit.anchor`
+and :mod:`probekit.lm`.
 
 Example:
     >>> from probekit.training import ModelConfig

@@ -1,10 +1,11 @@
 """The training loop both trainers run, and the settings every training run has.
 
-:class:`RunSettings` declares the settings every trainer's config shares (the language-model
-runs' :class:`~probekit.training.lm.LMConfig` here, a task package's own config above): seed,
-steps, batch size, the AdamW schedule, the evaluation interval, precision and determinism, with
-their checks and the learning-rate schedule. The configs inherit them, so their constructor
-keywords and saved fields are the fields of one class.
+:class:`RunSettings` declares the settings every trainer's config shares (the task packages'
+configs above: :class:`~probekit.lm.config.LMConfig`,
+:class:`~probekit.anchor.config.TrainConfig`): seed, steps, batch size, the AdamW schedule, the
+evaluation interval, precision and determinism, with their checks and the learning-rate
+schedule. The configs inherit them, so their constructor keywords and saved fields are the
+fields of one class.
 
 A :class:`Trainer` is one run (or one stack of runs) as the loop sees it; each trainer supplies
 its own work (prepare an interval's batches, one step, the divergence check, evaluate, save,

@@ -50,27 +50,9 @@ def check_fits(needed: int, device: torch.device, what: str) -> None:
         )
 
 
-def lm_params(n_layers: int, d_model: int, d_mlp: int, vocab: int, n_positions: int) -> int:
-    """Parameters of a GPT-2 with tied embeddings (the LM trainer's models)."""
-    per_layer = 4 * d_model * d_model + 2 * d_model * d_mlp + 9 * d_model + d_mlp
-    return n_layers * per_layer + (vocab + n_positions) * d_model + 2 * d_model
-
-
-def lm_run_bytes(cfg, vocab: int) -> int:
-    """Estimated bytes of training the LM run ``cfg`` (an LMConfig) at its final depth."""
-    d_mlp = cfg.d_mlp or 4 * cfg.d_model
-    params = lm_params(cfg.n_layers, cfg.d_model, d_mlp, vocab, cfg.seq_len)
-    tokens = cfg.batch_size * cfg.seq_len
-    per_token = 16 * cfg.d_model + 2 * d_mlp + cfg.n_heads * cfg.seq_len
-    acts = tokens * cfg.n_layers * per_token * 4 + tokens * vocab * 4 * 3
-    return params * TRAIN_BYTES_PER_PARAM + acts + cfg.n_layers * LAYER_OVERHEAD_BYTES
-
-
 __all__ = [
     "LAYER_OVERHEAD_BYTES",
     "TRAIN_BYTES_PER_PARAM",
     "available_memory",
     "check_fits",
-    "lm_params",
-    "lm_run_bytes",
 ]

@@ -2,7 +2,7 @@
 
 For each layer l, its whole update is removed (the block's output := its input), and separately
 its attention and its MLP update are zeroed. The output change is measured per token (see
-:data:`probekit.analyses._common.OUTPUT_MEASURES`) and reduced per ``convention`` (see
+:data:`probekit.analyses.common.OUTPUT_MEASURES`) and reduced per ``convention`` (see
 :mod:`probekit.analyses.depth.conventions`): ``"probekit"`` (default, probekit's own choice)
 averages over all selected tokens of all prompts; ``"csordas2025"`` takes the max over the
 measured tokens, then positions t, then prompts, never ablates position 0, and is the
@@ -18,7 +18,7 @@ depth-curse headline number: static pre-LN models put little of their output in 
 half.
 
 A model without an LM head (a base model's final hidden state, or a sentence-transformers
-embedding; see :data:`probekit.analyses._common.HIDDEN_MEASURES`) is measured in hidden space:
+embedding; see :data:`probekit.analyses.common.HIDDEN_MEASURES`) is measured in hidden space:
 ``rel_l2`` (||z' - z|| / ||z||, also the share measure and the headline) and ``cos_dist``; its
 ``clean_loss`` is NaN and ``summary["output"]`` / ``summary["measure"]`` name what was compared.
 
@@ -47,7 +47,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     TokenMeans,
     check_outputs_finite,
     headline_measure,

@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-from probekit.analyses._common import TokenMeans
+from probekit.analyses.common import TokenMeans
 from probekit.data import Batch, position_mask
 from probekit.errors import InputError
 from probekit.interventions import ANSWER_FIX, InterventionSetting

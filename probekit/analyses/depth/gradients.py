@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     TokenMeans,
     check_outputs_finite,
     loss_mask,

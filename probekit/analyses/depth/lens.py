@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     CHUNK_TOKENS,
     CleanSide,
     clean_side,
@@ -52,9 +52,9 @@ def lens_measures(
 ) -> dict[str, torch.Tensor]:
     """Per-token KL(p_layer || p_final) and top-k overlap with the final prediction.
 
-    ``final_logits`` may be the :func:`~probekit.analyses._common.clean_side` of the final
+    ``final_logits`` may be the :func:`~probekit.analyses.common.clean_side` of the final
     logits, computed once per batch. Computed in float32 chunks of
-    :data:`~probekit.analyses._common.CHUNK_TOKENS` tokens (memory bounded by a chunk), with
+    :data:`~probekit.analyses.common.CHUNK_TOKENS` tokens (memory bounded by a chunk), with
     KL = sum p_layer (z_layer - z_final) - (lse_layer - lse_final), the log-sum-exps in float64.
     """
     labels = torch.full(layer_logits.shape[:-1], -100, device=layer_logits.device)

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, loss_mask, result_meta, token_loss
+from probekit.analyses.common import TokenMeans, loss_mask, result_meta, token_loss
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.progress import counted

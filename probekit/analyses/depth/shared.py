@@ -5,7 +5,7 @@ and passed explicitly to the analyzers (``cache=``); an analyzer given none make
 It keeps:
 
 - the clean :class:`~probekit.model.Trace` of the latest batch and its output side
-  (:func:`~probekit.analyses._common.clean_side`): one batch's residuals at a time, never more;
+  (:func:`~probekit.analyses.common.clean_side`): one batch's residuals at a time, never more;
 - per whole-layer skip variant (batch, skipped layer, intervened positions) its per-token
   output measures and, per later layer, ``||D'_l - D_l||``: what ``contributions`` (component
   'layer') and ``skip_effects`` both need, so each skip runs once (a few ``[B, T]`` float64
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     CleanSide,
     check_outputs_finite,
     clean_side,

@@ -45,7 +45,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     headline_measure,
     measure_positions,
     output_note,

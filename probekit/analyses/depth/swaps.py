@@ -43,7 +43,7 @@ import torch
 from sklearn.cluster import AgglomerativeClustering
 
 from probekit import figures
-from probekit.analyses._common import (
+from probekit.analyses.common import (
     cost_measure,
     loss_mask,
     output_note,
@@ -233,7 +233,7 @@ class _SequenceLosses:
 
     def variants(self, pairs: Sequence[tuple[Range, Range]]) -> np.ndarray:
         """Per-sequence cost sums ``[variants, sequences]`` of the swaps of ``pairs`` (the
-        :func:`~probekit.analyses._common.cost_measure`); each resumes at the first swapped
+        :func:`~probekit.analyses.common.cost_measure`); each resumes at the first swapped
         layer, stacked per pass (see :class:`Shared`)."""
         n = self.model.n_layers
         orders = [swapped_order(n, first, second) for first, second in pairs]

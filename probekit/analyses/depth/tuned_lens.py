@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from probekit import figures
-from probekit.analyses._common import TokenMeans, check_outputs_finite, result_meta
+from probekit.analyses.common import TokenMeans, check_outputs_finite, result_meta
 from probekit.analyses.depth.lens import LogitLensResult, lens_measures
 from probekit.analyses.depth.lens_checks import (
     CONFIG_FILE,
@@ -173,9 +173,14 @@ def data_record(batches: list[Batch], hashes: torch.Tensor, label: str | None) -
     }
 
 
-def _check_head(model: Model) -> None:
+def check_head(model: Model) -> None:
     """Refuse a model without an output head (nothing to decode the residual with): its head
-    must map one residual to ``d_vocab`` logits."""
+    must map one residual to ``d_vocab`` logits; :class:`UnsupportedModelError` otherwise.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> check_head(toy_model(n_layers=2))  # a language model: its head decodes
+    """
     if getattr(model, "headless", None) is not None:  # loaded without its LM head
         model.require_vocabulary("the tuned lens")
     probe = torch.zeros(1, 1, model.d_model, device=model.device, dtype=model.dtype)
@@ -221,7 +226,7 @@ class TunedLens(nn.Module):
     def zeros(cls, model: Model) -> TunedLens:
         """The untrained lens of ``model`` (all translators zero: exactly the logit lens)."""
         model = load(model)
-        _check_head(model)
+        check_head(model)
         lens = cls(model.n_layers, model.d_model, model.d_vocab).to(model.device)
         lens.fit_info = {"model": repr(model), "architecture": model.architecture}
         lens.identify(model)
@@ -312,7 +317,7 @@ class TunedLens(nn.Module):
         )
         _check_settings(settings, tokens)
         settings = _plain(settings)
-        _check_head(model)
+        check_head(model)
         batches = model.prepare(data, settings.batch_size)
         order = batch_order(
             batches,

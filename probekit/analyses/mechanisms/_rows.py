@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from probekit.analyses._common import DataOrTask, TokenMeans, check_outputs_finite
+from probekit.analyses.common import DataOrTask, TokenMeans, check_outputs_finite
 from probekit.data import Batch, position_mask, task_data
 from probekit.errors import InputError
 from probekit.model import Model

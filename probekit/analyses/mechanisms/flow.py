@@ -20,7 +20,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses._common import DataOrTask, result_meta
+from probekit.analyses.common import DataOrTask, result_meta
 from probekit.data import task_data
 from probekit.errors import InputError
 from probekit.model import Model, load

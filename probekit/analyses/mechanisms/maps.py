@@ -42,9 +42,9 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses._activations import Position, batches_of, states_at
-from probekit.analyses._common import DataOrTask, cosine_matrix, result_meta
-from probekit.analyses._projection import check_method, reduce
+from probekit.analyses.activations import Position, batches_of, states_at
+from probekit.analyses.common import DataOrTask, cosine_matrix, result_meta
+from probekit.analyses.projection import check_method, reduce
 from probekit.data import TaskData
 from probekit.errors import InputError
 from probekit.model import Model, load

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import DataOrTask, result_meta
+from probekit.analyses.common import DataOrTask, result_meta
 from probekit.analyses.mechanisms._rows import (
     MEASURES,
     SELF,

@@ -46,14 +46,14 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses._activations import (
+from probekit.analyses.activations import (
     batches_of,
     gather,
     position_list,
     row_positions,
     single_roles,
 )
-from probekit.analyses._common import DataOrTask, result_meta
+from probekit.analyses.common import DataOrTask, result_meta
 from probekit.data import TaskData, check_one_length
 from probekit.errors import InputError
 from probekit.model import Model, load

@@ -33,7 +33,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses._common import cosine_matrix
+from probekit.analyses.common import cosine_matrix
 from probekit.analyses.timeline import TimelineResult, timeline
 from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError

@@ -24,8 +24,8 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses._common import result_meta
-from probekit.analyses._projection import check_method, reduce, spearman
+from probekit.analyses.common import result_meta
+from probekit.analyses.projection import check_method, reduce, spearman
 from probekit.errors import InputError
 from probekit.model import Model, load
 from probekit.result import Result

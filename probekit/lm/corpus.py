@@ -1,10 +1,12 @@
-"""An offline real-text corpus: the Python standard library's own source, read as bytes.
+"""The LM task's corpus: the Python standard library's own source (or a folder of text files),
+read as bytes.
 
 Every Python interpreter ships its standard library as ``.py`` files, so this corpus needs no
 download. Tokens are bytes (0..255) plus three specials: ``PAD`` = 256, ``BOS`` = 257 and
 ``EOS`` = 258 (vocabulary 259). Files are assigned to train or validation by a hash of their
-path relative to the corpus root (stable across machines and Python patch releases), and each
-file is followed by ``EOS`` in the token stream.
+path relative to the corpus root (:func:`probekit.tasks.text.split_of`, stable across machines
+and Python patch releases; the generic text sources split the standard library by the same
+rule), and each file is followed by ``EOS`` in the token stream.
 
 Example:
     >>> corpus = ByteCorpus(max_files=20)
@@ -14,41 +16,16 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sysconfig
 from pathlib import Path
 
 import torch
 
 from probekit.errors import ConfigError
+from probekit.tasks.text import VALIDATION_FRACTION, corpus_files, split_of, stdlib_root
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
-_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}  # installed packages are not stdlib
-
-
-def stdlib_root() -> Path:
-    """The folder of this interpreter's standard library."""
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def corpus_files(root: Path, pattern: str = "*.py") -> list[Path]:
-    """The files under ``root`` matching ``pattern`` in sorted order, installed packages and
-    caches left out."""
-    return sorted(
-        p
-        for p in root.rglob(pattern)
-        if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts)
-    )
-
-
-def split_of(path: Path, root: Path, validation_fraction: float) -> str:
-    """ "train" or "validation" for the file ``path``, by a hash of its path below ``root``
-    (stable across machines and Python patch releases)."""
-    digest = hashlib.sha256(str(path.relative_to(root)).encode()).digest()
-    bucket = int.from_bytes(digest[:4], "little") / 2**32
-    return "validation" if bucket < validation_fraction else "train"
 
 
 class ByteCorpus:
@@ -61,7 +38,7 @@ class ByteCorpus:
     def __init__(
         self,
         root: str | os.PathLike | None = None,
-        validation_fraction: float = 0.05,
+        validation_fraction: float = VALIDATION_FRACTION,
         max_files: int | None = None,
         pattern: str = "*.py",
     ) -> None:
@@ -133,4 +110,4 @@ class ByteCorpus:
         return torch.stack([stream[s : s + length] for s in starts.tolist()]).long()
 
 
-__all__ = ["BOS", "EOS", "PAD", "VOCAB_SIZE", "ByteCorpus", "stdlib_root"]
+__all__ = ["BOS", "EOS", "PAD", "VOCAB_SIZE", "ByteCorpus"]

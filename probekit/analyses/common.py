@@ -247,7 +247,7 @@ def output_change(
         wild = _needs_float64(rise, s[:, 0], [out[name][part] for name in measures])
         if bool(wild.any()):
             rows = torch.arange(part.start, part.stop, device=flat.device)[wild]
-            exact = _output_change64(z[wild], flat[part][wild].float(), y[wild])
+            exact = output_change_float64(z[wild], flat[part][wild].float(), y[wild])
             for name in measures:
                 out[name][rows] = exact[name]
     return {name: values.view(side.shape) for name, values in out.items()}
@@ -263,7 +263,7 @@ def _needs_float64(rise: torch.Tensor, s: torch.Tensor, values: list[torch.Tenso
     return wild
 
 
-def _output_change64(z: torch.Tensor, zq: torch.Tensor, y: torch.Tensor) -> dict:
+def output_change_float64(z: torch.Tensor, zq: torch.Tensor, y: torch.Tensor) -> dict:
     """The measures of logits ``[n, V]`` in float64 from their definitions (few tokens), exact
     for any finite float32 logits; :class:`NumericalError` if a value is still not finite
     (infinite or NaN logits), never an infinite measure."""

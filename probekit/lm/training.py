@@ -1,6 +1,6 @@
 """Language-model training on the offline byte corpus, static or grown in depth (MIDAS).
 
-A run trains a GPT-2-style byte-level LM (:mod:`probekit.tasks.corpus`) with AdamW (linear
+A run trains a GPT-2-style byte-level LM (:mod:`probekit.lm.corpus`) with AdamW (linear
 warmup, cosine decay, weight decay on matrices, gradient clipping) on the next-token loss of
 every position. With ``growth != "static"`` it starts at ``initial_layers`` and, at the stage
 boundaries of a Prop-alpha schedule (:func:`probekit.training.growth.growth_plan`), writes a
@@ -11,19 +11,21 @@ linearly to 1 over ``residual_scale_steps`` steps. ``layernorm_scaling`` (static
 with LayerNorm Scaling (:func:`~probekit.training.models.layernorm_scales`): the LN gains and
 biases of layer ``l`` are parametrised as ``1/sqrt(l)`` times the trained ones; checkpoints hold
 the scaled values in a plain HF GPT-2 (its forward is the training forward, bit for bit) and the
-trained ones in ``layernorm_scaling.safetensors``, from which a resumed run goes on.
+trained ones in ``layernorm_scaling.safetensors``, from which a resumed run goes on
+(:mod:`probekit.lm.layernorm_scaling`).
 
 Training FLOPs are counted as 6 · parameters · tokens per step, summed over stages, so static
 and grown runs can be compared at equal final depth. Output folder::
 
-    out/run_config.json   {"kind": "lm", "lm": LMConfig fields} (read back by runs.load_run)
+    out/run_config.json   {"kind": "lm", "lm": LMConfig fields} (read back by run_folders.load_run)
     out/metrics.jsonl     step, depth, lr, train loss, validation loss and perplexity, FLOPs
     out/stage{k}-before/  checkpoint before the k-th growth;  out/stage{k}-after/  after it
     out/step{n}/          every ``save_every`` steps, if set
     out/final/            the final checkpoint (HF GPT-2 + optimizer.safetensors, and under
                           layernorm_scaling the unscaled LN gains: layernorm_scaling.safetensors)
 
-A killed run started again with the same settings resumes from its last checkpoint.
+A killed run started again with the same settings resumes from its last checkpoint
+(:mod:`probekit.lm.checkpoints`).
 
 ``precision`` ("auto": bf16 autocast on CUDA, fp32 on CPU; "fp32"; "bf16") sets the forwards'
 precision; weights and AdamW moments are float32 (:mod:`probekit.training.precision`). Between
@@ -50,170 +52,53 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probekit.errors import CheckpointError, ConfigError, NumericalError
-from probekit.io import atomic_write_text, swapped_directory
-from probekit.tasks.corpus import BOS, EOS, VOCAB_SIZE, ByteCorpus
+from probekit.errors import CheckpointError, NumericalError
+from probekit.lm.checkpoints import (
+    CHECKPOINT_FOLDER,
+    adamw,
+    checked_metrics,
+    comparable_settings,
+    kept_in,
+    load_checkpoint,
+    resumable_checkpoints,
+    save_checkpoint,
+)
+from probekit.lm.config import LMConfig
+from probekit.lm.corpus import VOCAB_SIZE, ByteCorpus
+from probekit.lm.layernorm_scaling import scale_layernorms
 from probekit.training.checkpoint import (
     FIX,
     RUN_CONFIG,
-    check_finite_tensors,
     check_same_settings,
-    check_tensors,
-    load_moments,
     read_run_config,
     recover_checkpoint,
     remove_leftovers,
-    save_moments,
-    save_quietly,
     write_run_config,
 )
-from probekit.training.checks import (
-    DEPTH_WHY,
-    MAX_LAYERS,
-    check_bounded,
-    check_flag,
-    check_int,
-    check_optional_int,
-    check_real,
-    check_str,
-    is_int,
-    is_real,
-)
-from probekit.training.growth import METHODS, grow_checkpoint, growth_plan
+from probekit.training.checks import is_int, is_real
+from probekit.training.growth import grow_checkpoint
 from probekit.training.loop import (
-    RunSettings,
     Trainer,
     checked_device,
     first_failure,
-    kept_checkpoint,
     read_on_host,
     train_in_folder,
 )
-from probekit.training.memory import lm_params, lm_run_bytes
-from probekit.training.metrics import read_metrics, write_metrics
-from probekit.training.models import gpt2_config, layernorm_scales, scale_layernorm
+from probekit.training.memory import LAYER_OVERHEAD_BYTES, TRAIN_BYTES_PER_PARAM
+from probekit.training.metrics import write_metrics
 from probekit.training.precision import autocast, resolve_precision
 from probekit.training.schedule import resolve_device
-
-#: LMConfig's own settings that must be positive integers
-_POSITIVE = (
-    "n_layers",
-    "d_model",
-    "n_heads",
-    "seq_len",
-    "eval_sequences",
-    "initial_layers",
-    "block_size",
-    "residual_scale_steps",
-)
-
-
-@dataclass
-class LMConfig(RunSettings):
-    """A language-model run: the shared run settings
-    (:class:`~probekit.training.loop.RunSettings`: seed, steps, batch size, the AdamW schedule,
-    ``eval_every``, precision, determinism; an LM run's defaults are set here) and the model,
-    growth and corpus. ``n_layers`` is the final depth; grown runs start at ``initial_layers``
-    and add ``block_size`` layers per stage. ``corpus_root`` is a folder of ``.py`` files
-    (default: the Python standard library). ``layernorm_scaling``: LayerNorm Scaling (Sun et
-    al. 2025), static runs only."""
-
-    n_layers: int = 8
-    d_model: int = 128
-    n_heads: int = 4
-    d_mlp: int | None = None
-    seq_len: int = 128
-    # an LM run's defaults of shared run settings
-    batch_size: int = 32
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    eval_every: int = 200
-    growth: str = "static"
-    initial_layers: int = 2
-    block_size: int = 2
-    alpha: float = 1.0
-    residual_scale_start: float | None = None
-    residual_scale_steps: int = 200
-    eval_sequences: int = 64
-    corpus_root: str | None = None
-    corpus_max_files: int | None = None
-    save_every: int | None = None
-    layernorm_scaling: bool = False
-
-    EXAMPLES: ClassVar[dict[str, str]] = {
-        "weight_decay": "0 or e.g. 0.1",
-        "min_lr_ratio": "e.g. 0.1",
-    }
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` on settings that cannot be trained (types, ranges,
-        finiteness, the growth schedule), before anything is read or built."""
-        if not isinstance(self.growth, str) or self.growth not in ("static",) + METHODS:
-            raise ConfigError(
-                f"unknown growth {self.growth!r}", fix=f"use 'static' or one of {list(METHODS)}"
-            )
-        for name in _POSITIVE:
-            check_int(name, getattr(self, name))
-        check_bounded("n_layers", self.n_layers, MAX_LAYERS, DEPTH_WHY)
-        self.validate_run()
-        for name in ("d_mlp", "save_every", "corpus_max_files"):
-            check_optional_int(name, getattr(self, name))
-        check_str("corpus_root", self.corpus_root, optional=True)
-        check_real("alpha", self.alpha, positive=True, example="e.g. 1.0 (Prop-1)")
-        if self.residual_scale_start is not None:
-            check_real("residual_scale_start", self.residual_scale_start, 0, 1, example="e.g. 0.1")
-        if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}",
-                fix="choose n_heads dividing d_model",
-            )
-        check_flag("layernorm_scaling", self.layernorm_scaling)
-        if self.layernorm_scaling and self.growth != "static":
-            raise ConfigError(
-                f"layernorm_scaling with growth {self.growth!r} is not supported: a copied layer "
-                "would move to a depth with another LayerNorm scale",
-                fix="train a static model with layernorm_scaling, or grow without it",
-            )
-        self.plan()
-
-    def plan(self):
-        """The growth plan (a single stage for static runs)."""
-        if self.growth == "static":
-            return growth_plan(self.n_layers, self.n_layers, self.steps, block_size=1)
-        return growth_plan(
-            self.initial_layers,
-            self.n_layers,
-            self.steps,
-            method=self.growth,
-            block_size=self.block_size,
-            alpha=self.alpha,
-        )
-
-    def hf_config(self, n_layers: int):
-        """The ``transformers.GPT2Config`` of this run at depth ``n_layers``."""
-        return gpt2_config(
-            vocab_size=VOCAB_SIZE,
-            n_positions=self.seq_len,
-            d_model=self.d_model,
-            n_layers=n_layers,
-            n_heads=self.n_heads,
-            d_mlp=self.d_mlp,
-            bos_token_id=BOS,
-            eos_token_id=EOS,
-            architectures=["GPT2LMHeadModel"],
-        )
 
 
 @dataclass
@@ -226,215 +111,8 @@ class LMRun:
     checkpoints: list[Path]
 
 
-def _optimizer(model: torch.nn.Module, cfg: LMConfig) -> torch.optim.AdamW:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
-
-
-#: the file of the unscaled LN gains and biases of a LayerNorm-Scaling LM run, in its checkpoint
-UNSCALED_LN_FILE = "layernorm_scaling.safetensors"
-
-
-def _hf_name(name: str) -> str:
-    """The HF name of a parameter (``ln_1.parametrizations.weight.original`` -> ``ln_1.weight``)."""
-    return name.replace(".parametrizations.", ".").removesuffix(".original")
-
-
-class _Scaled(torch.nn.Module):
-    """A LayerNorm-Scaling gain or bias, parametrised: the trained tensor times 1/sqrt(l)."""
-
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, unscaled: torch.Tensor) -> torch.Tensor:
-        return scale_layernorm(unscaled, self.factor)
-
-
-def _scale_layernorms(model, unscaled: dict[str, torch.Tensor] | None = None) -> None:
-    """Parametrise the layers' LN gains and biases of an HF GPT-2 as LayerNorm Scaling does;
-    the trained (unscaled) values are ``unscaled`` (default: the model's current ones)."""
-    from torch.nn.utils import parametrize
-
-    modules = dict(model.named_modules())
-    for name, factor in layernorm_scales(model.config.n_layer).items():
-        owner, kind = name.rsplit(".", 1)
-        module = modules[owner]
-        if unscaled is not None:
-            with torch.no_grad():
-                getattr(module, kind).copy_(unscaled[name])
-        parametrize.register_parametrization(module, kind, _Scaled(factor))
-
-
-def _hf_copy(model):
-    """A plain GPT-2 holding what ``model`` computes: LayerNorm Scaling folded into the gains."""
-    import transformers
-
-    if not any(".parametrizations." in n for n, _ in model.named_parameters()):
-        return model
-    state = {_hf_name(k): v for k, v in model.state_dict().items()}
-    modules = dict(model.named_modules())
-    for name in layernorm_scales(model.config.n_layer):
-        owner, kind = name.rsplit(".", 1)
-        state[name] = getattr(modules[owner], kind).detach()
-    plain = transformers.GPT2LMHeadModel(model.config)
-    plain.load_state_dict(state)
-    return plain
-
-
-def _unscaled_of(model) -> dict[str, torch.Tensor]:
-    """The trained (unscaled) LN gains and biases of a LayerNorm-Scaling model."""
-    return {
-        _hf_name(n): p.detach().cpu().contiguous()
-        for n, p in model.named_parameters()
-        if ".parametrizations." in n
-    }
-
-
-def _save(model, optimizer, path: Path, cfg: LMConfig, state: dict) -> Path:
-    """An HF checkpoint plus AdamW moments (safetensors) and trainer state (JSON)."""
-    from safetensors.torch import save_file
-
-    exp_avg, exp_avg_sq = {}, {}
-    for name, p in model.named_parameters():
-        st = optimizer.state.get(p)
-        if st:
-            exp_avg[_hf_name(name)], exp_avg_sq[_hf_name(name)] = st["exp_avg"], st["exp_avg_sq"]
-    with swapped_directory(path) as tmp:
-        save_quietly(_hf_copy(model), tmp)
-        if cfg.layernorm_scaling:
-            save_file(_unscaled_of(model), str(tmp / UNSCALED_LN_FILE))
-        if exp_avg:
-            save_moments(tmp / "optimizer.safetensors", exp_avg, exp_avg_sq)
-        atomic_write_text(tmp / "trainer_state.json", json.dumps(state))
-        write_run_config(tmp, "lm", {"lm": asdict(cfg)})
-    return path
-
-
-def _load(path: Path, cfg: LMConfig, step: int, device: torch.device):
-    """Model and optimizer from a checkpoint, the AdamW moments restored (and checked there
-    for every parameter once training has begun)."""
-    import transformers
-
-    from probekit.model import from_pretrained_complete
-
-    model = from_pretrained_complete(transformers.GPT2LMHeadModel, path)
-    check_finite_tensors(path / "model.safetensors", dict(model.named_parameters()))
-    if cfg.layernorm_scaling:
-        _scale_layernorms(model, _read_unscaled(path, model))
-    model = model.to(device).train()
-    optimizer = _optimizer(model, cfg)
-    moments = path / "optimizer.safetensors"
-    if not moments.exists():
-        if step > 0:
-            raise CheckpointError(f"{moments} is missing", fix=FIX)
-        return model, optimizer
-    try:
-        exp_avg, exp_avg_sq, _ = load_moments(moments)
-    except Exception as err:  # safetensors raises its own error type on a damaged file
-        raise CheckpointError(f"{moments} is corrupt or truncated ({err})", fix=FIX) from err
-    shapes = {_hf_name(name): tuple(p.shape) for name, p in model.named_parameters()}
-    check_tensors(moments, {"exp_avg." + k: v for k, v in exp_avg.items()}, shapes, "exp_avg.")
-    check_tensors(
-        moments, {"exp_avg_sq." + k: v for k, v in exp_avg_sq.items()}, shapes, "exp_avg_sq."
-    )
-    for name, p in model.named_parameters():
-        optimizer.state[p] = {
-            "step": torch.tensor(float(step)),
-            "exp_avg": exp_avg[_hf_name(name)].to(device),
-            "exp_avg_sq": exp_avg_sq[_hf_name(name)].to(device),
-        }
-    return model, optimizer
-
-
-def _read_unscaled(path: Path, model) -> dict[str, torch.Tensor]:
-    """The unscaled LN gains of a LayerNorm-Scaling checkpoint, checked to fold into exactly
-    the gains its ``model.safetensors`` holds."""
-    from safetensors.torch import load_file
-
-    file = path / UNSCALED_LN_FILE
-    try:
-        unscaled = load_file(str(file))
-    except Exception as err:  # safetensors raises its own error type on a damaged file
-        what = "is missing" if not file.exists() else f"is corrupt or truncated ({err})"
-        raise CheckpointError(f"{file} {what}", fix=FIX) from err
-    scales = layernorm_scales(model.config.n_layer)
-    check_tensors(file, unscaled, {k: (model.config.n_embd,) for k in scales})
-    state = model.state_dict()
-    bad = [
-        k for k, f in scales.items() if not torch.equal(scale_layernorm(unscaled[k], f), state[k])
-    ]
-    if bad:
-        raise CheckpointError(
-            f"{file} does not fold into the LayerNorm gains of {path / 'model.safetensors'} "
-            f"({', '.join(bad[:3])})",
-            fix=FIX,
-        )
-    return unscaled
-
-
-def _checked_metrics(path: Path, step: int, cfg: LMConfig) -> list[dict[str, Any]]:
-    """The metrics rows up to ``step``; the row of the last evaluation must be there."""
-    rows = read_metrics(path, step)
-    last_eval = cfg.last_evaluation(step)
-    if last_eval > 0 and not any(r["step"] == last_eval for r in rows):
-        what = "is missing" if not path.exists() else f"lacks the row of step {last_eval}"
-        raise CheckpointError(f"{path} {what} although a checkpoint is at step {step}", fix=FIX)
-    return rows
-
-
-#: checkpoint folders a killed run resumes from, and their order at one step
-_RESUMABLE = {"step": 0, "before": 1, "after": 2, "final": 3}
-_FOLDER = re.compile(r"^(?:step(?P<n>\d+)|stage(?P<k>\d+)-(?P<when>before|after)|final)$")
-
-
-def _checkpoints(out: Path, steps: int) -> tuple[list[tuple[int, int, Path]], list[str]]:
-    """The checkpoints under ``out`` as (step, order, folder), oldest first, and the problems
-    of those whose trainer_state.json is unreadable or holds an impossible step."""
-    found, damaged = [], []
-    for folder in out.iterdir() if out.is_dir() else ():
-        match = _FOLDER.match(folder.name)
-        if match is None or not (folder / "trainer_state.json").is_file():
-            continue
-        try:
-            state = json.loads((folder / "trainer_state.json").read_text())
-            step = state["step"] if isinstance(state, dict) else None
-        except (OSError, ValueError, KeyError) as err:
-            damaged.append(f"{folder / 'trainer_state.json'} is unreadable ({err})")
-            continue
-        if not is_int(step) or not 0 <= step <= steps:
-            damaged.append(f"{folder / 'trainer_state.json'} gives step {step!r}")
-            continue
-        kind = "step" if match["n"] else match["when"] or "final"
-        found.append((int(step), _RESUMABLE[kind], folder))
-    return sorted(found), damaged
-
-
-def _last_step(out: Path, steps: int) -> str:
-    """What a stopped run leaves: its newest checkpoint, or that there is none."""
-    found, _ = _checkpoints(out, steps)
-    if not found:
-        return kept_checkpoint(None, None)
-    step, _, folder = found[-1]
-    return kept_checkpoint(step, folder)
-
-
 def _after_step(trainer: LMTrainer) -> None:
     """Called after every update: a seam where tests simulate a kill (by replacing it)."""
-
-
-def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings a resumed run must share with its checkpoint (all but ``deterministic``,
-    which changes neither the model nor the data)."""
-    return {k: v for k, v in settings.items() if k != "deterministic"}
 
 
 class LMTrainer(Trainer):
@@ -456,9 +134,9 @@ class LMTrainer(Trainer):
         config = cfg.hf_config(self.plan.depths[0])
         self.model = transformers.GPT2LMHeadModel(config)
         if cfg.layernorm_scaling:
-            _scale_layernorms(self.model)
+            scale_layernorms(self.model)
         self.model = self.model.to(self.device).train()
-        self.optimizer = _optimizer(self.model, cfg)
+        self.optimizer = adamw(self.model, cfg)
         self.stages = dict(zip(self.plan.boundaries, range(1, len(self.plan.depths)), strict=True))
         self.scaler: ResidualScale | None = None
         self.scale_start_step = 0
@@ -482,21 +160,21 @@ class LMTrainer(Trainer):
 
     def save(self, path: Path) -> Path:
         state = {"step": self.step, "flops": self.flops}
-        return _save(self.model, self.optimizer, path, self.cfg, state)
+        return save_checkpoint(self.model, self.optimizer, path, self.cfg, state)
 
     def recover(self) -> None:
         """Undo what a kill left: half-swapped checkpoints and ``.*.tmp`` leftovers."""
         if not self.out.is_dir():
             return
         for name in {p.name.split(".")[1] for p in self.out.glob(".*.*.*")}:
-            if _FOLDER.match(name):  # a kill during an atomic checkpoint swap
+            if CHECKPOINT_FOLDER.match(name):  # a kill during an atomic checkpoint swap
                 recover_checkpoint(self.out / name)
         remove_leftovers(self.out, ("metrics.jsonl", RUN_CONFIG))
 
     def start_over(self) -> None:
         """``resume=False``: remove the checkpoints and metrics of an earlier run in ``out``."""
         for folder in self.out.iterdir() if self.out.is_dir() else ():
-            if _FOLDER.match(folder.name) and (folder / RUN_CONFIG).is_file():
+            if CHECKPOINT_FOLDER.match(folder.name) and (folder / RUN_CONFIG).is_file():
                 shutil.rmtree(folder, ignore_errors=True)
         (self.out / "metrics.jsonl").unlink(missing_ok=True)
 
@@ -516,7 +194,7 @@ class LMTrainer(Trainer):
 
         A damaged checkpoint is skipped with a warning naming it, and the one before it used;
         :class:`CheckpointError` when none is left."""
-        found, problems = _checkpoints(self.out, self.cfg.steps)
+        found, problems = resumable_checkpoints(self.out, self.cfg.steps)
         for step, order, folder in reversed(found):
             try:
                 self._resume_from(folder, step)
@@ -540,14 +218,14 @@ class LMTrainer(Trainer):
         """Load the checkpoint ``folder`` (at ``step``) and the metrics up to it."""
         saved = (read_run_config(folder) or {}).get("lm")
         if isinstance(saved, dict):  # a run written before the options existed
-            saved = _comparable({"layernorm_scaling": False, "precision": "auto", **saved})
-        check_same_settings(folder, saved, _comparable(asdict(self.cfg)))
+            saved = comparable_settings({"layernorm_scaling": False, "precision": "auto", **saved})
+        check_same_settings(folder, saved, comparable_settings(asdict(self.cfg)))
         state = json.loads((folder / "trainer_state.json").read_text())
         flops = state.get("flops")
         if not is_real(flops) or flops < 0:
             raise CheckpointError(f"{folder / 'trainer_state.json'} gives flops {flops!r}", fix=FIX)
-        rows = _checked_metrics(self.out / "metrics.jsonl", step, self.cfg)
-        model, optimizer = _load(folder, self.cfg, step, self.device)
+        rows = checked_metrics(self.out / "metrics.jsonl", step, self.cfg)
+        model, optimizer = load_checkpoint(folder, self.cfg, step, self.device)
         self.model, self.optimizer = model, optimizer
         self.step, self.flops = step, float(flops)
         self.rows = rows
@@ -590,7 +268,7 @@ class LMTrainer(Trainer):
         before = self.save(self.out / f"stage{k}-before")
         after = grow_checkpoint(before, self.out / f"stage{k}-after", cfg.growth, cfg.block_size)
         self.checkpoints += [before, after]
-        self.model, self.optimizer = _load(after, cfg, self.step, self.device)
+        self.model, self.optimizer = load_checkpoint(after, cfg, self.step, self.device)
         if cfg.residual_scale_start is not None:
             self._attach_scale(after, self.step)
 
@@ -651,7 +329,7 @@ class LMTrainer(Trainer):
     def _diverged(self, what: str) -> NumericalError:
         """The error of a run that diverged, naming the checkpoint it leaves."""
         return NumericalError(
-            f"{what}; {_last_step(self.out, self.cfg.steps)}",
+            f"{what}; {kept_in(self.out, self.cfg.steps)}",
             fix="lower the learning rate, raise the warmup or keep grad_clip on",
         )
 
@@ -695,7 +373,7 @@ class LMTrainer(Trainer):
         return f"train {self.cfg.growth}"
 
     def kept(self) -> str:
-        return _last_step(self.out, self.cfg.steps)
+        return kept_in(self.out, self.cfg.steps)
 
     def begin(self) -> None:
         """Start the clock of the ``seconds`` column (going on from a resumed run's)."""
@@ -797,4 +475,20 @@ def _validation_loss(
     return total / count
 
 
-__all__ = ["UNSCALED_LN_FILE", "LMConfig", "LMRun", "LMTrainer", "ResidualScale", "train_lm"]
+def lm_params(n_layers: int, d_model: int, d_mlp: int, vocab: int, n_positions: int) -> int:
+    """Parameters of a GPT-2 with tied embeddings (the LM trainer's models)."""
+    per_layer = 4 * d_model * d_model + 2 * d_model * d_mlp + 9 * d_model + d_mlp
+    return n_layers * per_layer + (vocab + n_positions) * d_model + 2 * d_model
+
+
+def lm_run_bytes(cfg: LMConfig, vocab: int) -> int:
+    """Estimated bytes of training the LM run ``cfg`` at its final depth."""
+    d_mlp = cfg.d_mlp or 4 * cfg.d_model
+    params = lm_params(cfg.n_layers, cfg.d_model, d_mlp, vocab, cfg.seq_len)
+    tokens = cfg.batch_size * cfg.seq_len
+    per_token = 16 * cfg.d_model + 2 * d_mlp + cfg.n_heads * cfg.seq_len
+    acts = tokens * cfg.n_layers * per_token * 4 + tokens * vocab * 4 * 3
+    return params * TRAIN_BYTES_PER_PARAM + acts + cfg.n_layers * LAYER_OVERHEAD_BYTES
+
+
+__all__ = ["LMRun", "LMTrainer", "ResidualScale", "lm_params", "lm_run_bytes", "train_lm"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from probekit.errors import ConfigError
-from probekit.training.ray_address import check_ray_address, loopback_join
+from probekit.ray_address import check_ray_address, loopback_join
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = 'pip install -e ".[ray]"'
@@ -92,8 +92,8 @@ PENDING_SECONDS = 20.0
 def ray_session(address: str | None = None) -> Iterator[Any]:
     """Ray, connected: an already initialised Ray is used as it is (and left running);
     otherwise connect to ``address`` (a running cluster: checked first with
-    :func:`~probekit.training.ray_address.check_ray_address`, joined on loopback where its head
-    is, :func:`~probekit.training.ray_address.loopback_join`) or, with none, start a local Ray
+    :func:`~probekit.ray_address.check_ray_address`, joined on loopback where its head
+    is, :func:`~probekit.ray_address.loopback_join`) or, with none, start a local Ray
     sized to this machine, and shut it down at the end."""
     ray = import_ray()
     if ray.is_initialized():

@@ -1,0 +1,38 @@
+"""The language-model task, in one place: a byte-level GPT-2 trained on the offline byte corpus,
+static or grown in depth (MIDAS), beside the anchor task (:mod:`probekit.anchor`) and on the
+same shared training loop (:mod:`probekit.training.loop`).
+
+* :mod:`probekit.lm.corpus`: :class:`ByteCorpus`, the standard library's source read as bytes,
+  and its tokens;
+* :mod:`probekit.lm.config`: :class:`LMConfig`, a run's settings and their checks;
+* :mod:`probekit.lm.training`: :func:`train_lm` and :class:`LMTrainer`, the run's steps
+  (growth, MIDAS-plus, update, evaluation);
+* :mod:`probekit.lm.checkpoints`: a run's checkpoint folders, written, read back and found
+  again when a killed run resumes;
+* :mod:`probekit.lm.layernorm_scaling`: LayerNorm Scaling, folded into a plain GPT-2 and kept
+  unscaled beside it.
+
+Example:
+    >>> from probekit.lm import LMConfig
+    >>> LMConfig(n_layers=4, growth="midas").plan().depths
+    [2, 4]
+"""
+
+from probekit.lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "ByteCorpus": "probekit.lm.corpus",
+    "LMConfig": "probekit.lm.config",
+    "LMRun": "probekit.lm.training",
+    "LMTrainer": "probekit.lm.training",
+    "ResidualScale": "probekit.lm.training",
+    "UNSCALED_LN_FILE": "probekit.lm.layernorm_scaling",
+    "train_lm": "probekit.lm.training",
+}
+"""Public name -> its module, imported on first use: ``import probekit.lm`` waits for none
+of torch, transformers and pandas until a name is used."""
+
+__all__ = [*_EXPORTS]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
