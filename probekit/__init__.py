@@ -13,6 +13,8 @@ Example:
     True
 """
 
+from typing import TYPE_CHECKING
+
 from probekit import analyses as _analyses
 from probekit.errors import (
     CheckpointError,
@@ -23,6 +25,62 @@ from probekit.errors import (
     UnsupportedModelError,
 )
 from probekit.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.analyses import (  # noqa: F401
+        CondensationResult,
+        CondensationTimelineResult,
+        ContributionResult,
+        DepthTimelineResult,
+        EmbeddingMapResult,
+        FlowResult,
+        GradientResult,
+        HiddenMapResult,
+        KnockoutResult,
+        LogitLensResult,
+        LossResult,
+        MaskingResult,
+        PairCosineResult,
+        ProbeResult,
+        ResidualResult,
+        SkipEffectResult,
+        SolutionResult,
+        SpectraResult,
+        SwapResult,
+        TimelineResult,
+        TunedLens,
+        TunedLensResult,
+        attention_knockout,
+        condensation,
+        condensation_timeline,
+        contributions,
+        depth_timeline,
+        embedding_map,
+        gradient_norms,
+        hidden_state_map,
+        information_flow,
+        layer_swaps,
+        linear_probes,
+        logit_lens,
+        model_loss,
+        pair_cosines,
+        perplexity,
+        residual_stats,
+        skip_effects,
+        solution_types,
+        spectra,
+        timeline,
+        token_masking,
+        tuned_lens,
+    )
+    from probekit.anchor import AnchorData, AnchorTask, train  # noqa: F401
+    from probekit.data import Batch, TaskData  # noqa: F401
+    from probekit.lm import train_lm  # noqa: F401
+    from probekit.model.handle import Model  # noqa: F401
+    from probekit.model.loading import load  # noqa: F401
+    from probekit.report import diagnose  # noqa: F401
+    from probekit.result import Result  # noqa: F401
+    from probekit.run_folders import load_run  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -55,7 +55,7 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         """Move all tensors to ``device``."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Batch(move(self.tokens), move(self.attention_mask), move(self.labels))
+        return Batch(self.tokens.to(device), move(self.attention_mask), move(self.labels))
 
 
 Data = Union[torch.Tensor, Batch, Mapping[str, Any], tuple, list]  # noqa: UP007
@@ -105,7 +105,13 @@ def _one_batch(item: Any) -> Batch:
             )
         return Batch(_tensor(tokens), _opt(item.get("attention_mask")), _opt(item.get("labels")))
     if isinstance(item, tuple) and 1 <= len(item) <= 3:
-        return Batch(*(_opt(x) for x in item))
+        tokens, *rest = item
+        if tokens is None:
+            raise InputError(
+                "a data tuple's first item (the tokens) is None",
+                fix="pass (tokens, attention_mask, labels) with the tokens first",
+            )
+        return Batch(_tensor(tokens), *(_opt(x) for x in rest))
     if isinstance(item, list | int):
         raise InputError(
             "a plain list of token ids is not read as tokens (a list is a list of batches)",

@@ -202,11 +202,11 @@ def phase(
     diagnosis inside it) and leaves that line's total alone."""
     outer = _OPEN.get()
     if not enabled and outer is not None:
-        token = _OWNED.set(False)
+        quiet = _OWNED.set(False)
         try:
             yield outer
         finally:
-            _OWNED.reset(token)
+            _OWNED.reset(quiet)
         return
     line = Line(what, unit, enabled, total)
     token, owned = _OPEN.set(line), _OWNED.set(True)

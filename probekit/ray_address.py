@@ -221,7 +221,9 @@ def _token_headers(ignore_auth_mode: bool = False) -> dict[str, str]:
     """Ray's ``authorization`` header as ``ray.init`` would send it (only with
     ``RAY_AUTH_MODE=token``; any token set up here with ``ignore_auth_mode``), else none."""
     try:
-        from ray._raylet import AuthenticationTokenLoader
+        from ray._raylet import (  # type: ignore[attr-defined]  # absent from Ray's stub
+            AuthenticationTokenLoader,
+        )
 
         loader = AuthenticationTokenLoader.instance()
         return dict(loader.get_token_for_http_header(ignore_auth_mode=ignore_auth_mode))

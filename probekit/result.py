@@ -108,10 +108,10 @@ class Result:
         _REGISTRY[cls.kind] = cls
         own = cls.__dict__.get("figure")
         if own is not None and not hasattr(own, "__wrapped__"):
-            cls.figure = _naming_what_is_missing(own)
+            cls.figure = _naming_what_is_missing(own)  # type: ignore[method-assign]  # on purpose
 
-    def figure(self):  # pragma: no cover - every subclass draws its own
-        """Return a plotly figure of this result."""
+    def figure(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - subclasses draw
+        """Return a plotly figure of this result (the options, if any, depend on the kind)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

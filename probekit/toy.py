@@ -12,10 +12,16 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import torch
 
 from probekit.errors import InputError
 from probekit.model import Model, load
+
+if TYPE_CHECKING:
+    import transformers
 
 TOY_VOCAB = 50
 """Vocabulary size of the toy models."""
@@ -29,15 +35,15 @@ def toy_hf_model(
     d_model: int = 32,
     seed: int = 0,
     vocab_size: int = TOY_VOCAB,
-):
+) -> transformers.PreTrainedModel:
     """A tiny random Hugging Face model (``gpt2``, ``llama`` or ``bert``) in eval mode."""
     import transformers
 
     if arch not in _ARCHS:
         raise InputError(f"unknown toy architecture {arch!r}", fix=f"use one of {_ARCHS}")
-    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
+    common: dict[str, Any] = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
     # the sizes Llama and BERT name alike
-    sizes = dict(
+    sizes: dict[str, Any] = dict(
         hidden_size=d_model,
         intermediate_size=2 * d_model,
         num_hidden_layers=n_layers,
@@ -45,16 +51,24 @@ def toy_hf_model(
         max_position_embeddings=16,
     )
     if arch == "gpt2":
-        config = transformers.GPT2Config(
+        gpt2 = transformers.GPT2Config(
             n_positions=16, n_embd=d_model, n_layer=n_layers, n_head=4, **common
         )
-        klass = transformers.GPT2LMHeadModel
-    elif arch == "llama":
-        config = transformers.LlamaConfig(num_key_value_heads=2, **sizes, **common)
-        klass = transformers.LlamaForCausalLM
-    else:
-        config = transformers.BertConfig(vocab_size=vocab_size, **sizes)
-        klass = transformers.BertForMaskedLM
+        return _built(transformers.GPT2LMHeadModel, gpt2, seed)
+    if arch == "llama":
+        llama = transformers.LlamaConfig(num_key_value_heads=2, **sizes, **common)
+        return _built(transformers.LlamaForCausalLM, llama, seed)
+    bert = transformers.BertConfig(vocab_size=vocab_size, **sizes)
+    return _built(transformers.BertForMaskedLM, bert, seed)
+
+
+_ConfigT = TypeVar("_ConfigT", bound="transformers.PretrainedConfig")
+
+
+def _built(
+    klass: Callable[[_ConfigT], transformers.PreTrainedModel], config: _ConfigT, seed: int
+) -> transformers.PreTrainedModel:
+    """``klass(config)`` with eager attention, its weights drawn from ``seed``, in eval mode."""
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     return klass(config).eval()

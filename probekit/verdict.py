@@ -14,8 +14,11 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
+from probekit.analyses.depth.contributions import ContributionResult
+from probekit.analyses.depth.swaps import SwapResult
+from probekit.errors import InputError
 from probekit.model import Model
 from probekit.result import Result, layer_ranges
 from probekit.sources import is_random_tokens
@@ -40,6 +43,20 @@ SKIPPABLE_FRACTION = 0.01
 the clean loss."""
 
 
+ResultT = TypeVar("ResultT", bound=Result)
+
+
+def _result_of(results: dict[str, Result], name: str, kind: type[ResultT]) -> ResultT:
+    """``results[name]``, which must be a ``kind`` (the analyzer of that name's result)."""
+    result = results[name]
+    if not isinstance(result, kind):
+        raise InputError(
+            f"results[{name!r}] is a {type(result).__name__}, not a {kind.__name__}",
+            fix=f"pass the result of {name}() under {name!r}",
+        )
+    return result
+
+
 def headline_and_verdict(
     model: Model, results: dict[str, Result], data_source: str | None = None
 ) -> tuple[dict, list[str]]:
@@ -47,7 +64,9 @@ def headline_and_verdict(
     data in words (:func:`probekit.sources.data_source`; None: not known)."""
     if model.output_kind != "logits":
         return _hidden_verdict(model, results)
-    contrib, swaps, lens = results["contributions"], results["layer_swaps"], results["logit_lens"]
+    contrib = _result_of(results, "contributions", ContributionResult)
+    swaps = _result_of(results, "layer_swaps", SwapResult)
+    lens = results["logit_lens"]
     n = model.n_layers
     share = contrib.summary["second_half_share"]
     clean_loss = contrib.summary["clean_loss"]
@@ -102,7 +121,8 @@ def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, lis
     """The headline and verdict of a model without an LM head: every number is the relative
     change ||z' - z|| / ||z|| of its output z (final hidden state or pooled embedding); a layer
     is skippable when removing it changes z by less than :data:`SKIPPABLE_FRACTION`."""
-    contrib, swaps = results["contributions"], results["layer_swaps"]
+    contrib = _result_of(results, "contributions", ContributionResult)
+    swaps = _result_of(results, "layer_swaps", SwapResult)
     n, share = model.n_layers, contrib.summary["second_half_share"]
     change = contrib.profile("rel_l2")
     skippable = {int(layer): v for layer, v in change.items() if v < SKIPPABLE_FRACTION}

@@ -29,7 +29,44 @@ Names are imported from their modules on first use.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from probekit.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.analyses.depth.contributions import ContributionResult, contributions  # noqa: F401
+    from probekit.analyses.depth.gradients import GradientResult, gradient_norms  # noqa: F401
+    from probekit.analyses.depth.lens import LogitLensResult, logit_lens  # noqa: F401
+    from probekit.analyses.depth.loss import LossResult, model_loss, perplexity  # noqa: F401
+    from probekit.analyses.depth.residual import ResidualResult, residual_stats  # noqa: F401
+    from probekit.analyses.depth.skips import SkipEffectResult, skip_effects  # noqa: F401
+    from probekit.analyses.depth.swaps import SwapResult, layer_swaps  # noqa: F401
+    from probekit.analyses.depth.tuned_lens import TunedLens, TunedLensResult, tuned_lens  # noqa: F401
+    from probekit.analyses.mechanisms.flow import FlowResult, information_flow  # noqa: F401
+    from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout  # noqa: F401
+    from probekit.analyses.mechanisms.maps import (  # noqa: F401
+        HiddenMapResult,
+        PairCosineResult,
+        hidden_state_map,
+        pair_cosines,
+    )
+    from probekit.analyses.mechanisms.masking import MaskingResult, token_masking  # noqa: F401
+    from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes  # noqa: F401
+    from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types  # noqa: F401
+    from probekit.analyses.timeline import (  # noqa: F401
+        DepthTimelineResult,
+        TimelineResult,
+        depth_timeline,
+        timeline,
+    )
+    from probekit.analyses.weights.condensation import (  # noqa: F401
+        CondensationResult,
+        CondensationTimelineResult,
+        condensation,
+        condensation_timeline,
+    )
+    from probekit.analyses.weights.embeddings import EmbeddingMapResult, embedding_map  # noqa: F401
+    from probekit.analyses.weights.spectra import SpectraResult, spectra  # noqa: F401
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "depth.contributions": ("ContributionResult", "contributions"),

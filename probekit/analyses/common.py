@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from probekit.data import Data, TaskData
-from probekit.errors import NumericalError
+from probekit.data import Batch, Data, TaskData
+from probekit.errors import InputError, NumericalError
 from probekit.numerics import all_finite
 
 DataOrTask = Union[Data, TaskData]  # noqa: UP007  (Data is a typing.Union)
@@ -54,6 +54,21 @@ def check_outputs_finite(logits: torch.Tensor, what: str = "the model's outputs"
             f"{what} contain NaN or infinite values",
             fix="check the checkpoint's weights (probekit.load checks them) and the input data",
         )
+
+
+def labels_of(batch: Batch) -> torch.Tensor:
+    """The labels of ``batch``, a batch of :meth:`probekit.Model.prepare` (which adds them).
+
+    Example:
+        >>> labels_of(Batch(torch.tensor([[5, 6]]), labels=torch.tensor([[6, -100]]))).tolist()
+        [[6, -100]]
+    """
+    if batch.labels is None:
+        raise InputError(
+            "a batch without labels has no loss",
+            fix="pass the batches of model.prepare(data), which adds the labels",
+        )
+    return batch.labels
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -361,6 +376,11 @@ def variant_measures(
     kind = model.output_kind
     if kind == "logits":
         return output_change(clean, changed, batch.labels, measures=measures or OUTPUT_MEASURES)
+    if isinstance(clean, CleanSide):  # a clean side holds logits: only for output_kind "logits"
+        raise InputError(
+            f"a clean side of logits given for a model whose output is {kind}",
+            fix="pass the clean output itself",
+        )
     if kind == "hidden":
         out = hidden_change(clean, changed)
     else:

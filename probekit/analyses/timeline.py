@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Real
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -41,8 +41,9 @@ from probekit.model import Model, load
 from probekit.result import Result
 from probekit.words import AXES, figure_words
 
-Checkpoint = tuple[str, int, Any]
-"""``(run, step, model)``: a run label, its training step, and a model source."""
+Checkpoint = tuple[str, float, Any]
+"""``(run, step, model)``: a run label, its training step (any real number), and a model
+source."""
 
 
 class TimelineResult(Result):
@@ -101,6 +102,34 @@ def checked_checkpoints(entries: Iterable[Checkpoint]) -> list[Checkpoint]:
                 fix="give each checkpoint its training step as a number",
             )
     return checkpoints
+
+
+TimelineT = TypeVar("TimelineT", bound=TimelineResult)
+
+
+@overload
+def timeline(
+    checkpoints: Iterable[Checkpoint],
+    analyzer: Callable[..., Result],
+    data: Data | Callable[[Model], Data] | None = None,
+    *,
+    rows: Callable[[Result], pd.DataFrame] = scalar_rows,
+    result_class: type[TimelineT],
+    summarize: Callable[[pd.DataFrame], Mapping[str, Any]] | None = None,
+    **options: Any,
+) -> TimelineT: ...
+
+
+@overload
+def timeline(
+    checkpoints: Iterable[Checkpoint],
+    analyzer: Callable[..., Result],
+    data: Data | Callable[[Model], Data] | None = None,
+    *,
+    rows: Callable[[Result], pd.DataFrame] = scalar_rows,
+    summarize: Callable[[pd.DataFrame], Mapping[str, Any]] | None = None,
+    **options: Any,
+) -> TimelineResult: ...
 
 
 def timeline(
@@ -168,12 +197,19 @@ def depth_headlines(
 ) -> DepthHeadlines:
     """Contributions, residual similarity, skip effects and adjacent swaps, headlines only."""
     model = load(model)
-    reading = {"positions": positions, "batch_size": batch_size}
-    contrib = contributions(model, data, components=("layer",), **reading)
-    resid = residual_stats(model, data, **reading)
-    skips = skip_effects(model, data, **reading)
+    contrib = contributions(
+        model, data, components=("layer",), positions=positions, batch_size=batch_size
+    )
+    resid = residual_stats(model, data, positions=positions, batch_size=batch_size)
+    skips = skip_effects(model, data, positions=positions, batch_size=batch_size)
     swaps = layer_swaps(
-        model, data, pairs="adjacent", blocks=None, n_bootstrap=n_bootstrap, **reading
+        model,
+        data,
+        pairs="adjacent",
+        blocks=None,
+        n_bootstrap=n_bootstrap,
+        positions=positions,
+        batch_size=batch_size,
     )
     summary = {
         "n_layers": contrib.summary["n_layers"],
@@ -185,7 +221,7 @@ def depth_headlines(
         "n_blocks": swaps.summary["n_blocks"],
         "mean_adjacent_swap_delta": swaps.summary["mean_adjacent_swap_delta"],
     }
-    meta = result_meta(model, n_bootstrap=n_bootstrap, **reading)
+    meta = result_meta(model, n_bootstrap=n_bootstrap, positions=positions, batch_size=batch_size)
     return DepthHeadlines(pd.DataFrame(), summary, meta)
 
 
@@ -213,7 +249,7 @@ def depth_timeline(
 
     ``data`` is the data for all checkpoints, or a function of the loaded model returning it.
     """
-    return timeline(  # type: ignore[return-value]  (result_class makes it one)
+    return timeline(
         checkpoints,
         depth_headlines,
         data,

@@ -24,11 +24,17 @@ Example:
     1.0
 """
 
+from typing import TYPE_CHECKING
+
 from probekit.anchor.config import PRESETS, TrainConfig, anchor_cpu_config
 from probekit.anchor.data import AnchorData
 from probekit.anchor.solutions import CATEGORIES, WORDING
 from probekit.anchor.task import KEY_SPLITS, SPECIAL_FORMS, SPLITS, AnchorTask
 from probekit.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.anchor.sweep import SweepConfig, SweepResult, run_sweep  # noqa: F401
+    from probekit.anchor.training import RunOutput, train, train_stack  # noqa: F401
 
 _TRAINING: dict[str, str] = {
     "RunOutput": "probekit.anchor.training",

@@ -170,9 +170,10 @@ class AnchorData:
             "intermediate",
             "is_heldout",
         )
+        joined = {f: torch.cat([getattr(d, f) for d in parts]) for f in fields}
         return AnchorData(
             "+".join(d.split for d in parts),
-            *(torch.cat([getattr(d, f) for d in parts]) for f in fields),
+            **joined,
             item_range=self.item_range,
             vocab_size=self.vocab_size,
             key_modulus=self.key_modulus,

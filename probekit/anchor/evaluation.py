@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -41,12 +43,10 @@ class Evaluator:
         precision: str = "auto",
     ) -> None:
         train = task.dataset("train") if train is None else train
-        head = AnchorData(
-            **{
-                k: (v[:train_samples] if torch.is_tensor(v) else v)
-                for k, v in train.__dict__.items()
-            }
-        )
+        fields: dict[str, Any] = {
+            k: (v[:train_samples] if torch.is_tensor(v) else v) for k, v in train.__dict__.items()
+        }
+        head = AnchorData(**fields)
         sets = {
             "train": head,
             "test_data": task.dataset("test_data"),

@@ -154,16 +154,26 @@ class SweepConfig:
         if self.max_stack is not None and (not is_int(self.max_stack) or self.max_stack < 1):
             raise ConfigError(f"max_stack {self.max_stack!r} < 1", fix="use None or >= 1")
 
+    def _filled(self) -> tuple[list[float], list[int]]:
+        """The weight decays and depths, which :meth:`__post_init__` fills in when not given."""
+        if self.weight_decays is None or self.depths is None:
+            raise ConfigError(
+                "the sweep's weight_decays or depths are None",
+                fix="give lists, or leave them out (the base run's)",
+            )
+        return self.weight_decays, self.depths
+
     def _check_values(self) -> None:
         """Every grid value is of the right type and range (before any run is built)."""
+        weight_decays, depths = self._filled()
         for g in self.gammas:
             if not is_real(g):
                 raise ConfigError(
                     f"the sweep's gamma {g!r} is not a finite number", fix="use e.g. 0.3,0.5,0.8"
                 )
-        for wd in self.weight_decays:
+        for wd in weight_decays:
             check_real("weight decay", wd, 0, example="0 or e.g. 0.01")
-        for depth in self.depths:
+        for depth in depths:
             check_int("depth", depth)
         for seed in self.seeds:
             check_seed("seed", seed)
@@ -178,9 +188,10 @@ class SweepConfig:
     def runs(self) -> list[TrainConfig]:
         """The sweep's runs, each a full :class:`TrainConfig` with a unique name."""
         out = []
-        for depth in self.depths:
+        weight_decays, depths = self._filled()
+        for depth in depths:
             for gamma in self.gammas:
-                for wd in self.weight_decays:
+                for wd in weight_decays:
                     for seed in self.seeds:
                         model = ModelConfig.from_dict(
                             {
@@ -229,7 +240,7 @@ def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
     if not np.isfinite(row["final_test_data_acc"]) or row["final_test_data_acc"] < threshold:
         return "memorizing"
     fr = {k: row[f"final_test_task_{k}"] for k in ("inferential", "symmetric", "other")}
-    return max(fr, key=fr.get)
+    return max(fr, key=fr.__getitem__)
 
 
 def _settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) -> dict:

@@ -184,6 +184,8 @@ class AnchorTask:
             )
         self.heldout_pairs = [_as_pair(p, "held-out pair") for p in self.heldout_pairs]
         self._cache: dict[str, AnchorData] = {}
+        # whether this task's seed follows the run's (set by TrainConfig, not a field)
+        self._seed_from_run = False
         self.validate()
 
     # ------------------------------------------------------------------ configuration

@@ -129,6 +129,8 @@ class AnchorStack(Trainer):
     run's config (the stack shares all but the per-run settings :data:`PER_RUN`).
     """
 
+    settings: TrainConfig
+
     def __init__(self, configs: list[TrainConfig], out_dir: Path, single: bool) -> None:
         check_stack(configs)
         self.cfgs = configs
@@ -452,7 +454,7 @@ def stack_bytes(configs: list[TrainConfig]) -> int:
     params = M * m.n_params() * TRAIN_BYTES_PER_PARAM
     # tokens, targets and six bookkeeping tensors per sequence, int64, plus numpy's copy
     data = 2 * (task.n_train + 2 * task.n_test) * (task.seq_len + 8) * 8
-    per_token = 16 * m.d_model + 2 * m.d_mlp + m.n_heads * task.seq_len
+    per_token = 16 * m.d_model + 2 * m.mlp_width() + m.n_heads * task.seq_len
     acts = M * c0.batch_size * task.seq_len * m.n_layers * per_token * 4
     logits = M * c0.batch_size * m.vocab_size * 4 * 3
     return params + data + acts + logits + m.n_layers * LAYER_OVERHEAD_BYTES

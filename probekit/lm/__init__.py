@@ -18,7 +18,15 @@ Example:
     [2, 4]
 """
 
+from typing import TYPE_CHECKING
+
 from probekit.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.lm.config import LMConfig  # noqa: F401
+    from probekit.lm.corpus import ByteCorpus  # noqa: F401
+    from probekit.lm.layernorm_scaling import UNSCALED_LN_FILE  # noqa: F401
+    from probekit.lm.training import LMRun, LMTrainer, ResidualScale, train_lm  # noqa: F401
 
 _EXPORTS: dict[str, str] = {
     "ByteCorpus": "probekit.lm.corpus",

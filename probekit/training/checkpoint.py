@@ -41,7 +41,11 @@ KINDS = ("anchor", "lm")
 #: the way out of a damaged resume state
 FIX = "pass resume=False / --no-resume to start over, or delete the run folder"
 #: what a resumed checkpoint's trainer_state.json must hold, and the types of its values
-_STATE = {"step": int, "loss_sum": (int, float), "loss_count": int}
+_STATE: dict[str, type | tuple[type, ...]] = {
+    "step": int,
+    "loss_sum": (int, float),
+    "loss_count": int,
+}
 
 
 def write_run_config(folder: str | os.PathLike, kind: str, settings: dict[str, Any]) -> Path:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from probekit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: seeds are drawn into 32 bits by numpy and torch alike
 SEED_LIMIT = 2**32
@@ -39,7 +42,7 @@ not a plan; below it the progress bar shows the time left."""
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int | np.integer]:
     """True for a Python or numpy integer that is not a bool."""
     import numpy as np
 

@@ -30,11 +30,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probekit.errors import CheckpointError, ConfigError
 from probekit.io import atomic_write_text, swapped_directory
 from probekit.training.checkpoint import RUN_CONFIG, read_json_object, read_run_config
 from probekit.training.checks import check_int, is_int, is_real
+
+if TYPE_CHECKING:
+    import torch
 
 METHODS = ("midas", "lidas", "append")
 _LAYER = re.compile(
@@ -87,9 +91,9 @@ def inserted_layers(n_layers: int, method: str, block_size: int) -> list[int]:
     return list(range(start, start + block_size))
 
 
-def _renumber(tensors: dict, mapping: list[int]) -> dict:
+def _renumber(tensors: dict[str, torch.Tensor], mapping: list[int]) -> dict[str, torch.Tensor]:
     """Tensors of the grown model: layer ``i`` of the output is a copy of ``mapping[i]``."""
-    by_layer: dict[int, dict[str, object]] = {}
+    by_layer: dict[int, dict[str, torch.Tensor]] = {}
     out = {}
     for key, value in tensors.items():
         match = _LAYER.match(key)
@@ -147,12 +151,13 @@ def grow_checkpoint(
     src, dst = Path(src), Path(dst)
     _check_distinct(src, dst)
     config = _gpt2_config_of(src)
-    n_layers = config.get("n_layer")
-    if not is_int(n_layers) or n_layers < 1:
+    given = config.get("n_layer")
+    if not is_int(given) or given < 1:
         raise CheckpointError(
-            f"{src / 'config.json'} gives n_layer {n_layers!r}",
+            f"{src / 'config.json'} gives n_layer {given!r}",
             fix="pass a checkpoint folder written by probekit train",
         )
+    n_layers = int(given)
     mapping = layer_map(n_layers, method, block_size)
     try:
         weights = load_file(str(src / "model.safetensors"))

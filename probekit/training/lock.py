@@ -107,7 +107,7 @@ def _try_create(lock: Path) -> bool:
     return True
 
 
-def _wait_while_foreign(lock: Path, holder: Holder) -> Holder | None:
+def _wait_while_foreign(lock: Path, holder: Holder | None) -> Holder | None:
     """Wait while a live lock of another host keeps its heartbeat, up to the time it would
     take to go stale; the holder then (None: released)."""
     deadline = time.monotonic() + STALE_AFTER_S + HEARTBEAT_S

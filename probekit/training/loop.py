@@ -307,6 +307,7 @@ class Trainer(ABC):
         """The prepared batch of ``step`` (prepared now when :meth:`prepare` did not)."""
         if self.batches is None or not 0 <= step - self.batch_start < self.batches.shape[0]:
             self.prepare(step + 1)
+        assert self.batches is not None, "prepare() holds the batches"
         return self.batches[step - self.batch_start]
 
     def run_steps(self, stop: int, each=None) -> None:

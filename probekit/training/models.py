@@ -97,6 +97,12 @@ class ModelConfig:
             self.d_mlp = 4 * self.d_model
         self.validate()
 
+    def mlp_width(self) -> int:
+        """``d_mlp``, which :meth:`__post_init__` sets to ``4 * d_model`` when not given."""
+        if self.d_mlp is None:
+            raise ConfigError("d_mlp is None", fix="set d_mlp, or leave it out (4 * d_model)")
+        return self.d_mlp
+
     def validate(self) -> None:
         """Raise :class:`ConfigError` on an impossible shape or a non-finite setting."""
         for name in ("n_layers", "d_model", "n_heads", "d_mlp", "n_positions"):
@@ -136,7 +142,7 @@ class ModelConfig:
             >>> cfg.n_params() == sum(t.numel() for t in init_params(cfg, 0).values())
             True
         """
-        d, f, v = self.d_model, self.d_mlp, self.vocab_size
+        d, f, v = self.d_model, self.mlp_width(), self.vocab_size
         per_layer = 4 * d * d + 2 * d * f + 9 * d + f
         embeddings = v * d * (1 if self.tie_embeddings else 2) + self.n_positions * d
         return self.n_layers * per_layer + embeddings + 2 * d
@@ -196,7 +202,7 @@ class ModelConfig:
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF parameter names and shapes of one model, in a fixed order."""
-        d, f, v = self.d_model, self.d_mlp, self.vocab_size
+        d, f, v = self.d_model, self.mlp_width(), self.vocab_size
         shapes: dict[str, tuple[int, ...]] = {
             "transformer.wte.weight": (v, d),
             "transformer.wpe.weight": (self.n_positions, d),
@@ -247,7 +253,7 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     d = cfg.d_model
     official = cfg.init_scheme == "official"
     out_scale = (2 * cfg.n_layers) ** -0.5 if official else 1.0
-    mlp_in = d if official else cfg.d_mlp
+    mlp_in = d if official else cfg.mlp_width()
     out: dict[str, torch.Tensor] = {}
     for name, shape in cfg.param_shapes().items():
         if not decays(name):

@@ -41,12 +41,13 @@ from probekit import figures
 from probekit.analyses.common import (
     TokenMeans,
     check_outputs_finite,
+    labels_of,
     loss_mask,
     result_meta,
     second_half,
 )
 from probekit.data import Data, position_mask
-from probekit.errors import InputError, NumericalError
+from probekit.errors import InputError, NumericalError, UnsupportedModelError
 from probekit.model import Model, load
 from probekit.numerics import all_finite
 from probekit.progress import counted
@@ -133,6 +134,16 @@ def _layer_rows(model: Model, layer: int, resid_grad_norm: float) -> list[dict]:
     return [{"layer": layer, "measure": m, "value": v} for m, v in values.items()]
 
 
+def _input_gradient(layer: int, kept: torch.Tensor) -> torch.Tensor:
+    """The gradient of the loss at the kept residual input of ``layer``."""
+    if kept.grad is None:
+        raise UnsupportedModelError(
+            f"the backward did not reach the residual input of layer {layer}",
+            fix="use a model whose blocks pass gradients to their input (none detached)",
+        )
+    return kept.grad.detach()
+
+
 def check_gradients_finite(model: Model, kept: dict[int, torch.Tensor]) -> None:
     """Raise :class:`NumericalError` naming the first layer (from layer 0 up) whose weight
     gradients or residual-input gradient hold NaN or infinite values."""
@@ -201,18 +212,19 @@ def gradient_norms(
                 check_outputs_finite(logits)
                 # float32 cross-entropy (a float64 one would hold three [tokens, vocabulary]
                 # float64 tensors for the backward); the per-token losses add up in float64
+                labels = labels_of(batch)
                 tokens = F.cross_entropy(
                     logits.float().flatten(0, 1),
-                    batch.labels.flatten(),
+                    labels.flatten(),
                     ignore_index=-100,
                     reduction="none",
-                ).view(batch.labels.shape)
+                ).view(labels.shape)
                 loss = tokens.double()[mask].sum() / total
                 del logits, tokens
                 loss.backward()
             check_gradients_finite(model, kept)
             for layer, tensor in kept.items():
-                acc.add(layer, tensor.grad.detach().double().norm(dim=-1), chosen)
+                acc.add(layer, _input_gradient(layer, tensor).double().norm(dim=-1), chosen)
             loss_value += float(loss.detach())
         rows = [r for i in range(model.n_layers) for r in _layer_rows(model, i, acc.mean(i))]
     df = pd.DataFrame(rows)

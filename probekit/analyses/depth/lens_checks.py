@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -262,7 +262,7 @@ def check_identity(saved: Any, current: dict[str, Any], where: str) -> None:
 _READ_FIX = "pass a folder written by TunedLens.save()"
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 

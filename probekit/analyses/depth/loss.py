@@ -22,7 +22,13 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses.common import TokenMeans, loss_mask, result_meta, token_loss
+from probekit.analyses.common import (
+    TokenMeans,
+    labels_of,
+    loss_mask,
+    result_meta,
+    token_loss,
+)
 from probekit.data import Data, position_mask
 from probekit.model import Model, load
 from probekit.progress import counted
@@ -73,8 +79,9 @@ def model_loss(
     sums: list[float] = []
     counts: list[int] = []
     for batch in counted(model.prepare(data, batch_size)):
-        losses = token_loss(model.forward(batch), batch.labels)
-        mask = loss_mask(batch.labels, position_mask(batch, positions))
+        labels = labels_of(batch)
+        losses = token_loss(model.forward(batch), labels)
+        mask = loss_mask(labels, position_mask(batch, positions))
         total.add("loss", losses, mask)
         sums += losses.masked_fill(~mask, 0.0).sum(-1).tolist()
         counts += mask.sum(-1).tolist()

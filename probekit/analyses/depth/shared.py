@@ -46,6 +46,7 @@ from probekit.analyses.common import (
     check_outputs_finite,
     clean_side,
     cost_measure,
+    labels_of,
     variant_measures,
 )
 from probekit.data import Batch
@@ -139,7 +140,7 @@ class Shared:
             check_outputs_finite(trace.logits)
             self._trace = trace
             if self.model.output_kind == "logits":
-                self._side = clean_side(trace.logits, batch.labels)
+                self._side = clean_side(trace.logits, labels_of(batch))
                 self._costs[key] = self._side.loss.view(self._side.shape)
             else:
                 self._costs[key] = torch.zeros(
@@ -155,7 +156,8 @@ class Shared:
     def trace(self, batch: Batch) -> Trace:
         """The clean trace of ``batch`` (kept for the latest batch only)."""
         self._load(batch)
-        return self._trace  # type: ignore[return-value]
+        assert self._trace is not None, "_load keeps the trace of the batch it loads"
+        return self._trace
 
     def side(self, batch: Batch) -> CleanSide:
         """The clean output side of ``batch`` (see :func:`clean_side`); models with a

@@ -35,6 +35,7 @@ import math
 import sys
 from collections.abc import Sequence
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -179,6 +180,7 @@ class SwapResult(Result):
 def _variant_orders(
     n: int, pairs: str | Sequence[tuple[int, int]]
 ) -> list[tuple[str, Range, Range]]:
+    chosen: list[tuple[int, ...]]
     if pairs == "adjacent":
         chosen = [(i, i + 1) for i in range(n - 1)]
     elif pairs == "all":
@@ -302,7 +304,7 @@ def _bootstrap(
     return boundary_counts, (np.array(replicates) if n_bootstrap else None)
 
 
-def _check_swap_settings(blocks: object, tolerance: object, n_layers: int) -> None:
+def _check_swap_settings(blocks: Any, tolerance: object, n_layers: int) -> None:
     """Given blocks must be ranges inside the model's layers; a tolerance finite and >= 0."""
     if tolerance is not None and (
         isinstance(tolerance, bool)

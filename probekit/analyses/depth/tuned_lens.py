@@ -93,8 +93,8 @@ def _check_positive(name: str, value: Any, integer: bool = False) -> None:
     kind = numbers.Integral if integer else numbers.Real
     ok = not isinstance(value, bool) and isinstance(value, kind)
     if not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive finite number"
-        raise InputError(f"{name}={value!r} is not {kind}", fix=f"pass {name} > 0")
+        wanted = "a positive integer" if integer else "a positive finite number"
+        raise InputError(f"{name}={value!r} is not {wanted}", fix=f"pass {name} > 0")
 
 
 def _check_settings(s: FitSettings, tokens: int | None) -> None:
@@ -214,11 +214,12 @@ class TunedLens(nn.Module):
     def __init__(self, n_layers: int, d_model: int, d_vocab: int | None = None) -> None:
         super().__init__()
         self.n_layers, self.d_model, self.d_vocab = int(n_layers), int(d_model), d_vocab
-        self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))
+        translators = [nn.Linear(d_model, d_model) for _ in range(n_layers)]
         with torch.no_grad():
-            for t in self.translators:
+            for t in translators:
                 t.weight.zero_()
                 t.bias.zero_()
+        self.translators = nn.ModuleList(translators)
         self.fit_info: dict[str, Any] = {}
         self.fit_sequences = torch.zeros(0, dtype=torch.int64)
 

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from probekit.analyses.common import DataOrTask, TokenMeans, check_outputs_finite
-from probekit.data import Batch, position_mask, task_data
+from probekit.data import Batch, TaskData, position_mask, task_data
 from probekit.errors import InputError
 from probekit.model import Model
 
@@ -110,6 +110,7 @@ def rows(
         targets = task.targets if targets is None else targets
         answers, roles = dict(task.answers()), dict(task.roles())
     else:
+        assert not isinstance(data, TaskData), "task_data() takes every TaskData"
         batches = model.prepare(data, batch_size)
         answers, roles = {}, {}
     n = sum(len(b.tokens) for b in batches)

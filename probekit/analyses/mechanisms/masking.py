@@ -209,8 +209,16 @@ def token_masking(
             has = where.any(-1)
             if not has.any():
                 continue
-            fill = dict(pad_token=pad_token, mask_token=mask_token, low=low, high=high)
-            tokens = mask_tokens(batch.tokens, where, mode, **fill, generator=generator)
+            tokens = mask_tokens(
+                batch.tokens,
+                where,
+                mode,
+                pad_token=pad_token,
+                mask_token=mask_token,
+                low=low,
+                high=high,
+                generator=generator,
+            )
             changed = model.forward(Batch(tokens, batch.attention_mask, batch.labels))
             scores.add((unit,), effects(clean, at_query(changed, query), targets_b), members, has)
             if unit not in units:

@@ -474,8 +474,17 @@ class _Fit:
     probe: str
     max_iter: int
 
-    def __call__(self, name: str, *arrays: np.ndarray) -> float:
-        return fit_probe(*arrays, self.kinds[name], self.probe, self.max_iter)
+    def __call__(
+        self,
+        name: str,
+        x_train: np.ndarray,
+        y_train: np.ndarray,
+        x_test: np.ndarray,
+        y_test: np.ndarray,
+    ) -> float:
+        return fit_probe(
+            x_train, y_train, x_test, y_test, self.kinds[name], self.probe, self.max_iter
+        )
 
 
 def _probe_position(

@@ -443,7 +443,7 @@ def _summary(
         summary["solution"] = task.solution_wording().memorizing
     else:
         fr = {k: summary[f"heldout_{k}"] for k in classified}
-        summary["solution"] = max((k for k in fr if np.isfinite(fr[k])), key=fr.get)
+        summary["solution"] = max((k for k in fr if np.isfinite(fr[k])), key=fr.__getitem__)
     return summary
 
 
