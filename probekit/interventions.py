@@ -495,7 +495,8 @@ class InterventionSetting:
 
     def meta(self) -> dict:
         """The ``meta`` entries of an intervention analysis (future mode: also its draws)."""
-        out = {"convention": self.convention, "mode": self.mode, "keep_first": self.keep_first}
+        out: dict[str, Any] = {"convention": self.convention, "mode": self.mode}
+        out["keep_first"] = self.keep_first
         if self.mode == "future":
             out.update(n_future=self.n_future, seed=self.seed)
         return out
@@ -529,7 +530,7 @@ def adds_bos(tokenizer: Any) -> bool:
     return len(ids) > 1 and ids[0] == bos
 
 
-def _check_component_positions(value: str | None, mode: str, starts: tuple | None) -> None:
+def _check_component_positions(value: str | None, mode: str, starts: object) -> None:
     """Refuse an unknown ``component_positions``, and 'redrawn' where no positions are drawn."""
     if value is not None and value not in COMPONENT_POSITIONS:
         raise InputError(
@@ -561,7 +562,7 @@ def _positions(values: Sequence[int | Sequence[int]]) -> tuple[tuple[int, ...], 
 def _prompt_positions(i: int, value: int | Sequence[int]) -> tuple[int, ...]:
     """The positions of prompt ``i``: an int, or a sequence of ints (not nested further)."""
     try:
-        items = [value] if _is_int(value) else list(value)  # type: ignore[arg-type]
+        items: list[Any] = [value] if _is_int(value) else list(value)  # type: ignore[arg-type]
         if isinstance(value, (str, bytes)) or not all(_is_int(t) for t in items):
             raise TypeError
     except TypeError:

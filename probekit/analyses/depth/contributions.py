@@ -233,7 +233,7 @@ def _ablation_means(
             clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
         for component in components:
             ts = windows[component].ts[i]
-            for intervene_at, measure in slot_masks(batch, ts, positions, setting.keep_first):
+            for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
                 for layer in range(n_layers):
                     if component == "layer":
                         values = shared.skip(batch, layer, intervene_at).measures

@@ -150,13 +150,14 @@ def _plan(setting: InterventionSetting, batches: list[Batch], rng: random.Random
 
 def _given(setting: InterventionSetting, i: int, length: int) -> list[int | None]:
     """The ``answer_start`` positions of prompt ``i`` (``length`` real tokens), checked."""
-    ts = setting.answer_start[i]  # type: ignore[index]
+    ts: tuple[int, ...] = setting.answer_start[i]  # type: ignore[index,assignment]
+    first = int(bool(setting.keep_first))
     for t in ts:
-        if not int(setting.keep_first) < t < length:
+        if not first < t < length:
             raise InputError(
                 f"answer_start[{i}] holds {t}, which leaves nothing to intervene on or to "
                 f"measure in a prompt of {length} tokens",
-                fix=f"use positions {int(setting.keep_first) + 1} <= t < prompt length",
+                fix=f"use positions {first + 1} <= t < prompt length",
             )
     return list(ts)
 

@@ -183,7 +183,7 @@ def _skip_batches(
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        for intervene_at, measure in slot_masks(batch, ts, positions, setting.keep_first):
+        for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
             _skip_all(shared, batch, reduction, setting.convention, intervene_at, measure, ids)
     return reduction
 
