@@ -34,10 +34,11 @@ from probekit.analyses import (
     residual_stats,
     skip_effects,
 )
+from probekit.analyses.depth.lens import LogitLensResult
 from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, as_lens, compare_lenses, tuned_lens
 from probekit.data import Data
-from probekit.errors import NumericalError
+from probekit.errors import CheckpointError, NumericalError
 from probekit.interventions import InterventionSetting
 from probekit.io import atomic_write_bytes, atomic_write_text
 from probekit.model import Model, load
@@ -255,13 +256,12 @@ def _steps(
 ) -> dict[str, Callable[[], Result]]:
     """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make,
     those that can sharing the ``shared`` cache."""
-    cache = {"cache": shared}
     analyzers: dict[str, Callable[..., Result]] = {
-        "contributions": partial(contributions, setting=setting, **cache),
-        "skip_effects": partial(skip_effects, setting=setting, **cache),
-        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, **cache),
+        "contributions": partial(contributions, setting=setting, cache=shared),
+        "skip_effects": partial(skip_effects, setting=setting, cache=shared),
+        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, cache=shared),
         "residual": partial(residual_stats, setting=setting),
-        "logit_lens": partial(logit_lens, setting=setting, **cache),
+        "logit_lens": partial(logit_lens, setting=setting, cache=shared),
         "gradients": gradient_norms,
     }
     if lens is not None:
@@ -439,8 +439,14 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
 def _figure(name: str, results: dict[str, Result]) -> Any:
     """The figure of one analysis; the tuned lens is drawn over the logit lens."""
     if name == "tuned_lens":
-        lenses = (results["logit_lens"], results["tuned_lens"])
-        return compare_lenses(*lenses, names=["logit lens", "tuned lens"])
+        lenses = [results["logit_lens"], results["tuned_lens"]]
+        both = [lens for lens in lenses if isinstance(lens, LogitLensResult)]
+        if len(both) != 2:  # a saved report edited by hand: say so rather than draw one
+            raise CheckpointError(
+                "the report's logit_lens and tuned_lens results are not lens results",
+                fix="rerun the diagnosis to write them again",
+            )
+        return compare_lenses(*both, names=["logit lens", "tuned lens"])
     return results[name].figure()
 
 

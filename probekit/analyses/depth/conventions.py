@@ -131,7 +131,7 @@ def _plan(setting: InterventionSetting, batches: list[Batch], rng: random.Random
         elif setting.answer_start is not None:
             rows.append(_given(setting, i, length))
         else:
-            rows.append(future_positions(length, setting.n_future, rng))
+            rows.append(list[int | None](future_positions(length, setting.n_future, rng)))
     skipped = sum(not r for r in rows)
     if skipped == len(rows):
         raise InputError(
@@ -201,9 +201,10 @@ def slot_masks(
         measure = torch.zeros_like(selected)
         for b, row in enumerate(ts):
             if slot < len(row):
-                t = n_pos if row[slot] is None else row[slot]
+                start = row[slot]
+                t = n_pos if start is None else start
                 intervene_at[b] = (pos >= int(keep_first)) & (pos < t)
-                measure[b] = selected[b] & (pos >= (0 if row[slot] is None else t))
+                measure[b] = selected[b] & (pos >= (0 if start is None else t))
         yield (None if bool(intervene_at.all()) else intervene_at), measure
 
 
