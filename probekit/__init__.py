@@ -75,6 +75,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     )
     from probekit.anchor import AnchorData, AnchorTask, train  # noqa: F401
     from probekit.data import Batch, TaskData  # noqa: F401
+    from probekit.interventions import InterventionSetting  # noqa: F401
     from probekit.lm import train_lm  # noqa: F401
     from probekit.model.handle import Model  # noqa: F401
     from probekit.model.loading import load  # noqa: F401
@@ -97,6 +98,7 @@ _EXPORTS: dict[str, str] = {
     "train_lm": "probekit.lm",
     "load_run": "probekit.run_folders",
     "diagnose": "probekit.report",
+    "InterventionSetting": "probekit.interventions",
 }
 """Public name -> the module it lives in; imported on first use, so ``import probekit`` (and
 the CLI's argument errors) do not wait for torch, transformers and scikit-learn."""

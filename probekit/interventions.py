@@ -2,8 +2,17 @@
 
 Each one restores the model in ``finally``: no hook, no reordered layer and no changed weight
 survives the ``with`` block, even one that raised. The ``*_hooks`` functions return the
-TransformerLens hook lists the context managers install, so the fast paths in the analyzers can
-apply exactly the same edit inside a resumed forward (:meth:`probekit.model.Trace.resume`).
+TransformerLens hook lists the context managers install; the analyzers run their resumed
+forwards (:meth:`probekit.model.Trace.resume`) inside these context managers, and
+:func:`merge` is the whole-layer skip at chosen positions as a residual, the fast path of a
+skip that needs no hook at all.
+
+:class:`InterventionSetting` is how the depth analyzers intervene and reduce: one frozen value
+(convention, mode, the position kept, the future positions and their seed, the answer starts,
+the positions per component) passed as ``setting=`` to :func:`~probekit.contributions`,
+:func:`~probekit.skip_effects`, :func:`~probekit.logit_lens`, :func:`~probekit.residual_stats`
+and :func:`~probekit.diagnose`; it is checked when made and resolved against a model
+(:meth:`InterventionSetting.resolved`) when an analysis starts.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -18,8 +27,11 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +45,14 @@ SUBLAYERS = ("attn", "mlp")
 KNOCKOUT_MODES = ("pattern", "scores")
 """How :func:`knock_out` blocks an edge: 'pattern' zeroes its attention weight after the
 softmax (no renormalisation); 'scores' sets its score to -inf (the softmax renormalises)."""
+CONVENTIONS = ("probekit", "csordas2025")
+"""How the depth analyses reduce per-token values (see
+:mod:`probekit.analyses.depth.conventions`)."""
+MODES = ("current", "future")
+"""Where an intervention applies: at every position, or before positions t (measured after)."""
+COMPONENT_POSITIONS = ("shared", "redrawn")
+"""Whether the attention and MLP ablations of future mode use the layer's positions t or draw
+their own after it."""
 
 
 def _site(sublayer: str) -> str:
@@ -73,6 +93,38 @@ def ablate_hooks(
     return model.replace_update_hooks(layer, sublayer, value)
 
 
+def masked_ablate_hooks(model: Model, layer: int, sublayer: str, mask: torch.Tensor) -> HookList:
+    """Hooks that zero the ``sublayer`` update of ``layer`` at the positions in ``mask`` only
+    (updates as in :meth:`probekit.Model.update_hooks`)."""
+    if not model.post_norm:
+        site = model.hook_name(layer, "attn_out" if sublayer == "attn" else "mlp_out")
+        return [(site, lambda t, hook: t.masked_fill(mask[..., None], 0.0))]
+    held: dict[str, torch.Tensor] = {}
+
+    def keep(tensor: torch.Tensor, hook: Any) -> None:
+        held["base"] = tensor
+
+    def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
+        return torch.where(mask[..., None], held.pop("base"), tensor)
+
+    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    return [(model.hook_name(layer, before), keep), (model.hook_name(layer, at), replace)]
+
+
+def merge(mask: torch.Tensor | None, intervened: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """``intervened`` where ``mask`` (everywhere when ``None``), ``clean`` elsewhere: with a
+    block's input as ``intervened`` and its output as ``clean``, the residual leaving the block
+    when it is skipped at the positions in ``mask`` (what :func:`skip_layer` computes there).
+
+    Example:
+        >>> merge(torch.tensor([True, False]), torch.zeros(2, 1), torch.ones(2, 1)).tolist()
+        [[0.0], [1.0]]
+    """
+    if mask is None:
+        return intervened
+    return torch.where(mask[..., None], intervened, clean)
+
+
 @contextmanager
 def hooks(model: Model, fwd_hooks: HookList) -> Iterator[Model]:
     """Install arbitrary TransformerLens forward hooks, removed on exit."""
@@ -97,13 +149,26 @@ def ablate(
     sublayer: str,
     mode: str = "zero",
     data: Data | None = None,
+    *,
+    at: torch.Tensor | None = None,
 ) -> Iterator[Model]:
     """Zero- or mean-ablate the attention or MLP update of one layer.
 
-    Mean ablation replaces the update by its mean over all real tokens of ``data``.
+    Mean ablation replaces the update by its mean over all real tokens of ``data``. ``at``
+    (a bool ``[batch, pos]`` mask of the batch that is run) zero-ablates at those positions
+    only (:func:`masked_ablate_hooks`); ``None`` ablates at every position.
     """
     model.check_layer(layer)
     _site(sublayer)
+    if at is not None:
+        if mode != "zero":
+            raise InputError(
+                f"ablation at chosen positions is zero ablation; mode={mode!r} was given",
+                fix="use mode='zero' with at=..., or at=None",
+            )
+        with model.hooks(masked_ablate_hooks(model, layer, sublayer, at)):
+            yield model
+        return
     if mode == "zero":
         value = None
     elif mode == "mean":
@@ -335,9 +400,197 @@ def knock_out(
         yield model
 
 
+# ---------------------------------------------------------------- the depth analyses' setting
+@dataclass(frozen=True)
+class InterventionSetting:
+    """How the depth analyses intervene and reduce: one value passed as ``setting=`` to
+    :func:`~probekit.contributions`, :func:`~probekit.skip_effects`,
+    :func:`~probekit.logit_lens` and :func:`~probekit.residual_stats` (which only reduce, so
+    read only ``convention``) and to :func:`~probekit.diagnose`. Checked when made (an
+    :class:`~probekit.errors.InputError` names the field); see
+    :mod:`probekit.analyses.depth.conventions` for what each field means.
+
+    Attributes:
+        convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
+            and prompts; the reference code's reductions).
+        mode: 'current' (intervene at every position) or 'future' (intervene at positions
+            < t, measure at positions >= t).
+        keep_first: never intervene at position 0 (None: when the tokenizer adds a BOS token,
+            and always under 'csordas2025'; see :meth:`resolved`).
+        n_future: how many positions t per prompt future mode draws.
+        seed: the seed of future mode's draws.
+        answer_start: future mode at given positions: per prompt an int (e.g. the answer
+            start) or a sequence of ints (the effects are maxed over them); lists, arrays and
+            tensors of integers are kept as a tuple of tuples of ints.
+        component_positions: in future mode with drawn positions, 'shared' (the attention and
+            MLP ablations of :func:`~probekit.contributions` use the layer's positions t) or
+            'redrawn' (each draws its own, continuing the layer's random stream, as the
+            reference code does); None: 'redrawn' under 'csordas2025', else 'shared'.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> setting = InterventionSetting("csordas2025", "future").resolved(toy_model())
+        >>> setting.keep_first, setting.component_positions, setting.reduction
+        (True, 'redrawn', 'max')
+        >>> InterventionSetting(mode="past")
+        Traceback (most recent call last):
+        ...
+        probekit.errors.InputError: unknown mode 'past'. Fix: use one of ('current', 'future').
+    """
+
+    convention: str = "probekit"
+    mode: str = "current"
+    keep_first: bool | None = None
+    n_future: int = 4
+    seed: int = 123
+    answer_start: Sequence[int | Sequence[int]] | None = None
+    component_positions: str | None = None
+
+    def __post_init__(self) -> None:
+        check_convention(self.convention)
+        if self.mode not in MODES:
+            raise InputError(f"unknown mode {self.mode!r}", fix=f"use one of {MODES}")
+        keep_first = self.keep_first
+        if keep_first is not None and not isinstance(keep_first, bool):
+            raise InputError(
+                f"keep_first={keep_first!r} is not a bool", fix="pass True, False or None"
+            )
+        n_future, seed = self.n_future, self.seed
+        if isinstance(n_future, bool) or not isinstance(n_future, int) or n_future < 1:
+            raise InputError(f"n_future={n_future!r} is not a positive int", fix="e.g. n_future=4")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InputError(f"seed={seed!r} is not an int", fix="e.g. seed=123")
+        if self.answer_start is not None:
+            object.__setattr__(self, "answer_start", _positions(self.answer_start))
+            if self.mode != "future":
+                raise InputError("answer_start needs mode='future'", fix="pass mode='future'")
+        _check_component_positions(self.component_positions, self.mode, self.answer_start)
+
+    @property
+    def _draws(self) -> bool:
+        """Whether future mode draws the positions t (no ``answer_start`` gives them)."""
+        return self.mode == "future" and self.answer_start is None
+
+    def resolved(self, model: Model) -> InterventionSetting:
+        """This setting with ``keep_first`` and ``component_positions`` decided for ``model``
+        (the defaults the class docstring gives; set values are kept)."""
+        keep_first = self.keep_first
+        if keep_first is None:
+            keep_first = self.convention == "csordas2025" or adds_bos(model.tokenizer)
+        per_component = self.component_positions
+        if per_component is None:
+            redraw = self._draws and self.convention == "csordas2025"
+            per_component = "redrawn" if redraw else "shared"
+        return dataclasses.replace(self, keep_first=keep_first, component_positions=per_component)
+
+    @property
+    def reduction(self) -> str:
+        """How skip and ablation effects are reduced: 'max' or 'token_mean'."""
+        return "max" if self.convention == "csordas2025" else "token_mean"
+
+    @property
+    def redraws(self) -> bool:
+        """Whether the attention and MLP ablations draw their own positions t."""
+        return self.component_positions == "redrawn"
+
+    def meta(self) -> dict:
+        """The ``meta`` entries of an intervention analysis (future mode: also its draws)."""
+        out: dict[str, Any] = {"convention": self.convention, "mode": self.mode}
+        out["keep_first"] = self.keep_first
+        if self.mode == "future":
+            out.update(n_future=self.n_future, seed=self.seed)
+        return out
+
+
+def check_setting(setting: InterventionSetting) -> InterventionSetting:
+    """``setting``, unless it is not an :class:`InterventionSetting` (then InputError)."""
+    if not isinstance(setting, InterventionSetting):
+        raise InputError(
+            f"setting={setting!r} is not an InterventionSetting",
+            fix="pass setting=probekit.InterventionSetting(convention=..., mode=..., ...)",
+        )
+    return setting
+
+
+def check_convention(convention: str) -> None:
+    """Raise :class:`InputError` unless ``convention`` is one of :data:`CONVENTIONS`."""
+    if convention not in CONVENTIONS:
+        raise InputError(f"unknown convention {convention!r}", fix=f"use one of {CONVENTIONS}")
+
+
+def adds_bos(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` puts its BOS token first when encoding text (False if none)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenizer is None or bos is None:
+        return False
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # a tokenizer that cannot encode says nothing about BOS
+        return False
+    return len(ids) > 1 and ids[0] == bos
+
+
+def _check_component_positions(value: str | None, mode: str, starts: object) -> None:
+    """Refuse an unknown ``component_positions``, and 'redrawn' where no positions are drawn."""
+    if value is not None and value not in COMPONENT_POSITIONS:
+        raise InputError(
+            f"unknown component_positions {value!r}", fix=f"use one of {COMPONENT_POSITIONS}"
+        )
+    if value == "redrawn" and not (mode == "future" and starts is None):
+        raise InputError(
+            "component_positions='redrawn' draws positions t, but "
+            + ("answer_start gives them" if starts is not None else "mode='current' has none"),
+            fix="leave component_positions unset, or use mode='future' without answer_start",
+        )
+
+
+ANSWER_FIX = "per prompt one int position, or a sequence of int positions, in data order"
+
+
+def _positions(values: Sequence[int | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """``values`` (per prompt an int, or a sequence of ints: lists, arrays or tensors of
+    integers) as a tuple of tuples of ints, else InputError."""
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        items = list(values)
+    except TypeError:
+        raise InputError(f"answer_start={values!r} is not a sequence", fix=ANSWER_FIX) from None
+    return tuple(_prompt_positions(i, v) for i, v in enumerate(items))
+
+
+def _prompt_positions(i: int, value: int | Sequence[int]) -> tuple[int, ...]:
+    """The positions of prompt ``i``: an int, or a sequence of ints (not nested further)."""
+    try:
+        items: list[Any] = [value] if _is_int(value) else list(value)  # type: ignore[arg-type]
+        if isinstance(value, (str, bytes)) or not all(_is_int(t) for t in items):
+            raise TypeError
+    except TypeError:
+        raise InputError(
+            f"answer_start[{i}]={value!r} is not an integer position or a sequence of them",
+            fix=ANSWER_FIX,
+        ) from None
+    return tuple(operator.index(t) for t in items)
+
+
+def _is_int(value: object) -> bool:
+    """An integer that is not a bool (int, numpy integer, integer 0-d tensor)."""
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return False
+    try:
+        operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
 __all__ = [
+    "COMPONENT_POSITIONS",
+    "CONVENTIONS",
     "KNOCKOUT_MODES",
+    "MODES",
     "SUBLAYERS",
+    "InterventionSetting",
     "ablate",
     "ablate_hooks",
     "check_order",
@@ -345,6 +598,8 @@ __all__ = [
     "hooks",
     "knock_out",
     "knockout_hooks",
+    "masked_ablate_hooks",
+    "merge",
     "reorder_layers",
     "resume_from",
     "skip_layer",

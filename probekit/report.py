@@ -34,10 +34,12 @@ from probekit.analyses import (
     residual_stats,
     skip_effects,
 )
+from probekit.analyses.depth.lens import LogitLensResult
 from probekit.analyses.depth.shared import Shared
 from probekit.analyses.depth.tuned_lens import TunedLens, as_lens, compare_lenses, tuned_lens
 from probekit.data import Data
-from probekit.errors import NumericalError
+from probekit.errors import CheckpointError, NumericalError
+from probekit.interventions import InterventionSetting
 from probekit.io import atomic_write_bytes, atomic_write_text
 from probekit.model import Model, load
 from probekit.page import (
@@ -85,18 +87,6 @@ class Diagnosis:
     """Analyses of :data:`MAY_BE_UNDEFINED` that have no numbers, and why."""
 
 
-@dataclass(frozen=True)
-class Conventions:
-    """How the depth measures are reduced (see :mod:`probekit.analyses.depth.conventions`):
-    ``convention`` ``"probekit"`` (token means) or ``"csordas2025"`` (the reference code's
-    maxima and per-prompt means), ``mode`` ``"current"`` or ``"future"``, and ``keep_first``
-    (never intervene at position 0; ``None``: when the tokenizer adds a BOS token)."""
-
-    convention: str = "probekit"
-    mode: str = "current"
-    keep_first: bool | None = None
-
-
 def diagnose(
     model: Model | Any,
     data: Data,
@@ -106,7 +96,7 @@ def diagnose(
     positions: str = "all",
     batch_size: int | None = None,
     progress: bool = False,
-    conventions: Conventions = Conventions(),
+    setting: InterventionSetting = InterventionSetting(),
     lens: TunedLens | str | os.PathLike | None = None,
     lens_data: Data | None = None,
     lens_steps: int | None = None,
@@ -117,7 +107,8 @@ def diagnose(
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
     ``pairs`` and ``n_bootstrap`` go to :func:`~probekit.analyses.layer_swaps`; ``positions``
-    and ``batch_size`` to every analyzer; ``conventions`` to the skip, ablation, residual and
+    and ``batch_size`` to every analyzer; ``setting`` (how to intervene and reduce, see
+    :class:`~probekit.interventions.InterventionSetting`) to the skip, ablation, residual and
     lens analyses; ``progress`` shows a bar over the analyses. A tuned lens is read beside the
     logit lens when ``lens`` (a fitted :class:`~probekit.analyses.depth.tuned_lens.TunedLens`
     or its folder) or ``lens_data`` (data to fit one on, kept apart from ``data``; ``lens_steps``
@@ -140,9 +131,7 @@ def diagnose(
         lens = TunedLens.fit(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
-    steps = _steps(
-        model, data, pairs, n_bootstrap, positions, batch_size, conventions, lens, shared
-    )
+    steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
     results, not_defined = _run(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
@@ -158,9 +147,11 @@ class DiagnosisSettings:
     """How :func:`diagnose_checkpoint` diagnoses a :class:`~probekit.sources.Source` (what is
     read, where it runs and in which dtype are the source's, :func:`probekit.sources.resolve`).
 
-    ``pairs``, ``n_bootstrap``, ``batch_size``, ``progress``, ``conventions``, ``lens``,
-    ``lens_steps``, ``variants_per_pass`` and ``autocast`` go to :func:`diagnose` (its defaults;
-    ``lens`` reads a fitted tuned lens, which wins over the source's ``lens_data``);
+    ``pairs``, ``n_bootstrap``, ``batch_size``, ``progress``, ``lens``, ``lens_steps``,
+    ``variants_per_pass`` and ``autocast`` go to :func:`diagnose` (its defaults; ``lens``
+    reads a fitted tuned lens, which wins over the source's ``lens_data``), ``intervention``
+    as its ``setting`` (how to intervene and reduce,
+    :class:`~probekit.interventions.InterventionSetting`);
     ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
     """
 
@@ -168,7 +159,7 @@ class DiagnosisSettings:
     n_bootstrap: int = 100
     batch_size: int | None = None
     progress: bool = False
-    conventions: Conventions = Conventions()
+    intervention: InterventionSetting = InterventionSetting()
     lens: TunedLens | str | os.PathLike | None = None
     lens_steps: int | None = None
     variants_per_pass: int | None = 1
@@ -193,7 +184,7 @@ def diagnose_checkpoint(
         positions=source.positions,
         batch_size=settings.batch_size,
         progress=settings.progress,
-        conventions=settings.conventions,
+        setting=settings.intervention,
         lens=settings.lens,
         lens_data=source.lens_data,
         lens_steps=settings.lens_steps,
@@ -259,21 +250,18 @@ def _steps(
     n_bootstrap: int,
     positions: str,
     batch_size: int | None,
-    conventions: Conventions,
+    setting: InterventionSetting,
     lens: TunedLens | str | os.PathLike | None,
     shared: Shared | None = None,
 ) -> dict[str, Callable[[], Result]]:
     """Each analysis of :data:`ANALYSES` (and the tuned lens if asked) as a call still to make,
     those that can sharing the ``shared`` cache."""
-    reduce = {"convention": conventions.convention}
-    intervene = {**reduce, "mode": conventions.mode, "keep_first": conventions.keep_first}
-    cache = {"cache": shared}
     analyzers: dict[str, Callable[..., Result]] = {
-        "contributions": partial(contributions, **intervene, **cache),
-        "skip_effects": partial(skip_effects, **intervene, **cache),
-        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, **cache),
-        "residual": partial(residual_stats, **reduce),
-        "logit_lens": partial(logit_lens, **reduce, **cache),
+        "contributions": partial(contributions, setting=setting, cache=shared),
+        "skip_effects": partial(skip_effects, setting=setting, cache=shared),
+        "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, cache=shared),
+        "residual": partial(residual_stats, setting=setting),
+        "logit_lens": partial(logit_lens, setting=setting, cache=shared),
         "gradients": gradient_norms,
     }
     if lens is not None:
@@ -451,8 +439,14 @@ def _summary(diagnosis: Diagnosis) -> dict[str, Any]:
 def _figure(name: str, results: dict[str, Result]) -> Any:
     """The figure of one analysis; the tuned lens is drawn over the logit lens."""
     if name == "tuned_lens":
-        lenses = (results["logit_lens"], results["tuned_lens"])
-        return compare_lenses(*lenses, names=["logit lens", "tuned lens"])
+        lenses = [results["logit_lens"], results["tuned_lens"]]
+        both = [lens for lens in lenses if isinstance(lens, LogitLensResult)]
+        if len(both) != 2:  # a saved report edited by hand: say so rather than draw one
+            raise CheckpointError(
+                "the report's logit_lens and tuned_lens results are not lens results",
+                fix="rerun the diagnosis to write them again",
+            )
+        return compare_lenses(*both, names=["logit lens", "tuned lens"])
     return results[name].figure()
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import probekit
-from probekit.analyses.depth import conventions
+from probekit import interventions
 from probekit.errors import InputError
+from probekit.interventions import InterventionSetting
 from probekit.model import Trace
 from tests import reference as ref
 from tests.conftest import HF_CLASSES, VOCAB, hf_config, twin
@@ -46,6 +47,10 @@ def _data(lengths, seed: int = 3):
     return (tokens, mask), [tokens[i, :n] for i, n in enumerate(lengths)]
 
 
+CSORDAS = InterventionSetting(convention="csordas2025")
+FUTURE = InterventionSetting(mode="future")
+
+
 def _setup(arch, lengths):
     hf = _hf(arch)
     data, prompts = _data(lengths)
@@ -61,7 +66,9 @@ def _matrix(res, n=4):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_skip_effects_match_the_reference(arch, mode, lengths):
     model, plain, data, prompts = _setup(arch, lengths)
-    res = probekit.skip_effects(model, data, convention="csordas2025", mode=mode, batch_size=3)
+    res = probekit.skip_effects(
+        model, data, setting=InterventionSetting("csordas2025", mode), batch_size=3
+    )
     per_prompt = ref.csordas_effects(plain, prompts, mode)
     d_max, out_max = ref.csordas_max_over_prompts(per_prompt)
     mat, out = _matrix(res)
@@ -86,7 +93,7 @@ def test_answer_start_matches_the_reference():
     model, plain, data, prompts = _setup("llama", VARIABLE)
     starts = [20, 11, 5, 3]
     res = probekit.skip_effects(
-        model, data, convention="csordas2025", mode="future", answer_start=starts
+        model, data, setting=InterventionSetting("csordas2025", "future", answer_start=starts)
     )
     d_max, out_max = ref.csordas_max_over_prompts(
         ref.csordas_effects(plain, prompts, "future", starts=starts)
@@ -104,7 +111,7 @@ def test_answer_start_matches_the_reference():
 )
 def test_contributions_match_the_reference(arch, mode, lengths):
     model, plain, data, prompts = _setup(arch, lengths)
-    res = probekit.contributions(model, data, convention="csordas2025", mode=mode)
+    res = probekit.contributions(model, data, setting=InterventionSetting("csordas2025", mode))
     for component, part in (("layer", "layer"), ("attn", "attention"), ("mlp", "mlp")):
         _, out_max = ref.csordas_max_over_prompts(ref.csordas_effects(plain, prompts, mode, part))
         got = res.profile("prob_l2", component).to_numpy()
@@ -115,7 +122,7 @@ def test_contributions_match_the_reference(arch, mode, lengths):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_logit_lens_averages_per_prompt(arch, lengths):
     model, plain, data, prompts = _setup(arch, lengths)
-    res = probekit.logit_lens(model, data, convention="csordas2025", batch_size=2)
+    res = probekit.logit_lens(model, data, setting=CSORDAS, batch_size=2)
     kl, overlap = ref.csordas_logit_lens(plain, arch, prompts)
     got = res.df.pivot(index="depth", columns="measure", values="value")
     assert np.abs(got["kl"].to_numpy() - kl.numpy()).max() < TOL
@@ -132,7 +139,7 @@ def test_residual_update_cosine_matches_plain_hooks(arch):
     want = ref.csordas_update_cosine(plain, prompts).numpy()
     got = res.table()["cos_update_in"].to_numpy()
     assert np.abs(got - want).max() < TOL
-    other = probekit.residual_stats(model, data, convention="csordas2025")
+    other = probekit.residual_stats(model, data, setting=CSORDAS)
     assert np.allclose(other.df.value.to_numpy(), res.df.value.to_numpy(), rtol=1e-9, atol=0)
 
 
@@ -147,7 +154,7 @@ def test_residual_stats_match_the_reference(embed_scale):
     model, plain = probekit.load(hf), twin(hf)
     h0 = ref.block_io(plain, prompts[0][None], torch.ones_like(prompts[0][None]))[0][0]
     assert (float(h0.norm(dim=-1).max()) < 1e-8) == (embed_scale < 1)
-    res = probekit.residual_stats(model, data, convention="csordas2025").table()
+    res = probekit.residual_stats(model, data, setting=CSORDAS).table()
     want = ref.csordas_norm_stats(plain, "llama", prompts)
     for name, values in want.items():
         assert np.allclose(res[name].to_numpy(), values.numpy(), rtol=1e-6, atol=1e-9), name
@@ -163,7 +170,7 @@ def test_keep_first_leaves_position_zero_untouched(monkeypatch):
     mask = torch.ones_like(batch.tokens, dtype=torch.bool)
     mask[:, 0] = False
     for sub in ("attn", "mlp"):
-        logits = trace.resume(2, fwd_hooks=conventions.masked_ablate_hooks(model, 2, sub, mask))
+        logits = trace.resume(2, fwd_hooks=interventions.masked_ablate_hooks(model, 2, sub, mask))
         assert torch.equal(logits[:, 0], trace.logits[:, 0])
         assert not torch.allclose(logits[:, 1:], trace.logits[:, 1:])
     entered = []
@@ -174,7 +181,7 @@ def test_keep_first_leaves_position_zero_untouched(monkeypatch):
         return original(self, start, residual, *args, **kwargs)
 
     monkeypatch.setattr(Trace, "resume", spy)
-    probekit.skip_effects(model, data, keep_first=True)
+    probekit.skip_effects(model, data, setting=InterventionSetting(keep_first=True))
     for tr, start, residual in entered:
         assert torch.equal(residual[:, 0], tr.residuals[start][:, 0])  # block output kept
         assert torch.equal(residual[:, 1:], tr.residuals[start - 1][:, 1:])  # skipped
@@ -190,24 +197,25 @@ def test_keep_first_default_follows_the_tokenizer():
         def __call__(self, text):
             return {"input_ids": ([1] if self.adds else []) + [5]}
 
-    assert conventions.adds_bos(Tok(True)) and not conventions.adds_bos(Tok(False))
-    assert not conventions.adds_bos(None)
+    assert interventions.adds_bos(Tok(True)) and not interventions.adds_bos(Tok(False))
+    assert not interventions.adds_bos(None)
     model, _, data, _ = _setup("gpt2", EQUAL)
     assert model.tokenizer is None
     a = probekit.skip_effects(model, data).df.value.to_numpy()
-    b = probekit.skip_effects(model, data, keep_first=False).df.value.to_numpy()
-    c = probekit.skip_effects(model, data, keep_first=True).df.value.to_numpy()
+    b = probekit.skip_effects(model, data, setting=InterventionSetting(keep_first=False))
+    c = probekit.skip_effects(model, data, setting=InterventionSetting(keep_first=True))
+    b, c = b.df.value.to_numpy(), c.df.value.to_numpy()
     assert np.array_equal(a, b) and not np.allclose(a, c)
-    assert probekit.skip_effects(model, data, convention="csordas2025").meta["keep_first"]
+    assert probekit.skip_effects(model, data, setting=CSORDAS).meta["keep_first"]
 
 
 def test_short_prompts_are_counted_or_refused():
     model, _, _, _ = _setup("gpt2", EQUAL)
     (tokens, mask), _ = _data((12, 9))
     with pytest.raises(InputError, match="long enough"):
-        probekit.skip_effects(model, (tokens, mask), mode="future")
+        probekit.skip_effects(model, (tokens, mask), setting=FUTURE)
     (tokens, mask), _ = _data((13, 9))
-    res = probekit.contributions(model, (tokens, mask), mode="future", components=["mlp"])
+    res = probekit.contributions(model, (tokens, mask), setting=FUTURE, components=["mlp"])
     assert res.summary["n_prompts"] == 2 and res.summary["n_prompts_skipped"] == 1
     assert res.meta["future_t"] == [[8], []]
 
@@ -229,17 +237,18 @@ def test_short_prompts_are_counted_or_refused():
 def test_new_arguments_are_validated(kwargs):
     model, _, data, _ = _setup("gpt2", (30, 20))
     with pytest.raises(InputError):
-        probekit.skip_effects(model, data, **kwargs)
+        probekit.skip_effects(model, data, setting=InterventionSetting(**kwargs))
     if set(kwargs) == {"convention"}:
         for fn in (probekit.logit_lens, probekit.residual_stats, probekit.contributions):
             with pytest.raises(InputError):
-                fn(model, data, **kwargs)
+                fn(model, data, setting=InterventionSetting(**kwargs))
 
 
 def test_future_mode_probekit_convention_is_seeded():
     model, _, data, _ = _setup("gpt2", (30, 30, 25))
-    a = probekit.skip_effects(model, data, mode="future", seed=1)
-    b = probekit.skip_effects(model, data, mode="future", seed=1, batch_size=1)
+    setting = InterventionSetting(mode="future", seed=1)
+    a = probekit.skip_effects(model, data, setting=setting)
+    b = probekit.skip_effects(model, data, setting=setting, batch_size=1)
     assert np.allclose(a.df.value, b.df.value, rtol=1e-6, atol=1e-9)
     assert a.meta["future_t"] == b.meta["future_t"]
     assert all(len(ts) == 3 for ts in a.meta["future_t"][:2])
@@ -253,7 +262,10 @@ def test_future_ablations_restore_the_model_after_an_exception(monkeypatch):
     fail_midway(monkeypatch, at=3)
     with pytest.raises(RuntimeError, match="injected failure"):
         probekit.contributions(  # fails inside a resumed forward with masked ablation hooks
-            model, (tokens, mask), components=["mlp"], convention="csordas2025", mode="future"
+            model,
+            (tokens, mask),
+            components=["mlp"],
+            setting=InterventionSetting("csordas2025", "future"),
         )
     monkeypatch.undo()
     _assert_same(before, _snapshot(model, tokens, mask))

@@ -203,11 +203,12 @@ def test_stacked_variants_equal_one_at_a_time(arch):
     model = _model(arch)
     data = sample_tokens(pad=False)
     results = {}
+    future_at_4 = probekit.InterventionSetting(mode="future", answer_start=[4] * 6)
     for per_pass in (1, 3):
         cache = Shared(model, variants_per_pass=per_pass)
         results[per_pass] = [
             probekit.contributions(model, data, cache=cache, components=["layer"]),
-            probekit.skip_effects(model, data, cache=cache, mode="future", answer_start=[4] * 6),
+            probekit.skip_effects(model, data, cache=cache, setting=future_at_4),
             probekit.layer_swaps(model, data, pairs="all", n_bootstrap=0, cache=cache),
         ]
     for a, b in zip(results[1], results[3], strict=True):

@@ -152,3 +152,40 @@ def test_resume_from_a_cached_residual(arch):
     with pytest.raises(InputError, match="cached residual has shape"):
         with iv.resume_from(model, 1, patched[:2]):
             model.logits(tokens, mask)
+
+
+@pytest.mark.parametrize("sublayer", ["attn", "mlp"])
+def test_ablation_at_chosen_positions_leaves_the_others(arch, sublayer):
+    model, _, tokens, mask = _setup(arch)
+    at = torch.zeros(tokens.shape, dtype=torch.bool)
+    at[:, 2:] = True
+    clean = model.logits(tokens, mask)
+    with iv.ablate(model, 1, sublayer, at=at):
+        got = model.logits(tokens, mask)
+    with iv.ablate(model, 1, sublayer):
+        everywhere = model.logits(tokens, mask)
+    if model.is_causal:  # positions before the ablated ones see nothing of it
+        assert torch.allclose(got[:, :2], clean[:, :2], atol=ATOL)
+    assert not _close(got, clean, mask)
+    at[:] = True
+    with iv.ablate(model, 1, sublayer, at=at):
+        assert _close(model.logits(tokens, mask), everywhere, mask)
+    with pytest.raises(InputError, match="zero ablation"):
+        with iv.ablate(model, 1, sublayer, mode="mean", data=(tokens, mask), at=at):
+            pass
+
+
+def test_the_intervention_setting_is_checked_when_made_and_resolved_per_model():
+    setting = probekit.InterventionSetting(mode="future", answer_start=[torch.tensor(9), [4, 5]])
+    assert setting.answer_start == ((9,), (4, 5))
+    assert hash(setting) == hash(
+        probekit.InterventionSetting("probekit", "future", None, 4, 123, ((9,), (4, 5)))
+    )
+    with pytest.raises(InputError, match="unknown convention"):
+        probekit.InterventionSetting(convention="paper")
+    model = probekit.load(make_hf("gpt2"))
+    resolved = setting.resolved(model)
+    assert (resolved.keep_first, resolved.component_positions) == (False, "shared")
+    assert resolved.resolved(model) == resolved
+    with pytest.raises(InputError, match="is not an InterventionSetting"):
+        probekit.skip_effects(model, sample_tokens()[0], setting="csordas2025")

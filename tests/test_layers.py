@@ -46,10 +46,8 @@ def _lint_imports() -> Path:
 
 @pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_holds(contract):
-    """The layers (cli > demo | compare > cluster > report > report_text | verdict > sources >
-    run_folders > anchor | lm > training > tasks > analyses > interventions > toy > model >
-    data | result | figures > numerics | executor > io | lazy | progress | ray_address | words
-    > errors) and no cycles between siblings."""
+    """The layers (as docs/layout.md draws them: see the test below) and no cycles between
+    siblings."""
     done = subprocess.run(
         [str(_lint_imports()), "--no-cache", "--no-logo", "--contract", contract],
         cwd=ROOT,
@@ -60,6 +58,22 @@ def test_import_contract_holds(contract):
     if done.returncode != 0:
         broken = done.stdout.split("Broken contracts", 1)[-1].strip("-\n ")
         pytest.fail(f"import contract {contract!r} is broken:\n{broken}{done.stderr}", False)
+
+
+def _top_layers() -> str:
+    """setup.cfg's top-level layers as docs/layout.md writes them: ``cli > ... > errors``."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    layers = config["importlinter:contract:layers"]["layers"].split("\n")
+    return " > ".join(line.strip() for line in layers if line.strip() not in ("", "__main__"))
+
+
+def test_layout_page_draws_the_layers_setup_cfg_checks():
+    """docs/layout.md's chain of layers is the one import-linter checks."""
+    page = " ".join((ROOT / "docs" / "layout.md").read_text().split())
+    assert f"`{_top_layers()}`" in page
 
 
 def test_every_contract_is_tested():

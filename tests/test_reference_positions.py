@@ -12,12 +12,14 @@ import torch
 
 import probekit
 from probekit.errors import InputError
+from probekit.interventions import InterventionSetting
 from tests import reference as ref
 from tests.test_conventions import VARIABLE, _setup
 
 TOL = 1e-6
 LENGTHS = (30, 30, 21, 13, 9)  # n_future=1 picks 2 of 3 positions in the longest: draws matter
 PARTS = {"layer": "layer", "mlp": "mlp", "attn": "attention"}
+ONE_FUTURE = InterventionSetting("csordas2025", "future", n_future=1)
 
 
 def _profiles(res) -> dict[str, np.ndarray]:
@@ -41,9 +43,7 @@ def llama():
 
 def test_redrawn_positions_equal_the_reference_run(llama):
     model, plain, data, prompts = llama
-    res = probekit.contributions(
-        model, data, convention="csordas2025", mode="future", n_future=1, batch_size=2
-    )
+    res = probekit.contributions(model, data, setting=ONE_FUTURE, batch_size=2)
     assert res.meta["component_positions"] == "redrawn"  # the default under csordas2025
     want = _reference_outputs(ref.csordas_future_run(plain, prompts, n_chunks=1))
     for component, values in _profiles(res).items():
@@ -53,15 +53,13 @@ def test_redrawn_positions_equal_the_reference_run(llama):
     assert res.meta["future_t_mlp"] == drawn["mlp"]
     assert res.meta["future_t_attn"] == drawn["attn"]
     assert drawn["attn"] != drawn["layer"] and drawn["mlp"] != drawn["layer"]
-    skips = probekit.skip_effects(model, data, convention="csordas2025", mode="future", n_future=1)
+    skips = probekit.skip_effects(model, data, setting=ONE_FUTURE)
     assert skips.meta["future_t"] == drawn["layer"]  # the layer's draws are the first either way
 
 
 def test_one_component_still_draws_after_the_layer_and_mlp(llama):
     model, plain, data, prompts = llama
-    attn = probekit.contributions(
-        model, data, components=["attn"], convention="csordas2025", mode="future", n_future=1
-    )
+    attn = probekit.contributions(model, data, components=["attn"], setting=ONE_FUTURE)
     want = _reference_outputs(ref.csordas_future_run(plain, prompts, n_chunks=1))["attn"]
     assert np.abs(attn.profile("prob_l2", "attn").to_numpy() - want).max() < TOL
 
@@ -71,10 +69,9 @@ def test_shared_positions_reuse_the_layers_draws(llama):
     res = probekit.contributions(
         model,
         data,
-        convention="csordas2025",
-        mode="future",
-        n_future=1,
-        component_positions="shared",
+        setting=InterventionSetting(
+            "csordas2025", "future", n_future=1, component_positions="shared"
+        ),
     )
     assert "future_t_attn" not in res.meta and res.meta["component_positions"] == "shared"
     got = _profiles(res)
@@ -85,10 +82,14 @@ def test_shared_positions_reuse_the_layers_draws(llama):
     run = _reference_outputs(ref.csordas_future_run(plain, prompts, n_chunks=1))
     for component in ("attn", "mlp"):  # the reference's own run draws other positions
         assert not np.allclose(got[component], run[component], rtol=1e-4, atol=0)
-    default = probekit.contributions(model, data, mode="future", n_future=1)
+    default = probekit.contributions(
+        model, data, setting=InterventionSetting(mode="future", n_future=1)
+    )
     assert default.meta["component_positions"] == "shared"  # the default under probekit
     redrawn = probekit.contributions(
-        model, data, mode="future", n_future=1, component_positions="redrawn"
+        model,
+        data,
+        setting=InterventionSetting(mode="future", n_future=1, component_positions="redrawn"),
     )
     shared, redrawn = _profiles(default), _profiles(redrawn)  # token means see every t
     assert np.array_equal(shared["layer"], redrawn["layer"])
@@ -104,9 +105,8 @@ def test_shared_positions_reuse_the_layers_draws(llama):
 def test_several_answer_starts_equal_the_reference(starts):
     model, plain, data, prompts = _setup("llama", VARIABLE)
     plain_starts = [np.asarray(t).reshape(-1).tolist() for t in starts]
-    res = probekit.skip_effects(
-        model, data, convention="csordas2025", mode="future", answer_start=starts, batch_size=3
-    )
+    given = InterventionSetting("csordas2025", "future", answer_start=starts)
+    res = probekit.skip_effects(model, data, setting=given, batch_size=3)
     per_prompt = ref.csordas_effects(plain, prompts, "future", starts=plain_starts)
     d_max, out_max = ref.csordas_max_over_prompts(per_prompt)
     upper = np.triu(np.ones((4, 4), dtype=bool), 1)
@@ -117,9 +117,7 @@ def test_several_answer_starts_equal_the_reference(starts):
     assert res.summary["depth_score"] == pytest.approx(output_score, abs=TOL)
     assert res.meta["future_t"] == plain_starts
     assert res.summary["n_prompts_skipped"] == sum(not t for t in plain_starts)
-    contrib = probekit.contributions(
-        model, data, convention="csordas2025", mode="future", answer_start=starts
-    )
+    contrib = probekit.contributions(model, data, setting=given)
     for component, part in PARTS.items():
         per_prompt = ref.csordas_effects(plain, prompts, "future", part, starts=plain_starts)
         _, out = ref.csordas_max_over_prompts(per_prompt)
@@ -149,8 +147,9 @@ def test_positions_arguments_are_validated(kwargs):
     model, _, data, _ = _setup("gpt2", (30, 20))
     kwargs = {"mode": "future", "convention": "csordas2025", **kwargs}
     with pytest.raises(InputError) as err:
-        probekit.contributions(model, data, components=["mlp"], **kwargs)
+        setting = InterventionSetting(**kwargs)
+        probekit.contributions(model, data, components=["mlp"], setting=setting)
     assert err.value.fix
     if "component_positions" not in kwargs:
         with pytest.raises(InputError):
-            probekit.skip_effects(model, data, **kwargs)
+            probekit.skip_effects(model, data, setting=InterventionSetting(**kwargs))

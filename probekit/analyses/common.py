@@ -393,11 +393,17 @@ def variant_measures(
 
 
 def measure_positions(
-    model: Any, measure: str, labels: torch.Tensor, mask: torch.Tensor
+    model: Any, measure: str, labels: torch.Tensor | None, mask: torch.Tensor
 ) -> torch.Tensor:
     """The positions of ``mask`` that ``measure`` averages over: those with a target for
-    ``loss_delta``, one per sequence for a pooled embedding, else ``mask`` itself."""
+    ``loss_delta`` (which needs ``labels``), one per sequence for a pooled embedding, else
+    ``mask`` itself."""
     if measure == "loss_delta":
+        if labels is None:
+            raise InputError(
+                "loss_delta needs labels and the batch has none",
+                fix="pass the batches of model.prepare(data), which adds the labels",
+            )
         return loss_mask(labels, mask)
     return sequence_mask(mask) if model.output_kind == "embedding" else mask
 

@@ -101,7 +101,8 @@ def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
 
 def _settings(args: argparse.Namespace) -> DiagnosisSettings:
     """The :class:`~probekit.report.DiagnosisSettings` of ``probekit diagnose``'s flags."""
-    from probekit.report import Conventions, DiagnosisSettings
+    from probekit.interventions import InterventionSetting
+    from probekit.report import DiagnosisSettings
 
     keep_first = {"auto": None, "yes": True, "no": False}[args.keep_first]
     return DiagnosisSettings(
@@ -109,7 +110,7 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         n_bootstrap=args.bootstrap,
         batch_size=args.batch_size,
         progress=not args.quiet,
-        conventions=Conventions(args.convention, args.mode, keep_first),
+        intervention=InterventionSetting(args.convention, args.mode, keep_first),
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,

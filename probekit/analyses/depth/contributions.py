@@ -7,13 +7,15 @@ its attention and its MLP update are zeroed. The output change is measured per t
 averages over all selected tokens of all prompts; ``"csordas2025"`` takes the max over the
 measured tokens, then positions t, then prompts, never ablates position 0, and is the
 reference code's reduction for ``prob_l2`` (its ``analyze_*_effects.py`` report only that
-measure; the others are reduced the same way). ``mode="future"`` ablates at positions < t and
-measures at positions >= t; ``keep_first`` leaves position 0 (a BOS token) untouched;
-``component_positions`` says whether the attention and MLP ablations use the layer's positions
-t (``"shared"``) or draw their own after it, as the reference does (``"redrawn"``, the default
-under ``"csordas2025"``). Each layer's *share* is its whole-layer measure divided by the sum
-over layers; the *second-half share* (layers l >= L/2) is the depth-curse headline number:
-static pre-LN models put little of their output in the second half.
+measure; the others are reduced the same way). These choices come as one
+:class:`~probekit.interventions.InterventionSetting` (``setting=``): ``mode="future"``
+ablates at positions < t and measures at positions >= t; ``keep_first`` leaves position 0 (a
+BOS token) untouched; ``component_positions`` says whether the attention and MLP ablations
+use the layer's positions t (``"shared"``) or draw their own after it, as the reference does
+(``"redrawn"``, the default under ``"csordas2025"``). Each layer's *share* is its whole-layer
+measure divided by the sum over layers; the *second-half share* (layers l >= L/2) is the
+depth-curse headline number: static pre-LN models put little of their output in the second
+half.
 
 A model without an LM head (a base model's final hidden state, or a sentence-transformers
 embedding; see :data:`probekit.analyses.common.HIDDEN_MEASURES`) is measured in hidden space:
@@ -22,7 +24,8 @@ embedding; see :data:`probekit.analyses.common.HIDDEN_MEASURES`) is measured in 
 
 Fast path: one clean forward keeps the residual entering every block; removing layer l only
 changes what comes after it, so the ablated forward resumes at l+1 from the cached residual
-(sublayer ablations resume at l). Numbers equal a full hooked forward per variant. Given the
+(sublayer ablations resume at l, inside :func:`probekit.interventions.ablate`). Numbers equal
+a full hooked forward per variant. Given the
 ``cache`` of a diagnosis (:class:`~probekit.analyses.depth.shared.Shared`), the clean trace
 and the whole-layer skips are those ``skip_effects`` uses too, each run once.
 
@@ -57,10 +60,7 @@ from probekit.analyses.common import (
 )
 from probekit.analyses.depth.conventions import (
     Reduction,
-    Setup,
     Windows,
-    make_setup,
-    masked_ablate_hooks,
     n_slots,
     plan_component_windows,
     slot_masks,
@@ -69,7 +69,7 @@ from probekit.analyses.depth.conventions import (
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
-from probekit.interventions import ablate_hooks
+from probekit.interventions import InterventionSetting, ablate, check_setting
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
@@ -135,13 +135,7 @@ def contributions(
     positions: str = "all",
     components: Sequence[str] = COMPONENTS,
     batch_size: int | None = None,
-    convention: str = "probekit",
-    mode: str = "current",
-    keep_first: bool | None = None,
-    n_future: int = 4,
-    seed: int = 123,
-    answer_start: Sequence[int | Sequence[int]] | None = None,
-    component_positions: str | None = None,
+    setting: InterventionSetting = InterventionSetting(),
     cache: Shared | None = None,
 ) -> ContributionResult:
     """Zero-ablate every layer and sublayer and measure the change of the output.
@@ -153,20 +147,13 @@ def contributions(
         components: any of 'layer' (whole block), 'attn', 'mlp'.
         batch_size: sequences per forward (None: the automatic, memory-bounded choice of
             :meth:`probekit.Model.default_batch_size`); the numbers do not depend on it.
-        convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
-            and prompts); see :mod:`probekit.analyses.depth.conventions`.
-        mode: 'current' (ablate at every position) or 'future' (ablate at positions < t,
-            measure at positions >= t).
-        keep_first: never ablate position 0 (default: when the tokenizer adds a BOS token, and
-            always under 'csordas2025').
-        n_future: how many positions t per prompt future mode draws.
-        seed: the seed of future mode's draws.
-        answer_start: future mode at given positions: per prompt an int (e.g. the answer
-            start) or a sequence of ints (the effects are maxed over them).
-        component_positions: in future mode with drawn positions, 'shared' (the attention
-            and MLP ablations use the layer's positions t) or 'redrawn' (each draws its own,
-            continuing the layer's random stream, as the reference code does); default
-            'redrawn' under 'csordas2025', else 'shared'.
+        setting: the :class:`~probekit.interventions.InterventionSetting`: the convention
+            ('probekit' token means or 'csordas2025' maxima over tokens, positions t and
+            prompts; see :mod:`probekit.analyses.depth.conventions`), the mode ('current':
+            ablate at every position; 'future': ablate at positions < t, measure at positions
+            >= t), ``keep_first``, the positions t (drawn: ``n_future``, ``seed``; or given:
+            ``answer_start``) and ``component_positions`` (whether the attention and MLP
+            ablations use the layer's positions t or draw their own).
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis, so
             the clean traces and the whole-layer skips are shared with ``skip_effects``.
 
@@ -176,7 +163,6 @@ def contributions(
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
     """
-    # 72 lines long: 16 are the signature and 31 the docstring documenting every parameter.
     model = load(model)
     shared = make_shared(model, cache)
     if not list(components):
@@ -184,12 +170,12 @@ def contributions(
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    setup = make_setup(
-        model, convention, mode, keep_first, n_future, seed, answer_start, component_positions
-    )
+    setting = check_setting(setting).resolved(model)
     batches = model.prepare(data, batch_size)
-    windows = plan_component_windows(setup, batches)
-    reduction, clean_loss = _ablation_means(shared, batches, windows, setup, positions, components)
+    windows = plan_component_windows(setting, batches)
+    reduction, clean_loss = _ablation_means(
+        shared, batches, windows, setting, positions, components
+    )
     df = _table(model, reduction, components)
     summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
     summary.update(windows["layer"].summary())
@@ -200,7 +186,7 @@ def contributions(
         positions=positions,
         batch_size=batch_size,
         components=list(components),
-        **window_meta(setup, windows["layer"], windows),
+        **window_meta(setting, windows["layer"], windows),
     )
     return ContributionResult(df, summary, meta)
 
@@ -228,14 +214,14 @@ def _ablation_means(
     shared: Shared,
     batches: list,
     windows: dict[str, Windows],
-    setup: Setup,
+    setting: InterventionSetting,
     positions: str,
     components: Sequence[str],
 ) -> tuple[Reduction, float]:
     """Every output measure per (layer, component), reduced per the convention, and the
     clean loss (token mean over the selected positions). ``windows``: the positions t of
     each component (:func:`~probekit.analyses.depth.conventions.plan_component_windows`)."""
-    reduction, clean = Reduction(setup.reduction), TokenMeans()
+    reduction, clean = Reduction(setting.reduction), TokenMeans()
     n_layers, first = shared.model.n_layers, 0
     expect(sum(n_slots(windows[c]) for c in components) * n_layers)  # the live line's variants
     for i, batch in enumerate(batches):
@@ -247,7 +233,7 @@ def _ablation_means(
             clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
         for component in components:
             ts = windows[component].ts[i]
-            for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
+            for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
                 for layer in range(n_layers):
                     if component == "layer":
                         values = shared.skip(batch, layer, intervene_at).measures
@@ -263,16 +249,12 @@ def _sublayer_ablated(
     shared: Shared, batch, layer: int, component: str, intervene_at: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
     """The output measures with ``component`` of ``layer`` zeroed at the positions in
-    ``intervene_at`` (all: None); a hooked forward resumed at ``layer``."""
+    ``intervene_at`` (all: None); a forward resumed at ``layer`` inside
+    :func:`~probekit.interventions.ablate`."""
     trace = shared.trace(batch)
-    model = shared.model
-    if intervene_at is None:
-        hooks = ablate_hooks(model, layer, component)
-    else:
-        hooks = masked_ablate_hooks(model, layer, component, intervene_at)
-    with shared.precision():
+    with shared.precision(), ablate(shared.model, layer, component, at=intervene_at):
         out = shared.logits_out(trace.residuals[-1])
-        logits = trace.resume(layer, fwd_hooks=hooks, out=out)
+        logits = trace.resume(layer, out=out)
     check_outputs_finite(logits, "the outputs of an intervened forward")
     return shared.measure(batch, logits)
 

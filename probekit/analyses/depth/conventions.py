@@ -1,8 +1,8 @@
 """Reduction conventions of the depth analyses and the positions an intervention touches.
 
-Two conventions (the ``convention`` argument of :func:`~probekit.skip_effects`,
-:func:`~probekit.contributions`, :func:`~probekit.logit_lens` and
-:func:`~probekit.residual_stats`):
+Two conventions (the ``convention`` of the :class:`~probekit.interventions.InterventionSetting`
+passed as ``setting=`` to :func:`~probekit.skip_effects`, :func:`~probekit.contributions`,
+:func:`~probekit.logit_lens` and :func:`~probekit.residual_stats`):
 
 - ``"probekit"`` (default): every per-token measure is averaged over all selected tokens of all
   prompts pooled together (a token mean); a sequence of 10 tokens weighs twice one of 5.
@@ -46,15 +46,14 @@ token (position 0 is then the BOS, a sink whose update later layers rely on) and
 
 Example:
     >>> from probekit.toy import toy_model
-    >>> setup = make_setup(toy_model(), "csordas2025", "future", None, 4, 123, None)
-    >>> setup.keep_first, setup.component_positions, future_positions(30, 4, random.Random(123))
+    >>> setting = InterventionSetting("csordas2025", "future").resolved(toy_model())
+    >>> setting.keep_first, setting.component_positions, future_positions(30, 4, random.Random(123))
     (True, 'redrawn', [24, 16, 8])
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import random
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -66,153 +65,14 @@ import torch
 from probekit.analyses.common import TokenMeans
 from probekit.data import Batch, position_mask
 from probekit.errors import InputError
+from probekit.interventions import ANSWER_FIX, InterventionSetting
 from probekit.model import Model
 
-CONVENTIONS = ("probekit", "csordas2025")
-MODES = ("current", "future")
-COMPONENT_POSITIONS = ("shared", "redrawn")
 DRAW_ORDER = ("layer", "mlp", "attn")
 """The order in which ``component_positions="redrawn"`` draws positions t per component (the
 reference's ``run()``: layer, mlp, attention), whichever components are asked for."""
 FUTURE_START, FUTURE_STRIDE, FUTURE_MARGIN = 8, 8, 4
 CSORDAS_EPS = 1e-6
-
-
-def check_convention(convention: str) -> None:
-    """Raise :class:`InputError` unless ``convention`` is one of :data:`CONVENTIONS`."""
-    if convention not in CONVENTIONS:
-        raise InputError(f"unknown convention {convention!r}", fix=f"use one of {CONVENTIONS}")
-
-
-def adds_bos(tokenizer: Any) -> bool:
-    """Whether ``tokenizer`` puts its BOS token first when encoding text (False if none)."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if tokenizer is None or bos is None:
-        return False
-    try:
-        ids = tokenizer("a")["input_ids"]
-    except Exception:  # a tokenizer that cannot encode says nothing about BOS
-        return False
-    return len(ids) > 1 and ids[0] == bos
-
-
-@dataclass(frozen=True)
-class Setup:
-    """The validated convention, mode and window options of one analysis call."""
-
-    convention: str
-    mode: str
-    keep_first: bool
-    n_future: int
-    seed: int
-    answer_start: tuple[tuple[int, ...], ...] | None
-    component_positions: str = "shared"
-
-    @property
-    def reduction(self) -> str:
-        return "max" if self.convention == "csordas2025" else "token_mean"
-
-    def meta(self) -> dict:
-        out = {"convention": self.convention, "mode": self.mode, "keep_first": self.keep_first}
-        if self.mode == "future":
-            out.update(n_future=self.n_future, seed=self.seed)
-        return out
-
-    @property
-    def redraws(self) -> bool:
-        """Whether the attention and MLP ablations draw their own positions t."""
-        return self.component_positions == "redrawn"
-
-
-def make_setup(
-    model: Model,
-    convention: str,
-    mode: str,
-    keep_first: bool | None,
-    n_future: int,
-    seed: int,
-    answer_start: Sequence[int | Sequence[int]] | None,
-    component_positions: str | None = None,
-) -> Setup:
-    """Validate the intervention options (before any work); resolve ``keep_first`` and
-    ``component_positions`` (see the module docstring)."""
-    check_convention(convention)
-    if mode not in MODES:
-        raise InputError(f"unknown mode {mode!r}", fix=f"use one of {MODES}")
-    if keep_first is not None and not isinstance(keep_first, bool):
-        raise InputError(f"keep_first={keep_first!r} is not a bool", fix="pass True, False or None")
-    if isinstance(n_future, bool) or not isinstance(n_future, int) or n_future < 1:
-        raise InputError(f"n_future={n_future!r} is not a positive int", fix="e.g. n_future=4")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InputError(f"seed={seed!r} is not an int", fix="e.g. seed=123")
-    starts = None if answer_start is None else _positions(answer_start)
-    if answer_start is not None and mode != "future":
-        raise InputError("answer_start needs mode='future'", fix="pass mode='future'")
-    if keep_first is None:
-        keep_first = convention == "csordas2025" or adds_bos(model.tokenizer)
-    per_component = _component_positions(component_positions, convention, mode, starts)
-    return Setup(convention, mode, keep_first, n_future, seed, starts, per_component)
-
-
-def _component_positions(
-    value: str | None, convention: str, mode: str, starts: tuple | None
-) -> str:
-    """``component_positions`` checked, ``None`` resolved: 'redrawn' where positions are drawn
-    under 'csordas2025', else 'shared'."""
-    if value is not None and value not in COMPONENT_POSITIONS:
-        raise InputError(
-            f"unknown component_positions {value!r}", fix=f"use one of {COMPONENT_POSITIONS}"
-        )
-    draws = mode == "future" and starts is None
-    if value == "redrawn" and not draws:
-        raise InputError(
-            "component_positions='redrawn' draws positions t, but "
-            + ("answer_start gives them" if starts is not None else "mode='current' has none"),
-            fix="leave component_positions unset, or use mode='future' without answer_start",
-        )
-    if value is None:
-        return "redrawn" if draws and convention == "csordas2025" else "shared"
-    return value
-
-
-_ANSWER_FIX = "per prompt one int position, or a sequence of int positions, in data order"
-
-
-def _positions(values: Sequence[int | Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """``values`` (per prompt an int, or a sequence of ints: lists, arrays or tensors of
-    integers) as a tuple of tuples of ints, else InputError."""
-    try:
-        if isinstance(values, (str, bytes)):
-            raise TypeError
-        items = list(values)
-    except TypeError:
-        raise InputError(f"answer_start={values!r} is not a sequence", fix=_ANSWER_FIX) from None
-    return tuple(_prompt_positions(i, v) for i, v in enumerate(items))
-
-
-def _prompt_positions(i: int, value: int | Sequence[int]) -> tuple[int, ...]:
-    """The positions of prompt ``i``: an int, or a sequence of ints (not nested further)."""
-    try:
-        items = [value] if _is_int(value) else list(value)  # type: ignore[arg-type]
-        if isinstance(value, (str, bytes)) or not all(_is_int(t) for t in items):
-            raise TypeError
-    except TypeError:
-        raise InputError(
-            f"answer_start[{i}]={value!r} is not an integer position or a sequence of them",
-            fix=_ANSWER_FIX,
-        ) from None
-    return tuple(operator.index(t) for t in items)
-
-
-def _is_int(value: object) -> bool:
-    """An integer that is not a bool (int, numpy integer, integer 0-d tensor)."""
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
-        return False
-    try:
-        operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return False
-    return True
 
 
 def future_positions(length: int, n_future: int, rng: random.Random) -> list[int]:
@@ -237,45 +97,47 @@ class Windows:
         return [row for batch in self.ts for row in batch]
 
 
-def plan_windows(setup: Setup, batches: list[Batch]) -> Windows:
+def plan_windows(setting: InterventionSetting, batches: list[Batch]) -> Windows:
     """Draw the positions t of every prompt; refuse data where no prompt has one."""
-    return _plan(setup, batches, random.Random(setup.seed))
+    return _plan(setting, batches, random.Random(setting.seed))
 
 
-def plan_component_windows(setup: Setup, batches: list[Batch]) -> dict[str, Windows]:
+def plan_component_windows(
+    setting: InterventionSetting, batches: list[Batch]
+) -> dict[str, Windows]:
     """The positions t per component of :data:`DRAW_ORDER`: the layer's for all three
     (``component_positions='shared'``), or drawn component after component from one random
     stream seeded once (``'redrawn'``)."""
-    if not setup.redraws:
-        windows = plan_windows(setup, batches)
+    if not setting.redraws:
+        windows = plan_windows(setting, batches)
         return dict.fromkeys(DRAW_ORDER, windows)
-    rng = random.Random(setup.seed)
-    return {component: _plan(setup, batches, rng) for component in DRAW_ORDER}
+    rng = random.Random(setting.seed)
+    return {component: _plan(setting, batches, rng) for component in DRAW_ORDER}
 
 
-def _plan(setup: Setup, batches: list[Batch], rng: random.Random) -> Windows:
+def _plan(setting: InterventionSetting, batches: list[Batch], rng: random.Random) -> Windows:
     """:func:`plan_windows` drawing from ``rng`` (in future mode without ``answer_start``)."""
     lengths = [int(n) for b in batches for n in b.valid.sum(-1).tolist()]
-    if setup.answer_start is not None and len(setup.answer_start) != len(lengths):
+    if setting.answer_start is not None and len(setting.answer_start) != len(lengths):
         raise InputError(
-            f"answer_start has entries for {len(setup.answer_start)} prompts; the data has "
+            f"answer_start has entries for {len(setting.answer_start)} prompts; the data has "
             f"{len(lengths)}",
-            fix=_ANSWER_FIX,
+            fix=ANSWER_FIX,
         )
     rows: list[list[int | None]] = []
     for i, length in enumerate(lengths):
-        if setup.mode == "current":
+        if setting.mode == "current":
             rows.append([None])
-        elif setup.answer_start is not None:
-            rows.append(_given(setup, i, length))
+        elif setting.answer_start is not None:
+            rows.append(_given(setting, i, length))
         else:
-            rows.append(future_positions(length, setup.n_future, rng))
+            rows.append(list[int | None](future_positions(length, setting.n_future, rng)))
     skipped = sum(not r for r in rows)
     if skipped == len(rows):
         raise InputError(
             f"no prompt is long enough for mode='future' (needs at least "
             f"{FUTURE_START + FUTURE_MARGIN + 1} real tokens; the longest has {max(lengths)})"
-            if setup.answer_start is None
+            if setting.answer_start is None
             else "answer_start gives no position for any prompt",
             fix="pass longer prompts, or answer_start=..., or mode='current'",
         )
@@ -286,39 +148,41 @@ def _plan(setup: Setup, batches: list[Batch], rng: random.Random) -> Windows:
     return Windows(out, len(rows), skipped)
 
 
-def _given(setup: Setup, i: int, length: int) -> list[int | None]:
+def _given(setting: InterventionSetting, i: int, length: int) -> list[int | None]:
     """The ``answer_start`` positions of prompt ``i`` (``length`` real tokens), checked."""
-    ts = setup.answer_start[i]  # type: ignore[index]
+    ts: tuple[int, ...] = setting.answer_start[i]  # type: ignore[index,assignment]
+    first = int(bool(setting.keep_first))
     for t in ts:
-        if not int(setup.keep_first) < t < length:
+        if not first < t < length:
             raise InputError(
                 f"answer_start[{i}] holds {t}, which leaves nothing to intervene on or to "
                 f"measure in a prompt of {length} tokens",
-                fix=f"use positions {int(setup.keep_first) + 1} <= t < prompt length",
+                fix=f"use positions {first + 1} <= t < prompt length",
             )
     return list(ts)
 
 
 def plan_windows_of(
-    model: Model, data: Any, batch_size: int | None, setup: Setup
+    model: Model, data: Any, batch_size: int | None, setting: InterventionSetting
 ) -> tuple[list[Batch], Windows]:
     """The batches of ``data`` and the positions t of every prompt (:func:`plan_windows`):
-    what an intervention analyzer does, after :func:`make_setup`, before its loop."""
+    what an intervention analyzer does, after resolving its setting
+    (:meth:`~probekit.interventions.InterventionSetting.resolved`), before its loop."""
     batches = model.prepare(data, batch_size)
-    return batches, plan_windows(setup, batches)
+    return batches, plan_windows(setting, batches)
 
 
 def window_meta(
-    setup: Setup, windows: Windows, per_component: dict[str, Windows] | None = None
+    setting: InterventionSetting, windows: Windows, per_component: dict[str, Windows] | None = None
 ) -> dict:
     """The ``meta`` entries of the options, and in future mode the positions t that were used
     (``future_t``: the layer's; with ``per_component`` redrawn also ``future_t_<component>``)."""
-    out = setup.meta()
-    if setup.mode == "future":
+    out = setting.meta()
+    if setting.mode == "future":
         out["future_t"] = windows.positions()
-    if per_component is not None and setup.mode == "future":
-        out["component_positions"] = setup.component_positions
-        if setup.redraws:
+    if per_component is not None and setting.mode == "future":
+        out["component_positions"] = setting.component_positions
+        if setting.redraws:
             for component in DRAW_ORDER[1:]:
                 out[f"future_t_{component}"] = per_component[component].positions()
     return out
@@ -337,9 +201,10 @@ def slot_masks(
         measure = torch.zeros_like(selected)
         for b, row in enumerate(ts):
             if slot < len(row):
-                t = n_pos if row[slot] is None else row[slot]
+                start = row[slot]
+                t = n_pos if start is None else start
                 intervene_at[b] = (pos >= int(keep_first)) & (pos < t)
-                measure[b] = selected[b] & (pos >= (0 if row[slot] is None else t))
+                measure[b] = selected[b] & (pos >= (0 if start is None else t))
         yield (None if bool(intervene_at.all()) else intervene_at), measure
 
 
@@ -347,31 +212,6 @@ def n_slots(windows: Windows) -> int:
     """How many :func:`slot_masks` all batches of ``windows`` give (the variants of a live
     progress line are counted per slot)."""
     return sum(max(len(row) for row in ts) for ts in windows.ts)
-
-
-def merge(mask: torch.Tensor | None, intervened: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """``intervened`` where ``mask`` (everywhere when ``None``), ``clean`` elsewhere."""
-    if mask is None:
-        return intervened
-    return torch.where(mask[..., None], intervened, clean)
-
-
-def masked_ablate_hooks(model: Model, layer: int, sublayer: str, mask: torch.Tensor) -> list:
-    """Hooks that zero the ``sublayer`` update of ``layer`` at the positions in ``mask`` only
-    (updates as in :meth:`probekit.Model.update_hooks`)."""
-    if not model.post_norm:
-        site = model.hook_name(layer, "attn_out" if sublayer == "attn" else "mlp_out")
-        return [(site, lambda t, hook: t.masked_fill(mask[..., None], 0.0))]
-    held: dict[str, torch.Tensor] = {}
-
-    def keep(tensor: torch.Tensor, hook: Any) -> None:
-        held["base"] = tensor
-
-    def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
-        return torch.where(mask[..., None], held.pop("base"), tensor)
-
-    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
-    return [(model.hook_name(layer, before), keep), (model.hook_name(layer, at), replace)]
 
 
 class Reduction:

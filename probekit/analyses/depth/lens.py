@@ -4,8 +4,10 @@ For depth d = 0 .. L (d = number of blocks applied; 0 is the embedding), p_d is 
 the final norm + unembedding applied to the residual after d blocks (at d = L the model's own
 output, taken from the clean forward: no head is run for it). Per token, averaged over
 the selected positions: ``kl`` = KL(p_d || p_final) and ``topk_overlap`` = |top-k(p_d) ∩
-top-k(p_final)| / k. With ``convention="probekit"`` (default) both are averaged over all
-selected tokens of all prompts pooled; with ``"csordas2025"`` over the tokens of each prompt,
+top-k(p_final)| / k. With the convention (of the
+:class:`~probekit.interventions.InterventionSetting` passed as ``setting=``; the lens reads
+nothing else of it) ``"probekit"`` (default) both are averaged over all selected tokens of all
+prompts pooled; with ``"csordas2025"`` over the tokens of each prompt,
 then over the prompts (the reference's ``logitlens.py``; identical for equal-length prompts).
 The summary gives the first depth at which the mean KL falls below
 ``kl_threshold`` (the layer where the prediction is essentially formed).
@@ -33,10 +35,11 @@ from probekit.analyses.common import (
     result_meta,
     softmax_parts,
 )
-from probekit.analyses.depth.conventions import Reduction, check_convention
+from probekit.analyses.depth.conventions import Reduction
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
+from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import counted
 from probekit.result import Result
@@ -140,18 +143,21 @@ def logit_lens(
     positions: str = "all",
     kl_threshold: float = 0.1,
     batch_size: int | None = None,
-    convention: str = "probekit",
+    setting: InterventionSetting = InterventionSetting(),
     cache: Shared | None = None,
 ) -> LogitLensResult:
     """Decode every layer's residual with the final head and compare with the final output.
 
-    ``convention``: 'probekit' (token mean over all prompts) or 'csordas2025' (mean per
-    prompt, then over prompts). ``cache``: a
+    ``setting``: only its ``convention`` is read (the lens intervenes nowhere): 'probekit'
+    (token mean over all prompts) or 'csordas2025' (mean per prompt, then over prompts).
+    ``cache``: a
     :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (its clean traces).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
-        >>> res = logit_lens(toy_model(), toy_tokens(), convention="csordas2025")
+        >>> from probekit.interventions import InterventionSetting
+        >>> setting = InterventionSetting(convention="csordas2025")
+        >>> res = logit_lens(toy_model(), toy_tokens(), setting=setting)
         >>> res.meta["convention"]
         'csordas2025'
     """
@@ -167,7 +173,7 @@ def logit_lens(
             f"kl_threshold={kl_threshold!r} is not a positive finite KL (nats)",
             fix="pass e.g. kl_threshold=0.1",
         )
-    check_convention(convention)
+    convention = check_setting(setting).convention
     reduction = Reduction("prompt_mean" if convention == "csordas2025" else "token_mean")
     first = 0
     for batch in counted(model.prepare(data, batch_size)):

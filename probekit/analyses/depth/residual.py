@@ -44,8 +44,9 @@ from probekit.analyses.common import (
     result_meta,
     second_half,
 )
-from probekit.analyses.depth.conventions import check_convention, relative_from_norms
+from probekit.analyses.depth.conventions import relative_from_norms
 from probekit.data import Data, position_mask
+from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import counted
 from probekit.result import Result
@@ -149,17 +150,18 @@ def residual_stats(
     *,
     positions: str = "all",
     batch_size: int | None = None,
-    convention: str = "probekit",
+    setting: InterventionSetting = InterventionSetting(),
 ) -> ResidualResult:
     """Measure the residual-stream similarities and relative norms of every layer.
 
     Only the tensors of the layer being run are held; each layer's measures are reduced to
-    token sums inside its output hook. ``convention`` ('probekit' or 'csordas2025'): both pool
-    tokens; 'csordas2025' clamps the norms it divides by at 1e-6 and uses torch's default
-    cosine eps (1e-8), as the reference's ``analyze_norms.py`` does.
+    token sums inside its output hook. ``setting``: only its ``convention`` is read (nothing
+    is intervened on), 'probekit' or 'csordas2025': both pool tokens; 'csordas2025' clamps the
+    norms it divides by at 1e-6 and uses torch's default cosine eps (1e-8), as the reference's
+    ``analyze_norms.py`` does.
     """
     model = load(model)
-    check_convention(convention)
+    convention = check_setting(setting).convention
     acc = TokenMeans()
     for batch in counted(model.prepare(data, batch_size)):
         mask = position_mask(batch, positions)

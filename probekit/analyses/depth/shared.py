@@ -49,9 +49,9 @@ from probekit.analyses.common import (
     labels_of,
     variant_measures,
 )
-from probekit.analyses.depth.conventions import merge
 from probekit.data import Batch
 from probekit.errors import InputError
+from probekit.interventions import merge
 from probekit.model import Model, Trace
 from probekit.numerics import available_memory
 from probekit.progress import step as count_variants

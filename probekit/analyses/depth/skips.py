@@ -4,7 +4,8 @@ With D_l = h_{l+1} - h_l the update of layer l in the clean forward and D'_l the
 when layer s is skipped (its output := its input), the per-token relative change is
 ``||D_l - D'_l||_2 / ||D_l||_2`` for l > s (the measure of Csordas, Manning & Potts 2025), and
 the output effect of skipping s is the per-token ``||softmax(z') - softmax(z)||_2``. How the
-per-token values are reduced depends on ``convention`` (see
+per-token values are reduced depends on the ``convention`` of the
+:class:`~probekit.interventions.InterventionSetting` passed as ``setting=`` (see
 :mod:`probekit.analyses.depth.conventions`):
 
 - ``"probekit"`` (default): the mean over all selected tokens of all prompts pooled. This is
@@ -38,8 +39,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -54,9 +53,7 @@ from probekit.analyses.common import (
 )
 from probekit.analyses.depth.conventions import (
     Reduction,
-    Setup,
     Windows,
-    make_setup,
     n_slots,
     plan_windows_of,
     relative_from_norms,
@@ -65,6 +62,7 @@ from probekit.analyses.depth.conventions import (
 )
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Batch, Data
+from probekit.interventions import InterventionSetting, check_setting
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
@@ -124,12 +122,7 @@ def skip_effects(
     *,
     positions: str = "all",
     batch_size: int | None = None,
-    convention: str = "probekit",
-    mode: str = "current",
-    keep_first: bool | None = None,
-    n_future: int = 4,
-    seed: int = 123,
-    answer_start: Sequence[int | Sequence[int]] | None = None,
+    setting: InterventionSetting = InterventionSetting(),
     cache: Shared | None = None,
 ) -> SkipEffectResult:
     """Skip every layer in turn and measure the change of each later layer's update.
@@ -140,56 +133,58 @@ def skip_effects(
         positions: 'all' real tokens or the 'last' real token of each sequence.
         batch_size: sequences per forward (None: the automatic, memory-bounded choice of
             :meth:`probekit.Model.default_batch_size`); the numbers do not depend on it.
-        convention: 'probekit' (token means) or 'csordas2025' (max over tokens, positions t
-            and prompts); see :mod:`probekit.analyses.depth.conventions`.
-        mode: 'current' (skip at every position) or 'future' (skip at positions < t, measure
-            at positions >= t).
-        keep_first: never skip position 0 (default: when the tokenizer adds a BOS token, and
-            always under 'csordas2025').
-        n_future: how many positions t per prompt future mode draws.
-        seed: the seed of future mode's draws.
-        answer_start: future mode at given positions: per prompt an int (e.g. the answer
-            start) or a sequence of ints (the effects are maxed over them).
+        setting: the :class:`~probekit.interventions.InterventionSetting`: the convention
+            ('probekit' token means or 'csordas2025' maxima over tokens, positions t and
+            prompts; see :mod:`probekit.analyses.depth.conventions`), the mode ('current':
+            skip at every position; 'future': skip at positions < t, measure at positions
+            >= t), ``keep_first`` and the positions t (drawn: ``n_future``, ``seed``; or
+            given: ``answer_start``). Its ``component_positions`` does not matter here: the
+            layer's positions are the same either way.
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (the
             skips ``contributions`` ran are reused, not run again).
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
-        >>> res = skip_effects(toy_model(), toy_tokens(length=16), mode="future",
-        ...                    convention="csordas2025")
+        >>> from probekit.interventions import InterventionSetting
+        >>> res = skip_effects(toy_model(), toy_tokens(length=16),
+        ...                    setting=InterventionSetting("csordas2025", mode="future"))
         >>> res.summary["n_prompts_skipped"], 0 <= res.summary["depth_score_layer"] <= 1
         (0, True)
     """
     model = load(model)
     shared = make_shared(model, cache)
-    setup = make_setup(model, convention, mode, keep_first, n_future, seed, answer_start)
-    batches, windows = plan_windows_of(model, data, batch_size, setup)
-    reduction = _skip_batches(shared, batches, windows, setup, positions)
+    setting = check_setting(setting).resolved(model)
+    batches, windows = plan_windows_of(model, data, batch_size, setting)
+    reduction = _skip_batches(shared, batches, windows, setting, positions)
     df = _rows(reduction, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
     summary.update(output_note(model))
-    if setup.reduction == "max":
+    if setting.reduction == "max":
         summary.update(_prompt_mean_scores(reduction, model.n_layers))
     within = df[df.target == "layer"]["value"]
     summary["max_downstream_effect"] = float(within.max()) if len(within) else np.nan
     meta = result_meta(
-        model, positions=positions, batch_size=batch_size, **window_meta(setup, windows)
+        model, positions=positions, batch_size=batch_size, **window_meta(setting, windows)
     )
     return SkipEffectResult(df, summary, meta)
 
 
 def _skip_batches(
-    shared: Shared, batches: list[Batch], windows: Windows, setup: Setup, positions: str
+    shared: Shared,
+    batches: list[Batch],
+    windows: Windows,
+    setting: InterventionSetting,
+    positions: str,
 ) -> Reduction:
     """Skip every layer in every batch and window; the relative changes, reduced per prompt."""
-    reduction = Reduction(setup.reduction)
+    reduction = Reduction(setting.reduction)
     first = 0
     expect(n_slots(windows) * shared.model.n_layers)  # the live line's variants
     for batch, ts in zip(batches, windows.ts, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
-        for intervene_at, measure in slot_masks(batch, ts, positions, setup.keep_first):
-            _skip_all(shared, batch, reduction, setup.convention, intervene_at, measure, ids)
+        for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
+            _skip_all(shared, batch, reduction, setting.convention, intervene_at, measure, ids)
     return reduction
 
 

@@ -2,7 +2,7 @@
 at one query position (default: the last real token) gets its information.
 
 :func:`attention_knockout` blocks the attention edge query -> source at one layer (all heads or
-one head) with :func:`probekit.interventions.knockout_hooks` and reports the change of accuracy
+one head) with :func:`probekit.interventions.knock_out` and reports the change of accuracy
 and of the target's probability: a layers x sources map. With ``mode="pattern"`` (default) the
 blocked attention weights are set to 0 without renormalising, which removes exactly what the
 edge moves: blocking every source of the query leaves that position's attention update equal
@@ -43,7 +43,7 @@ from probekit.analyses.mechanisms._rows import (
     role_units,
     rows,
 )
-from probekit.interventions import check_knockout, knockout_hooks
+from probekit.interventions import check_knockout, knock_out
 from probekit.model import Model, load
 from probekit.result import Result
 from probekit.words import AXES, figure_words
@@ -188,8 +188,8 @@ def attention_knockout(
             if name not in sources:
                 sources.append(name)
             for layer in layers:
-                hooks = knockout_hooks(model, layer, blocked, head, mode)
-                changed = at_query(trace.resume(layer, fwd_hooks=hooks), scored.query)
+                with knock_out(model, layer, blocked, head=head, mode=mode):
+                    changed = at_query(trace.resume(layer), scored.query)
                 scores.add((layer, name), effects(clean, changed, targets_b), members, has)
     df = scores.frame([(layer, s) for layer in layers for s in sources], ["layer", "source"])
     meta = result_meta(model, positions=positions, batch_size=batch_size, by=by, mode=mode)
