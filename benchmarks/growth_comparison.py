@@ -26,7 +26,7 @@ def main(argv=None) -> dict:
     import torch
 
     import probekit
-    from probekit.analyses.timeline import depth_timeline
+    from probekit.analyses.across_checkpoints import depth_timeline
     from probekit.io import atomic_write_text
     from probekit.lm import ByteCorpus, LMConfig, train_lm
 

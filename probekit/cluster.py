@@ -7,11 +7,11 @@ dies is run again by Ray; a checkpoint that fails for its own reason (an unreada
 model probekit does not support) is recorded as failed with its error, and the others go on.
 Under Ray the checkpoints and ``out_dir`` must be paths every node sees (a shared filesystem).
 
-:func:`distributed_depth_timeline` returns what :func:`probekit.analyses.timeline.depth_timeline`
-returns for the same checkpoints (equal numbers; tested). :func:`diagnose_many` writes one report
-folder per checkpoint (:func:`probekit.report.save_report`, swapped in whole, so no folder is
-ever half-written) and a table of their headline numbers; run again, it skips the reports
-already written.
+:func:`distributed_depth_timeline` returns what
+:func:`probekit.analyses.across_checkpoints.depth_timeline` returns for the same checkpoints (equal
+numbers; tested). :func:`diagnose_many` writes one report folder per checkpoint
+(:func:`probekit.report.save_report`, swapped in whole, so no folder is ever half-written) and a
+table of their headline numbers; run again, it skips the reports already written.
 
 Example:
     >>> from probekit.toy import toy_hf_model, toy_tokens
@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from probekit.analyses.timeline import (
+from probekit.analyses.across_checkpoints import (
     Checkpoint,
     DepthTimelineResult,
     checked_checkpoints,
@@ -63,7 +63,7 @@ def distributed_depth_timeline(
     ray_address: str | None = None,
     progress: bool = False,
 ) -> DepthTimelineResult:
-    """:func:`probekit.analyses.timeline.depth_timeline`, each checkpoint one task of
+    """:func:`probekit.analyses.across_checkpoints.depth_timeline`, each checkpoint one task of
     ``executor``.
 
     The result is that function's; checkpoints that failed are left out of the table and

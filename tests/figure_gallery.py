@@ -94,6 +94,7 @@ def _compare_timeline() -> go.Figure:
 def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
     """Every analyzer's result (and the sweep's and the depth family's) for a random model of
     ``n_layers`` layers; ``tmp`` holds the timeline's checkpoints."""
+    from probekit.analyses.across_checkpoints import depth_timeline
     from probekit.analyses.depth.tuned_lens import TunedLens, tuned_lens
     from probekit.analyses.mechanisms.flow import information_flow
     from probekit.analyses.mechanisms.knockout import attention_knockout
@@ -101,7 +102,6 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
     from probekit.analyses.mechanisms.masking import token_masking
     from probekit.analyses.mechanisms.probes import linear_probes
     from probekit.analyses.mechanisms.solutions import solution_types
-    from probekit.analyses.timeline import depth_timeline
     from probekit.analyses.weights.condensation import condensation, condensation_timeline
     from probekit.analyses.weights.embeddings import embedding_map
     from probekit.analyses.weights.spectra import spectra

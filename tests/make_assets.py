@@ -55,7 +55,7 @@ def phase_diagram() -> None:
 
 
 def growth_timeline() -> None:
-    from probekit.analyses.timeline import DepthTimelineResult
+    from probekit.analyses.across_checkpoints import DepthTimelineResult
 
     records = json.loads((ASSETS / "growth-comparison.json").read_text())["timeline"]
     wide = pd.DataFrame(records)

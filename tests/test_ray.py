@@ -242,7 +242,7 @@ def test_a_killed_driver_started_again_skips_finished_runs_and_resumes(cluster, 
 
 @pytest.mark.slow
 def test_timeline_and_diagnoses_on_ray_equal_local(cluster, tmp_path: Path) -> None:
-    from probekit.analyses.timeline import depth_timeline as local_timeline
+    from probekit.analyses.across_checkpoints import depth_timeline as local_timeline
     from probekit.cluster import diagnose_many, distributed_depth_timeline
     from probekit.toy import toy_hf_model, toy_tokens
 

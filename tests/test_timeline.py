@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import probekit
-from probekit.analyses.timeline import depth_timeline
+from probekit.analyses.across_checkpoints import depth_timeline
 from probekit.errors import InputError
 from tests.conftest import make_hf, sample_tokens
 
@@ -43,7 +43,7 @@ def test_timeline_bad_input():
 def test_timeline_takes_any_analyzer(tmp_path):
     """The generic timeline equals the analyzer run on each checkpoint alone, for an analyzer
     of activations and one of weights alike."""
-    from probekit.analyses.timeline import timeline
+    from probekit.analyses.across_checkpoints import timeline
 
     data = sample_tokens()
     series = [("run", step, make_hf("gpt2", seed=step)) for step in (1, 2)]

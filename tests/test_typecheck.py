@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import pkgutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,12 +25,6 @@ LAZY_PACKAGES = (
     "probekit.model",
 )
 """The packages that export names lazily and type them through ``TYPE_CHECKING`` imports."""
-
-SHADOWED = {"timeline"}
-"""Exports named like a submodule of their package: once ``probekit.analyses.timeline`` (the
-module) is imported, the import system sets it as the package's ``timeline`` attribute, which
-then hides the function of that name from the lazy lookup (a known issue, left to its own fix;
-the type checker sees the function)."""
 
 CALLS = """\
 import probekit
@@ -67,8 +66,52 @@ def test_every_lazy_export_is_typed_as_the_object_it_resolves_to(package):
     for name, home in typed.items():
         assert name in module.__all__, f"{package}: {name} typed but not exported"
         value = getattr(importlib.import_module(home), name)
-        if name not in SHADOWED:
-            assert getattr(module, name) is value, (package, name)
+        assert getattr(module, name) is value, (package, name)
+
+
+def _packages() -> list[ModuleType]:
+    """probekit and every package inside it."""
+    import probekit
+
+    inner = pkgutil.walk_packages(probekit.__path__, "probekit.")
+    return [probekit, *(importlib.import_module(info.name) for info in inner if info.ispkg)]
+
+
+@pytest.mark.parametrize("package", _packages(), ids=lambda package: package.__name__)
+def test_no_export_is_named_like_a_submodule_of_its_package(package):
+    """Importing a submodule sets it as its package's attribute of that name, which would hide
+    an export of the same name from the package's lazy ``__getattr__`` from then on."""
+    lookup = getattr(package, "__getattr__", None)
+    for info in pkgutil.iter_modules(package.__path__):
+        assert info.name not in getattr(package, "__all__", ()), (package.__name__, info.name)
+        if lookup is not None:
+            with pytest.raises(AttributeError):
+                lookup(info.name)
+
+
+LOOKUPS_AFTER_THE_MODULES_LOAD = """\
+import types
+import probekit
+import probekit.analyses
+
+probekit.condensation_timeline, probekit.depth_timeline  # both load the timeline's module
+for found in (probekit.timeline, probekit.analyses.timeline):
+    assert callable(found) and not isinstance(found, types.ModuleType), found
+"""
+
+
+def test_timeline_is_the_function_after_its_module_is_imported():
+    """In a fresh process, so that no other test has imported anything yet."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", LOOKUPS_AFTER_THE_MODULES_LOAD],
+        env={**os.environ, "PYTHONPATH": path},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def _mypy_errors(tmp_path: Path, monkeypatch, source: str) -> list[str]:

@@ -6,7 +6,7 @@
 - :mod:`~probekit.analyses.mechanisms`: which solution it found and what carries it (solution
   types, probes, token masking, attention knockout, information flow, hidden-state maps);
 - :mod:`~probekit.analyses.weights`: the weights alone (condensation, spectra, embedding maps);
-- :mod:`~probekit.analyses.timeline`: any analyzer across checkpoints.
+- :mod:`~probekit.analyses.across_checkpoints`: any analyzer across checkpoints.
 
 One shape for every analyzer of data::
 
@@ -34,6 +34,12 @@ from typing import TYPE_CHECKING
 from probekit.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.analyses.across_checkpoints import (  # noqa: F401
+        DepthTimelineResult,
+        TimelineResult,
+        depth_timeline,
+        timeline,
+    )
     from probekit.analyses.depth.contributions import ContributionResult, contributions  # noqa: F401
     from probekit.analyses.depth.gradients import GradientResult, gradient_norms  # noqa: F401
     from probekit.analyses.depth.lens import LogitLensResult, logit_lens  # noqa: F401
@@ -53,12 +59,6 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.mechanisms.masking import MaskingResult, token_masking  # noqa: F401
     from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes  # noqa: F401
     from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types  # noqa: F401
-    from probekit.analyses.timeline import (  # noqa: F401
-        DepthTimelineResult,
-        TimelineResult,
-        depth_timeline,
-        timeline,
-    )
     from probekit.analyses.weights.condensation import (  # noqa: F401
         CondensationResult,
         CondensationTimelineResult,
@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.weights.spectra import SpectraResult, spectra  # noqa: F401
 
 _MODULES: dict[str, tuple[str, ...]] = {
+    "across_checkpoints": ("DepthTimelineResult", "TimelineResult", "depth_timeline", "timeline"),
     "depth.contributions": ("ContributionResult", "contributions"),
     "depth.gradients": ("GradientResult", "gradient_norms"),
     "depth.lens": ("LogitLensResult", "logit_lens"),
@@ -83,7 +84,6 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mechanisms.masking": ("MaskingResult", "token_masking"),
     "mechanisms.probes": ("ProbeResult", "linear_probes"),
     "mechanisms.solutions": ("SolutionResult", "solution_types"),
-    "timeline": ("DepthTimelineResult", "TimelineResult", "depth_timeline", "timeline"),
     "weights.condensation": (
         "CondensationResult",
         "CondensationTimelineResult",

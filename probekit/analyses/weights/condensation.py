@@ -33,8 +33,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
+from probekit.analyses.across_checkpoints import TimelineResult, timeline
 from probekit.analyses.common import cosine_matrix
-from probekit.analyses.timeline import TimelineResult, timeline
 from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError
 from probekit.model import Model, load
