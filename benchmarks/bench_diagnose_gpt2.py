@@ -101,7 +101,7 @@ def run_diagnose(args) -> dict:
 
     model, tokens = build(args)
     times: dict[str, float] = {}
-    original = report._run
+    original = report.run_analyses
 
     def timed_run(steps, progress):
         results, not_defined = {}, {}
@@ -113,7 +113,7 @@ def run_diagnose(args) -> dict:
             times[name] = round(time.perf_counter() - start, 2)
         return results, not_defined
 
-    report._run = timed_run
+    report.run_analyses = timed_run
     try:
         with PeakRSS() as peak:
             seconds, _ = timed(
@@ -123,7 +123,7 @@ def run_diagnose(args) -> dict:
                 model.device,
             )
     finally:
-        report._run = original
+        report.run_analyses = original
     return {
         "mode": "diagnose",
         "device": str(model.device),

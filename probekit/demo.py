@@ -236,12 +236,14 @@ def run_demo(
 
     out = check_out_dir(out, force=force, recognise=is_demo_folder, what="demo")
     with page_folder(out, "demo") as tmp:
-        _build_demo(tmp, quick, progress, images)
+        build_demo(tmp, quick, progress, images)
     return out / "index.html"
 
 
-def _build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
-    """The demo's runs, reports and index page, written into ``out``."""
+def build_demo(out: Path, quick: bool, progress: bool, images: bool) -> Path:
+    """The demo's runs, reports and index page, written into the folder ``out`` (which
+    :func:`run_demo` makes beside its destination and swaps in whole); returns the index page.
+    ``quick``, ``progress`` and ``images`` as for :func:`run_demo`."""
     import plotly.offline
 
     from probekit.anchor.training import train_stack
@@ -348,6 +350,7 @@ __all__ = [
     "QUICK_BANNER",
     "REFERENCE",
     "analyse",
+    "build_demo",
     "is_demo_folder",
     "reference_configs",
     "run_demo",

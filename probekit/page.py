@@ -303,7 +303,13 @@ def check_out_dir(
     return path
 
 
-def _chromium_available() -> bool:
+def chromium_available() -> bool:
+    """Whether a Chrome/Chromium browser (which kaleido drives to draw PNG/SVG) is on the path.
+
+    Example:
+        >>> chromium_available() in (True, False)
+        True
+    """
     return any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome"))
 
 
@@ -311,7 +317,7 @@ def can_export_images() -> bool:
     """Whether :func:`export_figures` can run here: kaleido and a Chrome/Chromium are present."""
     import importlib.util
 
-    return _chromium_available() and importlib.util.find_spec("kaleido") is not None
+    return chromium_available() and importlib.util.find_spec("kaleido") is not None
 
 
 def missing_for_images() -> str | None:
@@ -326,7 +332,7 @@ def missing_for_images() -> str | None:
     lacks = []
     if importlib.util.find_spec("kaleido") is None:
         lacks.append('the kaleido package (pip install -e ".[png]", or pip install kaleido)')
-    if not _chromium_available():
+    if not chromium_available():
         lacks.append("a Chrome/Chromium browser (e.g. apt-get install chromium)")
     return " and ".join(lacks) or None
 
@@ -379,6 +385,7 @@ __all__ = [
     "STYLE",
     "can_export_images",
     "check_out_dir",
+    "chromium_available",
     "export_figures",
     "export_or_warn",
     "figure_html",

@@ -132,7 +132,7 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
-    results, not_defined = _run(steps, progress)
+    results, not_defined = run_analyses(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
@@ -274,12 +274,15 @@ def _steps(
     }
 
 
-def _run(
+def run_analyses(
     steps: dict[str, Callable[[], Result]], progress: bool
 ) -> tuple[dict[str, Result], dict[str, str]]:
-    """Make every call of ``steps``, with a progress bar when asked; returns the results and,
-    for an analysis of :data:`MAY_BE_UNDEFINED` that raised :class:`NumericalError`, why it
-    has none."""
+    """Make every call of ``steps`` (analysis name: a call that returns its result), with a
+    progress bar when asked; returns the results and, for an analysis of
+    :data:`MAY_BE_UNDEFINED` that raised :class:`NumericalError`, why it has none.
+
+    :func:`diagnose` runs its analyses through this one function, so a caller that wraps it
+    (``benchmarks/bench_diagnose_gpt2.py`` times each analysis so) sees every one of them."""
     results: dict[str, Result] = {}
     not_defined: dict[str, str] = {}
     bar = None
@@ -494,6 +497,7 @@ __all__ = [
     "measured",
     "missing_for_images",
     "is_report_folder",
+    "run_analyses",
     "save_report",
     "write_json",
     "write_report",

@@ -565,7 +565,7 @@ def _pick(
             warn_no_tokenizer(path)
         drawn = random_tokens(model, n_sequences, seq_len, seed=seed + fit)
         return drawn, f"{RANDOM_TOKENS_WORDS} (seed {seed + fit})", "all"
-    texts, what, skip = _texts(text, dataset, fit)
+    texts, what, skip = texts_of(text, dataset, fit)
     length = min(seq_len, model.n_ctx)
     return *_tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
 
@@ -627,11 +627,19 @@ def check_dataset(dataset: DatasetChoice | None) -> str | None:
     return warning
 
 
-def _texts(
+def texts_of(
     text: str | os.PathLike | None, dataset: DatasetChoice | None, fit: bool
 ) -> tuple[Any, str, int]:
-    """The texts to tokenize, their description, and how many blocks of sequences to skip
-    (a lens is fitted on the sequences after the diagnosed ones of the same text)."""
+    """The texts :func:`default_data` tokenizes for a text file ``text``, a data set
+    ``dataset`` or else the standard library's sources (with ``fit``, those to fit a lens
+    on), their description in words, and how many blocks of sequences to skip (a lens is
+    fitted on the sequences after the diagnosed ones of the same text).
+
+    Example:
+        >>> texts, what, skip = texts_of(None, None, fit=False)
+        >>> isinstance(next(texts), str), what.startswith("the Python standard library"), skip
+        (True, True, 0)
+    """
     from probekit.tasks import text as sources
 
     if text is not None:
@@ -768,4 +776,5 @@ __all__ = [
     "resolve",
     "steps_of",
     "text_tokens",
+    "texts_of",
 ]

@@ -87,7 +87,7 @@ def test_the_gpt2_diagnosis_benchmark_times_each_analysis():
     assert {"contributions", "skip_effects"} <= set(out["per_analysis_s"])
     from probekit import report
 
-    assert report._run.__name__ == "_run"  # put back
+    assert report.run_analyses.__name__ == "run_analyses"  # put back
 
 
 def test_bench_load_reads_the_demo_phase_lines_with_or_without_escapes():

@@ -109,7 +109,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
         "--quiet",
         "--random-tokens",  # asked for: no warning that the folder has no tokenizer
     ]
-    monkeypatch.setattr(page, "_chromium_available", lambda: False)
+    monkeypatch.setattr(page, "chromium_available", lambda: False)
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "HTML figures only" in err and len(err.strip().splitlines()) == 1
@@ -117,7 +117,7 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "a").glob("*.png"))
     monkeypatch.undo()
     argv[3] = str(tmp_path / "b")
-    assert page._chromium_available(), "chromium is installed by .ci/run"
+    assert page.chromium_available(), "chromium is installed by .ci/run"
     assert main(argv) == 0
     for name in ANALYSES:
         png = (tmp_path / "b" / f"{name}.png").read_bytes()
@@ -328,7 +328,7 @@ def test_missing_image_pieces_are_named(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n: None if n == "kaleido" else real(n))
-    monkeypatch.setattr(page, "_chromium_available", lambda: True)
+    monkeypatch.setattr(page, "chromium_available", lambda: True)
     assert 'pip install -e ".[png]"' in report.missing_for_images()
     assert "Chromium" not in report.missing_for_images()
 

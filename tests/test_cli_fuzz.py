@@ -508,7 +508,7 @@ def test_text_inside_out_is_refused(sandbox, tmp_path):
 def test_demo_refuses_bad_out_before_training(tmp_path, monkeypatch):
     import probekit.demo as demo
 
-    monkeypatch.setattr(demo, "_build_demo", lambda *a: pytest.fail("trained anyway"))
+    monkeypatch.setattr(demo, "build_demo", lambda *a: pytest.fail("trained anyway"))
     (tmp_path / "file").write_text("x")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "keep.txt").write_text("x")
@@ -545,11 +545,11 @@ def test_demo_is_swapped_in_whole(tmp_path, monkeypatch):
     (out / "summary.json").write_text("{}")
     (out / "index.html").write_text("<html><head><title>probekit demo</title>old")
     (out / "stale.png").write_text("old")
-    monkeypatch.setattr(demo, "_build_demo", _fake_demo(fail=True))
+    monkeypatch.setattr(demo, "build_demo", _fake_demo(fail=True))
     line = assert_one_error(*run_cli(["demo", "--out", str(out), "--quiet"])[::2])
     assert "No space left" in line and (out / "stale.png").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
-    monkeypatch.setattr(demo, "_build_demo", _fake_demo(fail=False))
+    monkeypatch.setattr(demo, "build_demo", _fake_demo(fail=False))
     assert run_cli(["demo", "--out", str(out), "--quiet"])[0] == 0
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "summary.json"]
     assert "new" in (out / "index.html").read_text()

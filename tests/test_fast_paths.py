@@ -108,7 +108,7 @@ def test_measures_reuse_their_work_tensors_without_carrying_anything_over():
     other = changed.flip(0)
     first = common.output_change(side, changed, labels)
     second = common.output_change(side, other, labels)  # the same work tensors again
-    assert len(side._work) == 1
+    assert len(side.work_buffers) == 1
     for got, fresh in ((first, changed), (second, other)):
         want = common.output_change(common.clean_side(clean, labels), fresh, labels)
         for name in want:

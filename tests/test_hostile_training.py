@@ -167,12 +167,9 @@ def _train_until(out: Path, stop_at: int) -> None:
         if stack.step == stop_at:
             raise KeyboardInterrupt
 
-    real = trainer_mod._after_step
-    trainer_mod._after_step = after_step
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_mod.AnchorStack, "after_step", after_step)
         train(tiny(**EVERY_STEP), out, progress=False)
-    finally:
-        trainer_mod._after_step = real
 
 
 # ----------------------------------------------------------------------------- item 17

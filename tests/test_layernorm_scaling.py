@@ -122,7 +122,7 @@ def test_a_killed_lm_run_with_layernorm_scaling_resumes_bit_identical(tmp_path, 
             raise Killed
 
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        patch.setattr(lm_training, "_after_step", after_step)
+        patch.setattr(lm_training.LMTrainer, "after_step", after_step)
         train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     for name in ("model.safetensors", "optimizer.safetensors", UNSCALED_LN_FILE):
@@ -201,7 +201,7 @@ def test_a_killed_anchor_run_with_layernorm_scaling_resumes_bit_identical(tmp_pa
             raise Killed
 
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        patch.setattr(trainer_mod, "_after_step", after_step)
+        patch.setattr(trainer_mod.AnchorStack, "after_step", after_step)
         train(cfg, tmp_path / "cut", progress=False)
     resumed = train(cfg, tmp_path / "cut", progress=False)
     for name in ("model.safetensors", "optimizer.safetensors"):

@@ -109,6 +109,122 @@ def test_public_api_lists_no_helpers():
     assert not missing, f"probekit.__all__ lists names probekit lacks: {missing}"
 
 
+TESTS = ROOT / "tests"
+REFLECTION = ("getattr", "setattr", "delattr", "hasattr")
+"""Calls that name an attribute by a string (``setattr(obj, "_x", ...)``, monkeypatch's too)."""
+
+FOREIGN = (
+    "_actions",  # argparse's, on the parsers probekit builds
+    "_subparsers",
+    "_group_actions",
+    "_format_action_invocation",
+    "_expand_help",
+    "_repr_html_",  # IPython's display protocol, which probekit's results implement
+)
+"""Private names of other libraries that tests read through probekit's objects."""
+
+
+def _private(name: str) -> bool:
+    """A name probekit keeps to itself: a leading ``_`` that is neither a dunder nor another
+    library's (:data:`FOREIGN`)."""
+    dunder = name.startswith("__") and name.endswith("__")
+    return name.startswith("_") and not dunder and name not in FOREIGN
+
+
+def _root(node: ast.AST) -> str | None:
+    """The variable an expression starts from (``a`` in ``a.b(c)[0].d``), if any."""
+    while isinstance(node, ast.Attribute | ast.Call | ast.Subscript):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _probekit_names(tree: ast.AST) -> set[str]:
+    """The variables bound to probekit: by ``import probekit...``, ``from probekit... import x``,
+    and by assigning something reached from those (``side = CleanSide(...)``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {
+                a.asname or "probekit" for a in node.names if a.name.split(".")[0] == "probekit"
+            }
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "probekit":
+            names |= {a.asname or a.name for a in node.names}
+    assigns = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign | ast.withitem)
+    ]
+    while True:
+        more = {
+            target.id
+            for n in assigns
+            for value, target in _bindings(n)
+            if isinstance(target, ast.Name) and _root(value) in names
+        } - names
+        if not more:
+            return names
+        names |= more
+
+
+def _bindings(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(value, target) pairs of an assignment or a ``with ... as`` item."""
+    if isinstance(node, ast.withitem):
+        return [(node.context_expr, node.optional_vars)] if node.optional_vars else []
+    if isinstance(node, ast.AnnAssign):
+        return [(node.value, node.target)] if node.value else []
+    return [(node.value, target) for target in node.targets]
+
+
+def private_uses(source: str) -> list[str]:
+    """The private probekit names ``source`` imports, reads or sets, as ``line: name``: an
+    import of a ``_`` name or module, ``x._y`` and ``setattr(x, "_y", ...)`` where ``x`` is
+    bound to probekit (see :func:`_probekit_names`).
+
+    >>> private_uses("from probekit.page import _chromium_available")
+    ['1: _chromium_available']
+    >>> private_uses("from probekit import page\\npage._run = None\\npage.__name__")
+    ['2: page._run']
+    >>> private_uses("import os\\nos._exit")
+    []
+    """
+    tree = ast.parse(source)
+    names = _probekit_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad = [a.name for a in node.names if a.name.split(".")[0] == "probekit"]
+            found += [(node, n) for n in bad if any(map(_private, n.split(".")))]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "probekit":
+            if any(map(_private, node.module.split("."))):
+                found.append((node, node.module))
+            found += [(node, a.name) for a in node.names if _private(a.name)]
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and _root(node) in names:
+            found.append((node, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and _reflection(node, names):
+            found.append((node, ast.unparse(node)))
+    return sorted(f"{node.lineno}: {text}" for node, text in found)
+
+
+def _reflection(call: ast.Call, names: set[str]) -> bool:
+    """``getattr``/``setattr``/... of a private attribute of something bound to probekit."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in REFLECTION or len(call.args) < 2:
+        return False
+    target, attr = call.args[0], call.args[1]
+    private = (
+        isinstance(attr, ast.Constant) and isinstance(attr.value, str) and _private(attr.value)
+    )
+    return private and _root(target) in names
+
+
+def test_tests_reach_probekit_through_public_names_only():
+    found = {
+        path.name: uses
+        for path in sorted(TESTS.glob("*.py"))
+        if (uses := private_uses(path.read_text()))
+    }
+    assert not found, f"tests reach private probekit names (give them a public one): {found}"
+
+
 def _top_level_imports(path: Path) -> set[str]:
     """Modules a file imports when it is imported (not inside functions)."""
     names = set()

@@ -142,7 +142,7 @@ def test_a_killed_run_resumes_bit_identical(tmp_path, monkeypatch, growth, kill_
             raise Killed
 
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        patch.setattr(lm_training, "_after_step", after_step)
+        patch.setattr(lm_training.LMTrainer, "after_step", after_step)
         train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")
     assert not (tmp_path / "cut" / "final").exists()
     resumed = train_lm(cfg, tmp_path / "cut", progress=False, device="cpu")

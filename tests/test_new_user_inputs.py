@@ -57,9 +57,9 @@ def test_a_parquet_file_with_one_string_column_needs_no_column_flag(parquet):
 
 
 def test_the_report_names_the_column_it_read(parquet):
-    from probekit.sources import DatasetChoice, _texts
+    from probekit.sources import DatasetChoice, texts_of
 
-    texts, what, _ = _texts(None, DatasetChoice(parquet(body=["x y"])), fit=False)
+    texts, what, _ = texts_of(None, DatasetChoice(parquet(body=["x y"])), fit=False)
     assert list(texts) == ["x y"] and "column body" in what
 
 

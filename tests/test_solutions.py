@@ -75,7 +75,7 @@ def handle():
     ],
 )
 def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: str) -> None:
-    monkeypatch.setattr(sol, "_last_token_logits", _oracle(mode, TASK))
+    monkeypatch.setattr(sol, "last_token_logits", _oracle(mode, TASK))
     res = sol.solution_types(handle, TASK.solution_data())
     s = res.summary
     assert s["solution"] == solution
@@ -103,7 +103,7 @@ def test_classifier_recovers_the_rule(handle, monkeypatch, mode: str, solution: 
 
 
 def test_result_round_trip_and_figure(handle, monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(sol, "_last_token_logits", _oracle("symmetric", TASK))
+    monkeypatch.setattr(sol, "last_token_logits", _oracle("symmetric", TASK))
     res = sol.solution_types(handle, TASK.solution_data())
     path = res.save(tmp_path / "sol.json")
     back = Result.load(path)
@@ -152,7 +152,7 @@ def test_untrained_mirror_is_nan_never_zero(handle, monkeypatch) -> None:
     task = AnchorTask(
         n_train=256, n_test=200, seed=2, special_targets={}, heldout_pairs=[(4, 3), (3, 4)]
     )
-    monkeypatch.setattr(sol, "_last_token_logits", _oracle("inferential", task))
+    monkeypatch.setattr(sol, "last_token_logits", _oracle("inferential", task))
     res = sol.solution_types(handle, task.solution_data())
     s = res.summary
     assert s["heldout_inferential"] == 1.0 and s["solution"] == "inferential"

@@ -169,7 +169,7 @@ def _today_step(stack) -> None:
         for m in range(M):
             if stack.diverged[m] is not None:
                 active[m] = False
-        updated = opt._update(list(grads), s, stack.settings.schedule(s))
+        updated = opt.update(list(grads), s, stack.settings.schedule(s))
         ok = torch.ones(M, dtype=torch.bool)
         for tensors in updated.values():
             for t in tensors:
@@ -196,7 +196,7 @@ def _stack(tmp_path: Path, name: str):
 
 def _poison_run_1(monkeypatch) -> None:
     """The update of 0-based step 2 turns run 1's weights into inf (it diverges at step 3)."""
-    real = optim_mod.StackedAdamW._update
+    real = optim_mod.StackedAdamW.update
 
     def update(self, grads, step, multiplier):
         updated = real(self, grads, step, multiplier)
@@ -204,7 +204,7 @@ def _poison_run_1(monkeypatch) -> None:
             updated["transformer.h.0.mlp.c_fc.weight"][0][1] *= float("inf")
         return updated
 
-    monkeypatch.setattr(optim_mod.StackedAdamW, "_update", update)
+    monkeypatch.setattr(optim_mod.StackedAdamW, "update", update)
 
 
 def test_anchor_steps_do_not_sync_and_give_todays_numbers(tmp_path, monkeypatch) -> None:
@@ -277,7 +277,7 @@ def test_a_run_saved_without_precision_resumes(tmp_path) -> None:
             if stack.step == 4:
                 raise KeyboardInterrupt
 
-        patch.setattr(trainer_mod, "_after_step", kill)
+        patch.setattr(trainer_mod.AnchorStack, "after_step", kill)
         with pytest.raises(KeyboardInterrupt):
             train(cfg, tmp_path / "old", progress=False)
     rc = tmp_path / "old" / "checkpoint" / "run_config.json"
@@ -300,8 +300,8 @@ def test_a_run_saved_without_precision_resumes(tmp_path) -> None:
 def test_deterministic_mode_is_on_while_training_and_restored(tmp_path, monkeypatch) -> None:
     seen = []
     monkeypatch.setattr(
-        trainer_mod,
-        "_after_step",
+        trainer_mod.AnchorStack,
+        "after_step",
         lambda stack: seen.append(torch.are_deterministic_algorithms_enabled()),
     )
     before = torch.are_deterministic_algorithms_enabled()

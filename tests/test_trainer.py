@@ -150,14 +150,15 @@ class Killed(Exception):
     """Stands for a kill of the training process."""
 
 
-def kill_at(monkeypatch, module, step: int) -> None:
-    """Make ``module``'s per-step seam raise :class:`Killed` once ``step`` updates are done."""
+def kill_at(monkeypatch, trainer, step: int) -> None:
+    """Make the per-step hook of the ``trainer`` class raise :class:`Killed` once ``step``
+    updates are done."""
 
     def after_step(state) -> None:
         if state.step == step:
             raise Killed(step)
 
-    monkeypatch.setattr(module, "_after_step", after_step)
+    monkeypatch.setattr(trainer, "after_step", after_step)
 
 
 @pytest.mark.parametrize("interrupt_at", [3, 4, 7])
@@ -165,7 +166,7 @@ def test_resume_is_bit_identical(tmp_path: Path, interrupt_at: int, monkeypatch)
     cfg = tiny(steps=8, checkpoint_every=2, eval_every=3)
     ref = train(cfg, tmp_path / "ref", progress=False)
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        kill_at(patch, trainer_mod, interrupt_at)
+        kill_at(patch, trainer_mod.AnchorStack, interrupt_at)
         train(cfg, tmp_path / "cut", progress=False)
     state = json.loads((tmp_path / "cut" / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == ((interrupt_at - 1) // 2) * 2  # the last checkpoint before the kill
@@ -296,7 +297,7 @@ def test_resume_recovers_a_checkpoint_swap_cut_short(tmp_path: Path, monkeypatch
     cfg = tiny(steps=8, checkpoint_every=2, eval_every=4)
     ref = train(cfg, tmp_path / "ref", progress=False)
     with monkeypatch.context() as patch, pytest.raises(Killed):
-        kill_at(patch, trainer_mod, 5)
+        kill_at(patch, trainer_mod.AnchorStack, 5)
         train(cfg, tmp_path / "cut", progress=False)
     run = tmp_path / "cut"
     (run / ".checkpoint.abc.old").mkdir()

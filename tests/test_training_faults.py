@@ -57,7 +57,7 @@ def kill_at(monkeypatch, step: int) -> None:
         if stack.step == step:
             raise Killed
 
-    monkeypatch.setattr(trainer_mod, "_after_step", after_step)
+    monkeypatch.setattr(trainer_mod.AnchorStack, "after_step", after_step)
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -326,7 +326,7 @@ def test_a_killed_no_resume_run_leaves_no_stuck_folder(tmp_path, monkeypatch) ->
 # ----------------------------------------------------------------------------- divergence
 def poison_update(monkeypatch, at_step: int, runs: tuple[int, ...] = (0,)) -> None:
     """Make the update of 0-based step ``at_step`` turn the given runs' weights into inf."""
-    real = optim_mod.StackedAdamW._update
+    real = optim_mod.StackedAdamW.update
 
     def update(self, grads, step, multiplier):
         updated = real(self, grads, step, multiplier)
@@ -335,7 +335,7 @@ def poison_update(monkeypatch, at_step: int, runs: tuple[int, ...] = (0,)) -> No
                 updated["transformer.h.0.mlp.c_fc.weight"][0][m] *= float("inf")
         return updated
 
-    monkeypatch.setattr(optim_mod.StackedAdamW, "_update", update)
+    monkeypatch.setattr(optim_mod.StackedAdamW, "update", update)
 
 
 def test_a_non_finite_update_is_caught_before_its_checkpoint(tmp_path, monkeypatch) -> None:

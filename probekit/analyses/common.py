@@ -98,7 +98,8 @@ class CleanSide:
     labels: torch.Tensor
     shape: tuple[int, ...]
     _top: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _work: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    work_buffers: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    """The work tensors :meth:`work` has made so far, by chunk size."""
 
     def top(self, k: int) -> torch.Tensor:
         """Indices ``[N, k]`` of the ``k`` largest clean logits (computed once per ``k``)."""
@@ -111,10 +112,10 @@ class CleanSide:
         temporaries into, made once per clean side and reused by every variant measured
         against it: fresh memory of that size per chunk took longer than the arithmetic
         (a new page is zeroed by the system on first touch)."""
-        if chunk not in self._work:
+        if chunk not in self.work_buffers:
             rows = min(chunk, self.logits.shape[0])
-            self._work[chunk] = self.logits.new_empty(2, rows, self.logits.shape[1])
-        return self._work[chunk]
+            self.work_buffers[chunk] = self.logits.new_empty(2, rows, self.logits.shape[1])
+        return self.work_buffers[chunk]
 
 
 def _chunks(n: int, chunk: int) -> Iterator[slice]:

@@ -289,9 +289,6 @@ class AnchorStack(Trainer):
         if self.checkpoint_due():
             save_stack(self)
 
-    def after_step(self) -> None:
-        _after_step(self)
-
     def recover(self) -> None:
         recover_checkpoint(self.out / "checkpoint")
         remove_leftovers(self.out, LEFTOVERS)
@@ -348,11 +345,6 @@ def check_stack(configs: list[TrainConfig]) -> None:
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ConfigError(f"run names repeat: {names}", fix="give every run its own name")
-
-
-def _after_step(stack: AnchorStack) -> None:
-    """Called after every update, before the checkpoint decision: a seam where tests
-    simulate a kill (by replacing it). Does nothing."""
 
 
 def _postfix(rows: list[dict[str, Any]]) -> dict[str, str]:

@@ -111,10 +111,6 @@ class LMRun:
     checkpoints: list[Path]
 
 
-def _after_step(trainer: LMTrainer) -> None:
-    """Called after every update: a seam where tests simulate a kill (by replacing it)."""
-
-
 class LMTrainer(Trainer):
     """The LM trainer: one run's state and its steps (growth, update, evaluation,
     checkpoints) as :func:`~probekit.training.loop.run_loop` drives them."""
@@ -370,9 +366,6 @@ class LMTrainer(Trainer):
     def save_if_due(self) -> None:
         if self.checkpoint_due():  # step{n}; the end's checkpoint is final (finish)
             self.checkpoints.append(self.save(self.out / f"step{self.step}"))
-
-    def after_step(self) -> None:
-        _after_step(self)
 
     def description(self) -> str:
         return f"train {self.cfg.growth}"

@@ -232,10 +232,6 @@ class Trainer(ABC):
     def save_if_due(self) -> None:
         """At a sync point, after the evaluation: write the checkpoint due at ``self.step``."""
 
-    @abstractmethod
-    def after_step(self) -> None:
-        """Called after every update, before a save: a seam where tests simulate a kill."""
-
     # ---------------------------------------------------------------- the run folder
     @abstractmethod
     def recover(self) -> None:
@@ -276,6 +272,12 @@ class Trainer(ABC):
 
     def begin_interval(self) -> None:
         """Before each interval is planned (e.g. growing the model at a stage boundary)."""
+        return None  # nothing to do unless a trainer needs it
+
+    def after_step(self) -> None:
+        """After every update, before a save: the per-step hook (tests replace it on
+        :class:`~probekit.anchor.training.AnchorStack` or
+        :class:`~probekit.lm.training.LMTrainer` to simulate a kill after a given step)."""
         return None  # nothing to do unless a trainer needs it
 
     def trained_for(self, seconds: float) -> None:

@@ -75,7 +75,7 @@ class StackedAdamW:
         nothing here waits for the device: the undo is a ``torch.where``, not a branch). The
         update is computed out of place and each tensor takes the new values of the applied
         runs in one ``torch.where`` into itself (no copy of the old values is kept)."""
-        updated = self._update(grads, step, multiplier)
+        updated = self.update(grads, step, multiplier)
         finite = torch.ones(self.n_runs, dtype=torch.bool, device=self.lr.device)
         for tensors in updated.values():
             for t in tensors:
@@ -88,11 +88,11 @@ class StackedAdamW:
                 torch.where(keep, value, t, out=t)
         return applied
 
-    def _update(
+    def update(
         self, grads: list[torch.Tensor], step: int, multiplier: float
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The AdamW update of every run, out of place: per parameter name the new weights,
-        first and second moments."""
+        """The AdamW update of every run, out of place (nothing is changed): per parameter
+        name the new weights, first and second moments, which :meth:`step` applies."""
         coef = self._clip_coefficients(grads)
         t = step + 1
         lr_t = self.lr * multiplier

@@ -234,8 +234,9 @@ class SolutionResult(Result):
         )
 
 
-def _last_token_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits ``[batch, vocab]`` at the last position, through the probekit model handle."""
+def last_token_logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits ``[batch, vocab]`` at the last position, through the probekit model handle: what
+    :func:`predict` (and so :func:`solution_types`) reads of the model."""
     return model.logits(tokens)[:, -1]
 
 
@@ -250,7 +251,7 @@ def predict(model: Model, data: TaskData, batch_size: int | None = None) -> torc
         batch_size = model.default_batch_size(int(data.tokens.shape[-1]))
     for i in range(0, len(data), batch_size):
         tokens = data.tokens[i : i + batch_size].to(model.device)
-        out.append(_last_token_logits(model, tokens).float().argmax(-1).cpu())
+        out.append(last_token_logits(model, tokens).float().argmax(-1).cpu())
     return torch.cat(out)
 
 
@@ -447,4 +448,4 @@ def _summary(
     return summary
 
 
-__all__ = ["SolutionResult", "predict", "solution_types"]
+__all__ = ["SolutionResult", "last_token_logits", "predict", "solution_types"]
