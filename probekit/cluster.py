@@ -44,6 +44,7 @@ from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text, read_json
 from probekit.report import diagnose, save_report
 from probekit.result import Result
+from probekit.words import COMPARISON_HEADINGS, figure_words, label
 
 
 def _one_timeline(job: tuple[Checkpoint, Any, dict[str, Any]]) -> pd.DataFrame:
@@ -120,10 +121,11 @@ class DiagnosesResult(Result):
     def figure(self, measure: str = "second_half_share") -> go.Figure:
         ok = self.df[self.df["status"] == "ok"]
         fig = go.Figure(go.Bar(x=ok["name"], y=ok[measure]))
+        words = COMPARISON_HEADINGS.get(measure) or label(measure)
         fig.update_layout(
-            title=f"{measure} per checkpoint",
-            xaxis_title="checkpoint",
-            yaxis_title=measure.replace("_", " "),
+            title=figure_words("diagnoses", measure=words),
+            xaxis_title=figure_words("diagnoses", "x"),
+            yaxis_title=words,
             template="plotly_white",
         )
         return fig

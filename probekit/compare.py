@@ -41,13 +41,17 @@ from probekit.page import figure_section, html_page, sub
 from probekit.result import Result, layer_ranges
 from probekit.sources import N_SEQUENCES, SEQ_LEN, locate, resolve, steps_of
 from probekit.verdict import warnings_in
+from probekit.words import COMPARISON_HEADINGS, figure_words
 
-HEADLINES = (
-    ("second_half_share", "second-half share of the output change", "{:.1%}"),
-    ("depth_score", "skip-effect depth score (centre of mass, layer)", "{:.2f}"),
-    ("prediction_formed_at_depth", "logit lens matches the final prediction after (blocks)", "{}"),
-    ("clean_loss", "loss of the unmodified model (nats)", "{:.3f}"),
-    ("n_layers", "layers", "{}"),
+HEADLINES = tuple(
+    (key, COMPARISON_HEADINGS[key], fmt)
+    for key, fmt in (
+        ("second_half_share", "{:.1%}"),
+        ("depth_score", "{:.2f}"),
+        ("prediction_formed_at_depth", "{}"),
+        ("clean_loss", "{:.3f}"),
+        ("n_layers", "{}"),
+    )
 )
 """Headline numbers of the comparison table: key, words, format."""
 
@@ -244,13 +248,13 @@ def _overlay(
     results: Mapping[str, Mapping[str, Result]],
     analysis: str,
     profile: Any,
-    title: str,
-    x_titles: tuple[str, str],
+    figure: str,
     y_title: str,
 ) -> go.Figure:
     """One line per checkpoint of ``profile(result)`` (index, values, layers, offset) of its
-    ``analysis``; over relative depth ((index + offset) ÷ layers, ``x_titles[1]``) when the
-    checkpoints differ in depth, else over the index (``x_titles[0]``)."""
+    ``analysis``; over relative depth ((index + offset) ÷ layers) when the checkpoints differ
+    in depth, else over the index; in the words of ``figure`` in
+    :data:`~probekit.words.FIGURES`."""
     profiles = {n: profile(found[analysis]) for n, found in results.items() if analysis in found}
     relative = len({profile[2] for profile in profiles.values()}) > 1
     fig = go.Figure()
@@ -258,7 +262,8 @@ def _overlay(
         x = (x + offset) / n_layers if relative else x
         color = figures.PALETTE[i % len(figures.PALETTE)]
         fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers", line={"color": color}))
-    figures.base_layout(fig, title, x_titles[relative], y_title)
+    x_title = figure_words(figure, "x_relative" if relative else "x")
+    figures.base_layout(fig, figure_words(figure), x_title, y_title)
     if not relative:
         most = max((profile[2] for profile in profiles.values()), default=1)
         figures.integer_axis(fig, "x", n=most)
@@ -275,8 +280,7 @@ def contribution_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figu
         results,
         "contributions",
         _contribution_profile,
-        "Zero-ablation contribution of each layer, per checkpoint",
-        ("layer", "relative depth ((layer + ½) ÷ layers)"),
+        "contribution_overlay",
         figures.words(measure),
     )
 
@@ -287,20 +291,21 @@ def lens_overlay(results: Mapping[str, Mapping[str, Result]]) -> go.Figure:
         results,
         "logit_lens",
         _lens_profile,
-        "Logit lens: KL divergence from the final prediction",
-        ("blocks read (depth)", "relative depth (blocks read ÷ layers)"),
-        "KL(final ‖ lens) (nats)",
+        "lens_overlay",
+        figure_words("lens_overlay", "y"),
     )
 
 
-_WORDS = {key: words for key, words, _ in HEADLINES}
-
-TIMELINE_PANELS = (
+TIMELINE_PANELS: tuple[tuple[str, str, str, str, bool, bool], ...] = tuple(
     # key, panel title in words, y title in units, marker, ticks in percent, 0 in view
-    ("second_half_share", _WORDS["second_half_share"], "share (%)", "circle", True, True),
-    ("depth_score", _WORDS["depth_score"], "depth score<br>(layer)", "diamond", False, False),
+    (key, COMPARISON_HEADINGS[key], figure_words("depth_use_timeline", key), marker, pct, zero)
+    for key, marker, pct, zero in (
+        ("second_half_share", "circle", True, True),
+        ("depth_score", "diamond", False, False),
+    )
 )
-"""The timeline's panels, one measure each, top to bottom (the words of :data:`HEADLINES`)."""
+"""The timeline's panels, one measure each, top to bottom (the words of
+:data:`~probekit.words.COMPARISON_HEADINGS`)."""
 
 
 def timeline_figure(table: DiagnosesResult, steps: Sequence[int | None]) -> go.Figure:
@@ -340,10 +345,10 @@ def timeline_figure(table: DiagnosesResult, steps: Sequence[int | None]) -> go.F
         )
         fig.update_yaxes(title_text=y_title, row=row, col=1)
         figures.round_axis(fig, y, row=row, col=1, percent=percent, from_zero=from_zero)
-    figures.base_layout(fig, "Depth use over training", height=560)
+    figures.base_layout(fig, figure_words("depth_use_timeline"), height=560)
     span = max(x) - min(x) if x else 0
     figures.integer_axis(fig, "x", n=max(span, 1), tickformat=",d")
-    x_title = "training step" if use_steps else "checkpoint (in the order given)"
+    x_title = figure_words("depth_use_timeline", "x" if use_steps else "x_order")
     fig.update_xaxes(title_text=x_title, row=2, col=1)
     return fig.update_annotations(x=0, xanchor="left")  # panel titles over the y axis
 

@@ -372,6 +372,45 @@ templates over the figure's numbers (``title``, axis titles ``x`` / ``y``, subpl
 colour bars, legend names); :data:`AXES` holds the words several figures share."""
 
 
+COMPARISON_HEADINGS = {
+    "second_half_share": "second-half share of the output change",
+    "depth_score": "skip-effect depth score (centre of mass, layer)",
+    "prediction_formed_at_depth": "logit lens matches the final prediction after (blocks)",
+    "clean_loss": LABELS["clean_loss"],
+    "n_layers": LABELS["n_layers"],
+}
+"""The column headings of the comparison table (``probekit compare``/``timeline``), short
+enough for a table; the same measures' longer words are :data:`LABELS`."""
+
+FIGURES.update(
+    {
+        # several checkpoints (compare, timeline, diagnose_many)
+        "contribution_overlay": {
+            "title": "Zero-ablation contribution of each layer, per checkpoint",
+            "x": AXES["layer"],
+            "x_relative": "relative depth ((layer + ½) ÷ layers)",
+        },
+        "lens_overlay": {
+            "title": "Logit lens: KL divergence from the final prediction",
+            "x": "blocks read (depth)",
+            "x_relative": "relative depth (blocks read ÷ layers)",
+            "y": "KL(final ‖ lens) (nats)",
+        },
+        "depth_use_timeline": {
+            "title": "Depth use over training",
+            "x": AXES["training_step"],
+            "x_order": "checkpoint (in the order given)",
+            "second_half_share": "share (%)",
+            "depth_score": "depth score<br>(layer)",
+        },
+        "diagnoses": {
+            "title": "{measure} per checkpoint",
+            "x": "checkpoint",
+        },
+    }
+)
+
+
 def figure_words(figure: str, part: str = "title", **values: Any) -> str:
     """The words of ``part`` of ``figure`` (:data:`FIGURES`), filled with ``values``.
 
