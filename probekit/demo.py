@@ -117,28 +117,26 @@ def analyse(
     :func:`~probekit.report.write_report`. Returns the verdict lines, the headline numbers
     and the :class:`~probekit.report.Diagnosis`.
     """
-    import probekit
     from probekit.analyses.mechanisms.solutions import solution_types
     from probekit.data import describe
     from probekit.errors import CheckpointError
     from probekit.report import diagnose, write_report
-    from probekit.run_folders import load_run
-    from probekit.sources import default_data
+    from probekit.sources import locate, resolve
 
     step = phases or Phases(quiet=True)
-    model = probekit.load(checkpoint, device="cpu")
-    run = load_run(checkpoint)
+    folder, run = locate(checkpoint)  # the run folder read once, before anything loads
     if run is None or run.task is None:
         raise CheckpointError(
             f"{checkpoint} is no checkpoint of an anchor training run",
             fix="pass the checkpoint folder of a run of `probekit train`",
         )
+    source = resolve(folder, run, device="cpu")
+    model, data, positions = source.model, source.data, source.positions
     task = run.task
     solutions = step("solution types", lambda: solution_types(model, task.solution_data()))
     mechanisms = {
         name: step(name.replace("_", " "), call) for name, call in _mechanisms(model, task).items()
     }
-    data, positions = default_data(checkpoint)
     diagnosis = step(
         "depth diagnosis (6 analyses)",
         lambda: diagnose(model, data, positions=positions, pairs="all", n_bootstrap=n_bootstrap),

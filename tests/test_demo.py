@@ -48,3 +48,31 @@ def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
         assert errors == [], page
         assert len(figures) == (2 if page.name == "index.html" else 11), page
         assert figure_problems(figures) == [], page
+
+
+def test_analyse_reads_the_run_folder_once(tmp_path, monkeypatch):
+    """The demo's analysis of one checkpoint reads its run once (the task, the data and its
+    positions from one :func:`probekit.sources.resolve`), and diagnoses the data the run's
+    task gives, at the answer position."""
+    import sys
+
+    from probekit import run_folders
+    from probekit.sources import default_data
+    from tests.test_cli import _anchor_run
+
+    run, task = _anchor_run(tmp_path)
+    real, reads = run_folders.load_run, []
+
+    def counted(path):
+        reads.append(path)
+        return real(path)
+
+    for module in [m for m in sys.modules.values() if getattr(m, "load_run", None) is real]:
+        monkeypatch.setattr(module, "load_run", counted)  # every module that imported it
+    checkpoint = run / "checkpoint"
+    done = demo.analyse(checkpoint, tmp_path / "report", "a run", n_bootstrap=0)
+    assert [str(path) for path in reads] == [str(checkpoint)]
+    expected, positions = default_data(checkpoint)
+    measured = done["diagnosis"].meta
+    assert (measured["positions"], measured["n_sequences"]) == (positions, task.n_test)
+    assert measured["n_sequences"] == len(expected["input_ids"])
