@@ -9,6 +9,7 @@ import pytest
 
 from probekit.cli import build_parser, main
 from tests.conftest import make_hf
+from tests.runs import anchor_run, count_run_reads
 
 ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
 
@@ -126,27 +127,10 @@ def test_images_or_a_one_line_notice(checkpoint, tmp_path, capsys, monkeypatch):
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]
 
 
-def _anchor_run(tmp_path):
-    """A probekit anchor run folder: a GPT-2 over the task's vocabulary in checkpoint/."""
-    import transformers
-
-    from probekit.anchor import AnchorTask, TrainConfig
-    from probekit.training.checkpoint import write_run_config
-
-    task = AnchorTask(n_train=64, n_test=32)
-    config = transformers.GPT2Config(
-        vocab_size=task.vocab_size, n_positions=16, n_embd=16, n_layer=2, n_head=2
-    )
-    run = tmp_path / "run"
-    transformers.GPT2LMHeadModel(config).save_pretrained(run / "checkpoint")
-    write_run_config(run / "checkpoint", "anchor", TrainConfig(batch_size=8, task=task).to_dict())
-    return run, task
-
-
 def test_default_data_of_an_anchor_run(tmp_path):
     from probekit.sources import checkpoint_of, default_data
 
-    run, task = _anchor_run(tmp_path)
+    run, task = anchor_run(tmp_path)
     assert checkpoint_of(run) == str(run / "checkpoint")
     assert checkpoint_of(run / "checkpoint") == str(run / "checkpoint")
     data, positions = default_data(run)
@@ -178,7 +162,7 @@ def test_default_data_draws_tokens_for_other_models(checkpoint):
 
 
 def test_diagnose_a_run_folder(tmp_path, capsys):
-    run, _ = _anchor_run(tmp_path)
+    run, _ = anchor_run(tmp_path)
     out = tmp_path / "report"
     argv = ["diagnose", str(run), "--out", str(out), "--bootstrap", "0", "--no-images"]
     assert main([*argv, "--device", "cpu"]) == 0
@@ -195,19 +179,8 @@ def test_diagnose_reads_a_run_folder_once(tmp_path, monkeypatch, capsys):
     """``probekit diagnose RUN`` enters the run reader once: the checkpoint folder, the data, the
     data to fit a lens on, their positions and their description come from one reading
     (:func:`probekit.sources.resolve`), and the report is the one of the run's task."""
-    import sys
-
-    from probekit import run_folders
-
-    run, task = _anchor_run(tmp_path)
-    real, reads = run_folders.load_run, []
-
-    def counted(path):
-        reads.append(path)
-        return real(path)
-
-    for module in [m for m in sys.modules.values() if getattr(m, "load_run", None) is real]:
-        monkeypatch.setattr(module, "load_run", counted)  # every module that imported it
+    run, task = anchor_run(tmp_path)
+    reads = count_run_reads(monkeypatch)
     out = tmp_path / "report"
     argv = ["diagnose", str(run), "--out", str(out), "--bootstrap", "0", "--no-images"]
     assert main([*argv, "--device", "cpu", "--tuned-lens", "--lens-steps", "1"]) == 0
@@ -229,7 +202,7 @@ def test_random_tokens_of_a_run_are_named_random_tokens(tmp_path):
     corpus), so the "at chance" warning can blame them."""
     from probekit.sources import is_random_tokens, locate, resolve
 
-    run, _ = _anchor_run(tmp_path)
+    run, _ = anchor_run(tmp_path)
     source = resolve(*locate(run), random=True, n_sequences=2, seq_len=4, seed=3)
     assert source.description == "tokens drawn uniformly from the vocabulary (seed 3)"
     assert is_random_tokens(source.description) and source.run is not None

@@ -54,21 +54,11 @@ def test_analyse_reads_the_run_folder_once(tmp_path, monkeypatch):
     """The demo's analysis of one checkpoint reads its run once (the task, the data and its
     positions from one :func:`probekit.sources.resolve`), and diagnoses the data the run's
     task gives, at the answer position."""
-    import sys
-
-    from probekit import run_folders
     from probekit.sources import default_data
-    from tests.test_cli import _anchor_run
+    from tests.runs import anchor_run, count_run_reads
 
-    run, task = _anchor_run(tmp_path)
-    real, reads = run_folders.load_run, []
-
-    def counted(path):
-        reads.append(path)
-        return real(path)
-
-    for module in [m for m in sys.modules.values() if getattr(m, "load_run", None) is real]:
-        monkeypatch.setattr(module, "load_run", counted)  # every module that imported it
+    run, task = anchor_run(tmp_path)
+    reads = count_run_reads(monkeypatch)
     checkpoint = run / "checkpoint"
     done = demo.analyse(checkpoint, tmp_path / "report", "a run", n_bootstrap=0)
     assert [str(path) for path in reads] == [str(checkpoint)]

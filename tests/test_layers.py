@@ -178,10 +178,12 @@ def private_uses(source: str) -> list[str]:
     import of a ``_`` name or module, ``x._y`` and ``setattr(x, "_y", ...)`` where ``x`` is
     bound to probekit (see :func:`_probekit_names`).
 
-    >>> private_uses("from probekit.page import _chromium_available")
-    ['1: _chromium_available']
-    >>> private_uses("from probekit import page\\npage._run = None\\npage.__name__")
-    ['2: page._run']
+    (The examples name modules and attributes probekit does not have.)
+
+    >>> private_uses("from probekit.example import _hidden")
+    ['1: _hidden']
+    >>> private_uses("from probekit import example\\nexample._hidden = None\\nexample.__name__")
+    ['2: example._hidden']
     >>> private_uses("import os\\nos._exit")
     []
     """
