@@ -39,7 +39,7 @@ import difflib
 import functools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -431,13 +431,9 @@ def resolve(
 
     torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
     model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
-    if text is not None:
-        check_text_file(text)
-    chosen = text is not None or dataset is not None or random
-    pick = functools.partial(
-        _pick,
+    pick = _picker(
         checkpoint,
-        None if chosen else run,
+        lambda: run,
         model,
         text=text,
         dataset=dataset,
@@ -510,12 +506,9 @@ def default_data(
     """
     if purpose not in ("diagnose", "fit"):
         raise InputError(f"unknown purpose {purpose!r}", fix="use 'diagnose' or 'fit'")
-    if text is not None:
-        check_text_file(text)
-    chosen = text is not None or dataset is not None or random
-    data, description, positions = _pick(
+    pick = _picker(
         path,
-        None if chosen else locate(path)[1],
+        lambda: locate(path)[1],
         model,
         text=text,
         dataset=dataset,
@@ -523,11 +516,43 @@ def default_data(
         n_sequences=n_sequences,
         seq_len=seq_len,
         seed=seed,
-        fit=purpose == "fit",
     )
+    data, description, positions = pick(fit=purpose == "fit")
     if isinstance(data, dict):  # text and task data say what they are
         data = {**data, "description": description}
     return data, positions
+
+
+def _picker(
+    path: str | os.PathLike,
+    read_run: Callable[[], RunInfo | None],
+    model: Any,
+    *,
+    text: str | os.PathLike | None,
+    dataset: DatasetChoice | None,
+    random: bool,
+    n_sequences: int,
+    seq_len: int,
+    seed: int,
+) -> Callable[..., tuple[Any, str, str]]:
+    """:func:`_pick` bound to one choice of data, called with ``fit``: data the caller chose
+    (``text``, checked here first, ``dataset`` or ``random``) come before the run that wrote
+    the checkpoint, so the run (``read_run()``) is read only when the caller chose none."""
+    if text is not None:
+        check_text_file(text)
+    chosen = text is not None or dataset is not None or random
+    return functools.partial(
+        _pick,
+        path,
+        None if chosen else read_run(),
+        model,
+        text=text,
+        dataset=dataset,
+        random=random,
+        n_sequences=n_sequences,
+        seq_len=seq_len,
+        seed=seed,
+    )
 
 
 def _pick(
