@@ -22,10 +22,11 @@ Example:
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import os
 import sysconfig
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,13 +277,7 @@ def _named_dataset(name: str, config: str | None, split: str) -> Any:
     unreachable = _hub_unreachable(name)
     if unreachable is not None:
         return _cached_dataset(name, config, split, unreachable)
-    try:
-        return datasets.load_dataset(name, config, split=split)
-    except Exception as first:
-        try:
-            return _from_hub_cache(name, config, split)
-        except Exception:
-            raise first from None  # it says more than "not in the cache either"
+    return _dataset_or_cached_files(name, config, split, lambda first: first)
 
 
 def _hub_unreachable(name: str) -> str | None:
@@ -311,16 +306,35 @@ def _cached_dataset(name: str, config: str | None, split: str, why: str) -> Any:
     offline = datasets.config.HF_HUB_OFFLINE
     datasets.config.HF_HUB_OFFLINE = True  # read by datasets at each call: no request, no retry
     try:
+        miss = functools.partial(_cache_miss, name, why)
+        return _dataset_or_cached_files(name, config, split, miss)
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline
+
+
+def _dataset_or_cached_files(
+    name: str, config: str | None, split: str, failed: Callable[[Exception], Exception]
+) -> Any:
+    """``datasets.load_dataset`` of ``name``, else its repository's files in the local Hugging
+    Face cache (:func:`_from_hub_cache`); when both fail, the error ``failed`` makes of the
+    first failure (``datasets``' own, which says more than "not in the cache either")."""
+    import datasets
+
+    try:
         return datasets.load_dataset(name, config, split=split)
     except Exception as first:
         try:
             return _from_hub_cache(name, config, split)
         except Exception:
-            if isinstance(first, ValueError | KeyError):  # cached, but no such config or split
-                raise first from None
-            raise _not_cached(name, why) from None
-    finally:
-        datasets.config.HF_HUB_OFFLINE = offline
+            raise failed(first) from None
+
+
+def _cache_miss(name: str, why: str, first: Exception) -> Exception:
+    """What a data set read only from the caches failed with: ``datasets``' own error when it
+    is cached but has no such config or split, else that it is in neither cache."""
+    if isinstance(first, ValueError | KeyError):
+        return first
+    return _not_cached(name, why)
 
 
 def _from_hub_cache(name: str, config: str | None, split: str) -> Any:
