@@ -431,17 +431,8 @@ def resolve(
 
     torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
     model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
-    pick = _picker(
-        checkpoint,
-        lambda: run,
-        model,
-        text=text,
-        dataset=dataset,
-        random=random,
-        n_sequences=n_sequences,
-        seq_len=seq_len,
-        seed=seed,
-    )
+    choice = _Choice(text, dataset, random, n_sequences, seq_len, seed)
+    pick = _picker(checkpoint, lambda: run, model, choice)
     data, description, found = pick(fit=False)
     return Source(
         checkpoint=os.fspath(checkpoint),
@@ -506,66 +497,53 @@ def default_data(
     """
     if purpose not in ("diagnose", "fit"):
         raise InputError(f"unknown purpose {purpose!r}", fix="use 'diagnose' or 'fit'")
-    pick = _picker(
-        path,
-        lambda: locate(path)[1],
-        model,
-        text=text,
-        dataset=dataset,
-        random=random,
-        n_sequences=n_sequences,
-        seq_len=seq_len,
-        seed=seed,
-    )
+    choice = _Choice(text, dataset, random, n_sequences, seq_len, seed)
+    pick = _picker(path, lambda: locate(path)[1], model, choice)
     data, description, positions = pick(fit=purpose == "fit")
     if isinstance(data, dict):  # text and task data say what they are
         data = {**data, "description": description}
     return data, positions
 
 
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """The data a caller asked for (:func:`default_data`'s arguments): ``text``, ``dataset``
+    or ``random`` tokens, cut into ``n_sequences`` sequences of ``seq_len`` tokens, ``seed``
+    for drawn tokens."""
+
+    text: str | os.PathLike | None
+    dataset: DatasetChoice | None
+    random: bool
+    n_sequences: int
+    seq_len: int
+    seed: int
+
+    @property
+    def made(self) -> bool:
+        """Whether the caller chose data (else the run's or the model's default is used)."""
+        return self.text is not None or self.dataset is not None or self.random
+
+
 def _picker(
     path: str | os.PathLike,
     read_run: Callable[[], RunInfo | None],
     model: Any,
-    *,
-    text: str | os.PathLike | None,
-    dataset: DatasetChoice | None,
-    random: bool,
-    n_sequences: int,
-    seq_len: int,
-    seed: int,
+    choice: _Choice,
 ) -> Callable[..., tuple[Any, str, str]]:
-    """:func:`_pick` bound to one choice of data, called with ``fit``: data the caller chose
-    (``text``, checked here first, ``dataset`` or ``random``) come before the run that wrote
-    the checkpoint, so the run (``read_run()``) is read only when the caller chose none."""
-    if text is not None:
-        check_text_file(text)
-    chosen = text is not None or dataset is not None or random
-    return functools.partial(
-        _pick,
-        path,
-        None if chosen else read_run(),
-        model,
-        text=text,
-        dataset=dataset,
-        random=random,
-        n_sequences=n_sequences,
-        seq_len=seq_len,
-        seed=seed,
-    )
+    """:func:`_pick` bound to one ``choice`` of data, called with ``fit``; ``choice.text`` is
+    checked here first. Data the caller chose come before the run that wrote the checkpoint,
+    so the run (``read_run()``) is read only when the caller chose none."""
+    if choice.text is not None:
+        check_text_file(choice.text)
+    return functools.partial(_pick, path, None if choice.made else read_run(), model, choice)
 
 
 def _pick(
     path: str | os.PathLike,
     run: RunInfo | None,
     model: Any,
+    choice: _Choice,
     *,
-    text: str | os.PathLike | None,
-    dataset: DatasetChoice | None,
-    random: bool,
-    n_sequences: int,
-    seq_len: int,
-    seed: int,
     fit: bool,
 ) -> tuple[Any, str, str]:
     """:func:`default_data`'s choice, the run ``run`` already read (None: no probekit run, or
@@ -583,16 +561,18 @@ def _pick(
 
         corpus = ByteCorpus(run.lm.corpus_root, max_files=run.lm.corpus_max_files)
         split = "train" if fit else "validation"
-        tokens = corpus.sequences(split, min(seq_len, model.n_ctx), n=n_sequences)
+        length = min(choice.seq_len, model.n_ctx)
+        tokens = corpus.sequences(split, length, n=choice.n_sequences)
         return tokens, f"the {split} split of the run's byte corpus", "all"
-    if random or model.tokenizer is None and text is None and dataset is None:
-        if not random and not fit:
+    if choice.random or model.tokenizer is None and not choice.made:
+        if not choice.random and not fit:
             warn_no_tokenizer(path)
-        drawn = random_tokens(model, n_sequences, seq_len, seed=seed + fit)
-        return drawn, f"{RANDOM_TOKENS_WORDS} (seed {seed + fit})", "all"
-    texts, what, skip = texts_of(text, dataset, fit)
-    length = min(seq_len, model.n_ctx)
-    return *_tokenized(path, model, texts, what, n_sequences, length, skip * n_sequences), "all"
+        seed = choice.seed + fit
+        drawn = random_tokens(model, choice.n_sequences, choice.seq_len, seed=seed)
+        return drawn, f"{RANDOM_TOKENS_WORDS} (seed {seed})", "all"
+    texts, what, skip = texts_of(choice.text, choice.dataset, fit)
+    length, n = min(choice.seq_len, model.n_ctx), choice.n_sequences
+    return *_tokenized(path, model, texts, what, n, length, skip * n), "all"
 
 
 def warn_no_tokenizer(path: str | os.PathLike) -> None:
