@@ -73,6 +73,12 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         token_masking,
         tuned_lens,
     )
+    from probekit.analyses import (  # noqa: F401  (activation patching and attribution)
+        AttributionResult,
+        PatchingResult,
+        activation_patching,
+        direct_logit_attribution,
+    )
     from probekit.anchor import AnchorData, AnchorTask, train  # noqa: F401
     from probekit.data import Batch, TaskData  # noqa: F401
     from probekit.interventions import InterventionSetting  # noqa: F401

@@ -68,6 +68,9 @@ RESULT_MODULES: dict[str, str] = {
     "family": "probekit.training.families",
     "sweep": "probekit.anchor.sweep",
     "diagnoses": "probekit.cluster",
+    # --- activation patching and direct logit attribution ---
+    "activation_patching": "probekit.analyses.mechanisms.patching",
+    "direct_logit_attribution": "probekit.analyses.mechanisms.patching",
 }
 """Every kind of result probekit writes -> the module that defines its class. :meth:`Result.load`
 imports that module when the kind is not registered yet, so a file loads in a fresh process

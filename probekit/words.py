@@ -501,6 +501,35 @@ SECTION_EXPLAIN = {
 swap cost, :data:`SWAP_COSTS`)."""
 
 
+# --- activation patching and direct logit attribution ---
+FIGURES.update(
+    {
+        "activation_patching": {
+            "title": "Activation patching ({direction}): {measure} at the last token",
+            "site": "patched site: {site}",
+            "x": "patched position: token",
+            "score": "normalised score (0 = corrupted, 1 = clean)",
+            "logit_diff": "logit difference, correct − wrong answer",
+            "target_prob": "probability of the answer",
+            "kl": "KL(clean ‖ patched) (nats)",
+        },
+        "direct_logit_attribution": {
+            "title": "Direct logit attribution of the {target} at {where} (frozen final-norm "
+            "scale; embedding {embedding:.3g}, bias {bias:.3g}, logit {logit:.3g})",
+            "logit": "target's logit",
+            "difference": "logit difference, target − other",
+            "y": "contribution to the logit",
+        },
+    }
+)
+WORDS.update(
+    {
+        "corrupted_into_clean": "corrupted patched into clean",
+        "clean_into_corrupted": "clean patched into corrupted",
+    }
+)
+
+
 __all__ = [
     "AXES",
     "FIGURES",

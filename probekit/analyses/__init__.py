@@ -57,6 +57,12 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         pair_cosines,
     )
     from probekit.analyses.mechanisms.masking import MaskingResult, token_masking  # noqa: F401
+    from probekit.analyses.mechanisms.patching import (  # noqa: F401
+        AttributionResult,
+        PatchingResult,
+        activation_patching,
+        direct_logit_attribution,
+    )
     from probekit.analyses.mechanisms.probes import ProbeResult, linear_probes  # noqa: F401
     from probekit.analyses.mechanisms.solutions import SolutionResult, solution_types  # noqa: F401
     from probekit.analyses.weights.condensation import (  # noqa: F401
@@ -83,6 +89,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mechanisms.maps": ("HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"),
     "mechanisms.masking": ("MaskingResult", "token_masking"),
     "mechanisms.probes": ("ProbeResult", "linear_probes"),
+    # --- activation patching and direct logit attribution ---
+    "mechanisms.patching": (
+        "AttributionResult",
+        "PatchingResult",
+        "activation_patching",
+        "direct_logit_attribution",
+    ),
     "mechanisms.solutions": ("SolutionResult", "solution_types"),
     "weights.condensation": (
         "CondensationResult",
