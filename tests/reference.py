@@ -533,3 +533,124 @@ def relative_changes(clean, changed):
     """||z' - z|| / ||z|| per vector (float64)."""
     clean, changed = clean.double(), changed.double()
     return (changed - clean).norm(dim=-1) / clean.norm(dim=-1)
+
+
+# --- activation patching and direct logit attribution ---
+PATCH_SITES = ("resid_in", "resid_mid", "resid_out", "attn_out", "mlp_out")
+
+
+def site_activations(hf, arch: str, tokens, mask) -> dict:
+    """``{(site, layer): [B, T, d]}`` of one plain forward (float64), from :func:`updates`."""
+    out = {}
+    for layer, (h, a, m, h_out) in enumerate(updates(hf, arch, tokens, mask)):
+        out.update(
+            {
+                ("resid_in", layer): h,
+                ("resid_mid", layer): h + a,
+                ("resid_out", layer): h_out,
+                ("attn_out", layer): a,
+                ("mlp_out", layer): m,
+            }
+        )
+    return out
+
+
+def _overwrite(tensor, cells, value):
+    """``tensor`` with ``value`` at the (row, position) ``cells``."""
+    out = tensor.clone()
+    for b, p in cells:
+        out[b, p] = value[b, p].to(out.dtype)
+    return out
+
+
+def _replace_output(output, make):
+    if isinstance(output, tuple):
+        return (make(output[0]),) + tuple(output[1:])
+    return make(output)
+
+
+def patched_logits(hf, arch: str, tokens, mask, site: str, layer: int, cells, source):
+    """Logits of ONE plain forward of ``tokens`` with ``site`` of ``layer`` overwritten at the
+    (row, position) ``cells`` by ``source`` (the other run's activation there), by torch
+    forward hooks on the HF modules: the block's input (resid_in), its output (resid_out), the
+    attention or MLP module's output (attn_out, mlp_out), and for resid_mid the attention
+    output set so that block input + attention output = the source's mid-block residual."""
+    block = hf_blocks(hf)[layer]
+    modules = sublayer_modules(block, arch)
+    handles, held = [], {}
+    if site == "resid_in":
+
+        def pre(mod, args, kwargs):
+            if args:
+                return (_overwrite(args[0], cells, source),) + tuple(args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": _overwrite(kwargs["hidden_states"], cells, source)}
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+    elif site == "resid_out":
+
+        def post(mod, args, kwargs, output):
+            return _replace_output(output, lambda t: _overwrite(t, cells, source))
+
+        handles.append(block.register_forward_hook(post, with_kwargs=True))
+    elif site in ("attn_out", "mlp_out"):
+        module = modules["attn" if site == "attn_out" else "mlp"]
+
+        def post(mod, args, kwargs, output):
+            return _replace_output(output, lambda t: _overwrite(t, cells, source))
+
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+    else:  # resid_mid (pre-norm decoders): attention output := source mid - block input
+
+        def keep(mod, args, kwargs):
+            held["h"] = (args[0] if args else kwargs["hidden_states"]).detach().double()
+
+        def post(mod, args, kwargs, output):
+            wanted = source - held["h"]
+            return _replace_output(output, lambda t: _overwrite(t, cells, wanted))
+
+        handles.append(block.register_forward_pre_hook(keep, with_kwargs=True))
+        handles.append(modules["attn"].register_forward_hook(post, with_kwargs=True))
+    try:
+        return logits(hf, tokens, mask)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def direct_logit_terms(hf, arch: str, tokens, mask, rows, positions, direction):
+    """Embedding, per-layer attention and MLP, and bias terms of the logit along
+    ``direction`` ``[B, V]`` (weights over the vocabulary, e.g. one-hot or +1/-1) at
+    ``positions`` ``[B]``, computed by hand: the final norm (GPT-2 LayerNorm or Llama
+    RMSNorm) with its scale frozen at the clean final residual, then ``lm_head``."""
+    ups = updates(hf, arch, tokens, mask)
+    final = ups[-1][3][rows, positions]
+    if arch == "gpt2":
+        norm, centre = hf.transformer.ln_f, True
+        eps = norm.eps
+    else:
+        norm, centre = hf.model.norm, False
+        eps = norm.variance_epsilon
+    x = final - final.mean(-1, keepdim=True) if centre else final
+    scale = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    w_u = hf.lm_head.weight.double()  # [V, d]
+    along = direction.double() @ w_u  # [B, d]
+    gain = norm.weight.double()
+
+    def term(t):
+        t = t[rows, positions]
+        if centre:
+            t = t - t.mean(-1, keepdim=True)
+        return ((t * gain / scale) * along).sum(-1)
+
+    out = {("embedding", -1): term(ups[0][0])}
+    for layer, (_, a, m, _) in enumerate(ups):
+        out[("attn", layer)] = term(a)
+        out[("mlp", layer)] = term(m)
+    bias = torch.zeros(len(rows), dtype=torch.float64)
+    if getattr(norm, "bias", None) is not None:
+        bias = bias + (norm.bias.double() * along).sum(-1)
+    if hf.lm_head.bias is not None:
+        bias = bias + direction.double() @ hf.lm_head.bias.double()
+    out[("bias", -1)] = bias
+    return out

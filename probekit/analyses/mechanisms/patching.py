@@ -190,8 +190,8 @@ def token_ids(values: Any, n: int, d_vocab: int, *, pairs: bool, what: str) -> t
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise InputError(f"{what} of dtype {ids.dtype} are not token ids", fix="give integers")
     shape = (2,) if pairs else ()
-    if tuple(ids.shape) == shape:
-        ids = ids.expand(n, *shape)
+    if tuple(ids.shape) in (shape, (1, *shape)):
+        ids = ids.reshape(shape).expand(n, *shape)
     if tuple(ids.shape) != (n, *shape):
         want = "(correct, wrong) pair" if pairs else "token id"
         raise InputError(
@@ -404,7 +404,7 @@ def _patch_batch(
             sums.tokens[label] = "" if label == "last" else words[int(label)]
     chunk = max(1, STACK_ROWS // len(answer))
     for direction in directions:
-        into, source = direction.split("_into_")
+        source, into = direction.split("_into_")
         for site in sites:
             for layer in range(model.n_layers):
                 for start in range(0, len(cells), chunk):
@@ -802,8 +802,6 @@ def _targets(targets: Any, n: int, d_vocab: int) -> torch.Tensor:
     """DLA targets as ``[n]`` ids or ``[n, 2]`` pairs (see :func:`direct_logit_attribution`)."""
     shape = tuple(np.shape(targets)) if not isinstance(targets, torch.Tensor) else targets.shape
     pairs = len(shape) == 2
-    if pairs and tuple(shape) == (1, 2):
-        targets = torch.as_tensor(targets)[0]
     return token_ids(targets, n, d_vocab, pairs=pairs, what="targets")
 
 
