@@ -28,6 +28,7 @@ from probekit.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
     from probekit.analyses import (  # noqa: F401
+        AttributionResult,
         CondensationResult,
         CondensationTimelineResult,
         ContributionResult,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         LossResult,
         MaskingResult,
         PairCosineResult,
+        PatchingResult,
         ProbeResult,
         ResidualResult,
         SkipEffectResult,
@@ -50,11 +52,13 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         TimelineResult,
         TunedLens,
         TunedLensResult,
+        activation_patching,
         attention_knockout,
         condensation,
         condensation_timeline,
         contributions,
         depth_timeline,
+        direct_logit_attribution,
         embedding_map,
         gradient_norms,
         hidden_state_map,
@@ -72,12 +76,6 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         timeline,
         token_masking,
         tuned_lens,
-    )
-    from probekit.analyses import (  # noqa: F401  (activation patching and attribution)
-        AttributionResult,
-        PatchingResult,
-        activation_patching,
-        direct_logit_attribution,
     )
     from probekit.anchor import AnchorData, AnchorTask, train  # noqa: F401
     from probekit.data import Batch, TaskData  # noqa: F401

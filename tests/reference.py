@@ -583,7 +583,10 @@ def patched_logits(hf, arch: str, tokens, mask, site: str, layer: int, cells, so
         def pre(mod, args, kwargs):
             if args:
                 return (_overwrite(args[0], cells, source),) + tuple(args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": _overwrite(kwargs["hidden_states"], cells, source)}
+            return args, {
+                **kwargs,
+                "hidden_states": _overwrite(kwargs["hidden_states"], cells, source),
+            }
 
         handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
     elif site == "resid_out":

@@ -22,6 +22,10 @@ OWN_SHAPE = {"timeline", "depth_timeline", "condensation_timeline", "perplexity"
 
 QUERY_AT_LAST = {"attention_knockout", "token_masking", "hidden_state_map", "pair_cosines"}
 """Analyzers that read one position per sequence, where the answer is predicted."""
+QUERY_AT_LAST |= {"direct_logit_attribution"}
+
+TWO_RUNS = {"activation_patching"}
+"""Analyzers of two runs of the same shape: ``(model, clean, corrupted, *, ...)``."""
 
 
 NOT_YET: dict[str, str] = {}
@@ -41,8 +45,12 @@ def _analyzers() -> list:
 @pytest.mark.parametrize("name", _analyzers())
 def test_every_analyzer_has_the_one_signature(name):
     params = inspect.signature(getattr(analyses, name)).parameters
-    first = list(params)[: 1 if name in NOT_OF_DATA else 2]
-    assert first == ["model", "data"][: len(first)]
+    if name in TWO_RUNS:
+        assert list(params)[:3] == ["model", "clean", "corrupted"]
+        first = list(params)[:3]
+    else:
+        first = list(params)[: 1 if name in NOT_OF_DATA else 2]
+        assert first == ["model", "data"][: len(first)]
     assert params["model"].annotation == "Model"
     rest = [p for p in params.values() if p.name not in first]
     assert all(p.kind is p.KEYWORD_ONLY for p in rest), name
@@ -76,6 +84,10 @@ def test_every_result_of_data_holds_model_positions_and_batch_size():
         "hidden_state_map": probekit.hidden_state_map(model, task.solution_data(), layers=[1]),
         "pair_cosines": probekit.pair_cosines(model, task.solution_data(), layers=[1]),
         "solution_types": probekit.solution_types(model, task.solution_data()),
+        "activation_patching": probekit.activation_patching(
+            model, tokens, tokens.flip(0), metric="kl", positions="last"
+        ),
+        "direct_logit_attribution": probekit.direct_logit_attribution(model, tokens, targets=1),
     }
     for name, res in results.items():
         assert {"model", "positions", "batch_size"} <= set(res.meta), name

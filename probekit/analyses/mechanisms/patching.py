@@ -399,7 +399,7 @@ def _patch_batch(
     sums.n += len(answer)
     cells = _cells(positions, clean_batch)
     words = _token_words(model, clean_batch.tokens[0])
-    for label, at in cells:
+    for label, _ in cells:
         if label not in sums.tokens:
             sums.tokens[label] = "" if label == "last" else words[int(label)]
     chunk = max(1, STACK_ROWS // len(answer))
@@ -498,38 +498,53 @@ class PatchingResult(Result):
         return part.pivot(index="layer", columns="position", values=value)
 
     def figure(self, direction: str | None = None, value: str = "normalized") -> go.Figure:
+        """One layer x position heatmap per site, on one colour scale (``value``: the
+        'normalized' score or the raw metric 'value')."""
         direction = direction or self.meta["directions"][0]
         sites = list(self.meta["sites"])
         fig = make_subplots(
             rows=len(sites),
             cols=1,
             subplot_titles=[figure_words("activation_patching", "site", site=s) for s in sites],
-            vertical_spacing=0.12 if len(sites) > 1 else 0.0,
+            vertical_spacing=min(0.3 / max(1, len(sites) - 1), 0.2) if len(sites) > 1 else 0.0,
         )
         measure = figure_words("activation_patching", self.meta["metric"])
         colorbar = measure if value == "value" else figure_words("activation_patching", "score")
         tokens = self.df.drop_duplicates("position").set_index("position").token
-        for row, site in enumerate(sites, start=1):
-            table = self.grid(site, direction, value)
-            x = [_tick(p, tokens.get(p, "")) for p in table.columns]
-            part = figures.heatmap(table.to_numpy(), x=x, y=list(table.index), title="")
-            trace = part.data[0]
-            trace.update(showscale=row == 1, coloraxis=None)
-            trace.colorbar = {"title": {"text": figures.wrap(colorbar, 16)}}
-            fig.add_trace(trace, row=row, col=1)
+        grids = [self.grid(site, direction, value) for site in sites]
+        for row, table in enumerate(grids, start=1):
+            fig.add_trace(
+                go.Heatmap(
+                    z=table.to_numpy(dtype=float),
+                    x=[_tick(int(p), str(tokens.get(p, ""))) for p in table.columns],
+                    y=[int(layer) for layer in table.index],
+                    coloraxis="coloraxis",
+                    hovertemplate="position %{x}<br>layer %{y}<br>%{z:.4g}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
             fig.update_yaxes(
                 title_text=AXES["layer"], autorange="reversed", dtick=1, row=row, col=1
             )
-            fig.update_xaxes(title_text=figure_words("activation_patching", "x"), row=row, col=1)
+        fig.update_xaxes(title_text=figure_words("activation_patching", "x"), row=len(sites))
         figures.base_layout(
             fig,
             figure_words(
                 "activation_patching", direction=figures.words(direction), measure=measure
             ),
-            "",
-            "",
         )
-        fig.update_layout(height=max(320, 260 * len(sites)))
+        values = np.concatenate([g.to_numpy(dtype=float).ravel() for g in grids])
+        bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+        fig.update_layout(
+            height=max(360, 230 * len(sites) + 140),
+            coloraxis={
+                "colorscale": figures.DIVERGING,
+                "cmid": 0.0 if value == "value" else 0.5,
+                "colorbar": {"title": {"text": figures.wrap(colorbar, 16)}},
+                **({"cmin": -bound, "cmax": bound} if value == "value" else {}),
+            },
+        )
         return fig
 
 
