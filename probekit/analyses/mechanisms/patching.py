@@ -702,8 +702,9 @@ def _dla_batch(
             continue
         idx = at.clamp(min=0)
         scale = norm.scale(res[-1][rows, idx].double())
-        norm_bias = 0.0 if norm.bias is None else (norm.bias.to(direction.device) * direction)
-        constant = bias + (norm_bias.sum(-1) if norm.bias is not None else 0.0)
+        constant = bias
+        if norm.bias is not None:  # the norm's bias, carried through the unembedding
+            constant = bias + (norm.bias.to(direction.device) * direction).sum(-1)
         values = {
             key: (norm.linear(t[rows, idx].double(), scale) * direction).sum(-1)
             for key, t in terms.items()
