@@ -1,8 +1,9 @@
 """Activation patching on the two reference anchor models: patch the (3,4) run into the (4,3)
 run at every site x layer x position and find what carries the composite x-10.
 
-Trains the demo's two reference models (``probekit.demo.reference_configs``: anchor_cpu_config
-at gamma 0.5 and 0.8, seed 0; about 2-5 minutes on 2 cores) into ``--runs`` unless they are
+Trains the demo's reference models named by ``--models`` (``probekit.demo.reference_configs``:
+anchor_cpu_config at gamma 0.5 'symmetric' and 0.8 'inferential', seed 0; default the
+inferential one alone, 1-2 minutes on an idle 2-core machine) into ``--runs`` unless they are
 there already, then, per model, takes the held-out (4,3) test sequences whose key sits at
 ``--key-position``, builds the same sequences with the anchors swapped to (3,4), and patches
 (3,4) into (4,3) with the metric logit(x-10) - logit(x-6) (composite minus symmetric answer).
@@ -16,6 +17,7 @@ direct logit attribution.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
@@ -26,11 +28,11 @@ from probekit.demo import reference_configs
 SITES = ("resid_in", "resid_mid", "resid_out", "attn_out", "mlp_out")
 
 
-def trained_runs(folder: Path) -> dict[str, Path]:
-    """The two reference checkpoints, trained into ``folder`` if not there yet."""
+def trained_runs(folder: Path, names: list[str]) -> dict[str, Path]:
+    """The reference checkpoints ``names``, trained into ``folder`` if not there yet."""
     from probekit.anchor.training import train_stack
 
-    configs = reference_configs()
+    configs = [c for c in reference_configs() if c.name in names]
     paths = {c.name: folder / "checkpoint" / c.name for c in configs}
     if not all((p / "config.json").is_file() for p in paths.values()):
         train_stack(configs, folder, progress=False)
@@ -50,14 +52,63 @@ def swapped_runs(task, key_position: int):
     return clean, corrupted, answers
 
 
+def loop_patching(model, clean, corrupted, answers) -> list[float]:
+    """The resid_out grid the plain way: one full forward per layer x position, a hook that
+    overwrites the block output with the corrupted run's (what a loop over TransformerLens
+    hooks does); the mean logit difference per cell, layer-major."""
+    [c_batch], [x_batch] = model.prepare(clean), model.prepare(corrupted)
+    keep: dict[int, torch.Tensor] = {}
+    read = [
+        (
+            model.hook_name(layer, "resid_out"),
+            lambda t, hook, layer=layer: keep.__setitem__(layer, t),
+        )
+        for layer in range(model.n_layers)
+    ]
+    model.forward(x_batch, read)
+    rows = torch.arange(len(answers))
+    out = []
+    for layer in range(model.n_layers):
+        for p in range(clean.shape[1]):
+
+            def patch(t, hook, layer=layer, p=p):
+                t = t.clone()
+                t[:, p] = keep[layer][:, p]
+                return t
+
+            z = model.forward(c_batch, [(model.hook_name(layer, "resid_out"), patch)])[:, -1]
+            out.append(float((z[rows, answers[:, 0]] - z[rows, answers[:, 1]]).mean()))
+    return out
+
+
+def timing(path: Path, clean, corrupted, answers) -> None:
+    """Seconds of the resid_out grid by probekit and by the plain loop, and their largest
+    difference."""
+    model = probekit.load(path)
+    start = time.perf_counter()
+    res = probekit.activation_patching(model, clean, corrupted, answers=answers)
+    fast = time.perf_counter() - start
+    start = time.perf_counter()
+    with torch.no_grad():
+        plain = loop_patching(model, clean, corrupted, answers)
+    slow = time.perf_counter() - start
+    diff = max(abs(a - b) for a, b in zip(res.df.value, plain, strict=True))
+    print(
+        f"resid_out grid: probekit {fast:.2f} s, plain loop {slow:.2f} s "
+        f"(max |difference| {diff:.1e})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("/tmp/probekit-anchor-patching"))
     parser.add_argument("--key-position", type=int, default=3)
+    parser.add_argument("--models", default="inferential", help="e.g. symmetric,inferential")
     parser.add_argument("--figure", type=Path, default=None)
+    parser.add_argument("--timing", action="store_true", help="also time a plain loop")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    paths = trained_runs(args.runs)
+    paths = trained_runs(args.runs, args.models.split(","))
     task = reference_configs()[0].task
     clean, corrupted, answers = swapped_runs(task, args.key_position)
     print(f"{len(clean)} held-out (4,3) sequences with the key at position {args.key_position}")
@@ -78,6 +129,8 @@ def main() -> None:
             dla = probekit.direct_logit_attribution(path, clean, targets=answers)
             print("direct logit attribution of logit(x-10) - logit(x-6) at the last token:")
             print(dla.df.round(3).to_string(index=False))
+            if args.timing:
+                timing(path, clean, corrupted, answers)
             if args.figure is not None:
                 res.figure().write_image(args.figure, width=900, height=1400)
                 print(f"figure written to {args.figure}")

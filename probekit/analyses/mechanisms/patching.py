@@ -228,7 +228,9 @@ class _Run:
         return self.attn[layer] if site == "attn_out" else self.mlp[layer]
 
 
-def _record(model: Model, batch: Batch) -> _Run:
+def _record(model: Model, batch: Batch, updates: bool = True) -> _Run:
+    """The trace of ``batch``, with each layer's updates when ``updates`` (the residual sites
+    need none, and their forward then runs without hooks)."""
     n = model.n_layers
     attn: list[Any] = [None] * n
     mlp: list[Any] = [None] * n
@@ -239,7 +241,7 @@ def _record(model: Model, batch: Batch) -> _Run:
 
         return fn
 
-    fwd = [h for layer in range(n) for h in model.update_hooks(layer, keep(layer))]
+    fwd = [h for layer in range(n) for h in model.update_hooks(layer, keep(layer)) if updates]
     return _Run(model.trace(batch, fwd), attn, mlp)
 
 
@@ -383,7 +385,11 @@ def _patch_batch(
     sums: _Sums,
 ) -> None:
     clean_batch, corrupted_batch = pair
-    runs = {"clean": _record(model, clean_batch), "corrupted": _record(model, corrupted_batch)}
+    updates = any(site in _UPDATE_OF for site in sites)
+    runs = {
+        "clean": _record(model, clean_batch, updates),
+        "corrupted": _record(model, corrupted_batch, updates),
+    }
     answer = _last(clean_batch)
     clean_logits = _head_at(model, runs["clean"].trace.residuals[-1], answer)
     check_outputs_finite(clean_logits)
