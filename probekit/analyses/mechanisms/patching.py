@@ -577,8 +577,9 @@ def activation_patching(
     Args:
         model: a :class:`probekit.Model` (with its LM head) or anything :func:`probekit.load`
             accepts.
-        clean, corrupted: token data (or task data) of the same shape with the same real-token
-            masks (left or right padding; positions are real positions, pads excluded).
+        clean: token data (or task data), the run whose answer is measured.
+        corrupted: the other run: the same token shapes and the same real-token masks (left
+            or right padding; positions are real positions, pads excluded).
         sites: any of :data:`PATCH_SITES`.
         positions: 'all' real positions, 'last' (each sequence's last real token), or a list
             of real positions (negative: counted from each sequence's end).
