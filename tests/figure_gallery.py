@@ -150,6 +150,21 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
         "sweep": _sweep(),
         "depth_family": depth_family(1_000_000, [2, 4, 8, 12], d_model=64),
     }
+    # --- activation patching and direct logit attribution ---
+    swapped = held.tokens[:8].clone()
+    where = held.positions[:8]
+    rows = torch.arange(8)
+    swapped[rows, where + 1], swapped[rows, where + 2] = (
+        held.tokens[:8][rows, where + 2],
+        held.tokens[:8][rows, where + 1],
+    )
+    answers = torch.stack([held.composite[:8], held.symmetric[:8]], -1)
+    out["activation_patching"] = probekit.activation_patching(
+        model, held.tokens[:8], swapped, sites=("resid_in", "attn_out"), answers=answers
+    )
+    out["direct_logit_attribution"] = probekit.direct_logit_attribution(
+        model, held.tokens[:8], targets=answers
+    )
     return out
 
 

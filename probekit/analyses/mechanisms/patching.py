@@ -524,15 +524,15 @@ class PatchingResult(Result):
                     z=table.to_numpy(dtype=float),
                     x=[_tick(int(p), str(tokens.get(p, ""))) for p in table.columns],
                     y=[int(layer) for layer in table.index],
-                    coloraxis="coloraxis",
+                    coloraxis="coloraxis",  # one scale, drawn by the colour axis
+                    showscale=False,
                     hovertemplate="position %{x}<br>layer %{y}<br>%{z:.4g}<extra></extra>",
                 ),
                 row=row,
                 col=1,
             )
-            fig.update_yaxes(
-                title_text=AXES["layer"], autorange="reversed", dtick=1, row=row, col=1
-            )
+            figures.integer_axis(fig, "y", n=len(table.index), row=row, col=1, autorange="reversed")
+            fig.update_yaxes(title_text=AXES["layer"], row=row, col=1)
         fig.update_xaxes(title_text=figure_words("activation_patching", "x"), row=len(sites))
         figures.base_layout(
             fig,
@@ -764,7 +764,7 @@ class AttributionResult(Result):
         figures.base_layout(
             fig, title, AXES["layer"], figure_words("direct_logit_attribution", "y")
         )
-        fig.update_xaxes(dtick=1)
+        figures.integer_axis(fig, "x", n=int(part.layer.max()) + 1)
         fig.update_layout(barmode="group")
         return fig
 
