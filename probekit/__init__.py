@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         SpectraResult,
         SwapResult,
         TimelineResult,
+        TokenLensResult,
         TunedLens,
         TunedLensResult,
         attention_knockout,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         solution_types,
         spectra,
         timeline,
+        token_lens,
         token_masking,
         tuned_lens,
     )

@@ -49,6 +49,7 @@ RESULT_MODULES: dict[str, str] = {
     "swaps": "probekit.analyses.depth.swaps",
     "logit_lens": "probekit.analyses.depth.lens",
     "tuned_lens": "probekit.analyses.depth.tuned_lens",
+    "token_lens": "probekit.analyses.depth.token_lens",
     "model_loss": "probekit.analyses.depth.loss",
     "attention_knockout": "probekit.analyses.mechanisms.knockout",
     "token_masking": "probekit.analyses.mechanisms.masking",

@@ -372,6 +372,43 @@ templates over the figure's numbers (``title``, axis titles ``x`` / ``y``, subpl
 colour bars, legend names); :data:`AXES` holds the words several figures share."""
 
 
+# --- token-resolved lens ---
+FIGURES["token_lens"] = {
+    "title": "Token-resolved {lens}, {which}: the top token at each depth, coloured by {colour}",
+    "panel": "{site}",
+    "resid_out": "residual after each depth's blocks",
+    "resid_mid": "residual inside block d, after its attention, before its MLP",
+    "targets_panel": "log-probability of each target against depth",
+    "top_prob": "probability of the lens' top token",
+    "entropy": "entropy of the lens' distribution (nats)",
+    "x": "position: input token",
+    "x_sequences": "sequence (its last token)",
+    "own": "{name} (sequence {sequence})",
+    "mean": "{name} (mean over sequences)",
+    "y_targets": "log p(target) (nats)",
+}
+LABELS.update(
+    {
+        f"{key}_{site}": f"{words} ({where})"
+        for site, where in (
+            ("resid_out", "after whole blocks"),
+            ("resid_mid", "after each block's attention"),
+        )
+        for key, words in (
+            (
+                "mean_prediction_depth",
+                "mean prediction depth: first depth from which the lens' top token is the final "
+                "one and stays so (tokens that settle)",
+            ),
+            ("n_never_settled", "tokens whose lens never settles on the final top token"),
+            ("never_settled_fraction", "fraction of tokens that never settle"),
+            ("mean_kl_final", "mean KL(final ‖ lens) below the output (nats)"),
+            ("mean_entropy_by_depth", "mean entropy of the lens per depth (nats)"),
+        )
+    }
+)
+# --- end token-resolved lens ---
+
 COMPARISON_HEADINGS = {
     "second_half_share": "second-half share of the output change",
     "depth_score": "skip-effect depth score (centre of mass, layer)",

@@ -533,3 +533,67 @@ def relative_changes(clean, changed):
     """||z' - z|| / ||z|| per vector (float64)."""
     clean, changed = clean.double(), changed.double()
     return (changed - clean).norm(dim=-1) / clean.norm(dim=-1)
+
+
+# --- token-resolved lens ---------------------------------------------------------------------
+def token_lens_residuals(hf, arch: str, tokens, mask, site: str):
+    """Per depth the residual a token lens reads at ``site`` of a plain HF model: for
+    ``resid_out`` the input of block 0, then each block's output (depth 0 .. L, the last
+    being the final residual); for ``resid_mid`` each block's input plus its attention
+    output, from plain forward hooks on the attention modules (depth 0 .. L-1). Also the
+    model's own final logits."""
+    if site == "resid_out":
+        ins, outs, final = block_io(hf, tokens, mask)
+        return [ins[0]] + [outs[i] for i in range(len(outs))], final
+    dtype = next(hf.parameters()).dtype  # updates() are float64 copies
+    mids = [(h + a).to(dtype) for h, a, _, _ in updates(hf, arch, tokens, mask)]
+    return mids, logits(hf, tokens, mask)
+
+
+def token_lens_reference(hf, arch: str, tokens, mask, site: str, translators=None, targets=None):
+    """Per depth, ``[B, T]`` tensors of the lens' top id, top probability, entropy,
+    cross-entropy to the next real token (NaN where none), KL(final || lens) and the
+    log-probability of each target id (``targets``: name -> one id per sequence), written from
+    their definitions in float64. The lens logits are the final norm + head applied to the
+    residual (``final_head``), after ``h + W h + b`` with ``translators[d] = (W, b)`` when
+    given; at ``resid_out``'s last depth the model's own output."""
+    residuals, final = token_lens_residuals(hf, arch, tokens, mask, site)
+    labels = labels_for(arch, tokens, mask)
+    logp = torch.log_softmax(final.double(), -1)
+    out = []
+    for depth, h in enumerate(residuals):
+        if site == "resid_out" and depth == len(residuals) - 1:
+            z = final
+        else:
+            if translators is not None and depth < len(translators):
+                w, b = translators[depth]
+                h = (h.float() + h.float() @ w.T + b).to(h.dtype)
+            z = final_head(hf, arch, h)
+        logq = torch.log_softmax(z.double(), -1)
+        q = torch.exp(logq)
+        top_prob, top_id = q.max(-1)
+        picked = torch.gather(logq, -1, labels.clamp(min=0)[..., None])[..., 0]
+        row = {
+            "top_id": top_id,
+            "top_prob": top_prob,
+            "entropy": -(q * logq).sum(-1),
+            "cross_entropy": torch.where(labels != -100, -picked, float("nan")),
+            "kl_final": (torch.exp(logp) * (logp - logq)).sum(-1),
+            "final_id": logp.argmax(-1),
+        }
+        for name, ids in (targets or {}).items():
+            index = torch.tensor(ids)[:, None, None].expand(-1, tokens.shape[1], 1)
+            row[f"logp_{name}"] = torch.gather(logq, -1, index)[..., 0]
+        out.append(row)
+    return out
+
+
+def prediction_depth_reference(top_ids, final_ids):
+    """The first depth from which ``top_ids[d] == final_ids`` for every later depth, or None
+    (a plain loop over depths, last to first)."""
+    settled = None
+    for depth in range(len(top_ids) - 1, -1, -1):
+        if top_ids[depth] != final_ids:
+            break
+        settled = depth
+    return settled

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.depth.skips import SkipEffectResult, skip_effects  # noqa: F401
     from probekit.analyses.depth.swaps import SwapResult, layer_swaps  # noqa: F401
     from probekit.analyses.depth.tuned_lens import TunedLens, TunedLensResult, tuned_lens  # noqa: F401
+    from probekit.analyses.depth.token_lens import TokenLensResult, token_lens  # noqa: F401
     from probekit.analyses.mechanisms.flow import FlowResult, information_flow  # noqa: F401
     from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout  # noqa: F401
     from probekit.analyses.mechanisms.maps import (  # noqa: F401
@@ -78,6 +79,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),
     "depth.tuned_lens": ("TunedLens", "TunedLensResult", "tuned_lens"),
+    "depth.token_lens": ("TokenLensResult", "token_lens"),
     "mechanisms.flow": ("FlowResult", "information_flow"),
     "mechanisms.knockout": ("KnockoutResult", "attention_knockout"),
     "mechanisms.maps": ("HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"),
