@@ -47,8 +47,8 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.depth.residual import ResidualResult, residual_stats  # noqa: F401
     from probekit.analyses.depth.skips import SkipEffectResult, skip_effects  # noqa: F401
     from probekit.analyses.depth.swaps import SwapResult, layer_swaps  # noqa: F401
-    from probekit.analyses.depth.tuned_lens import TunedLens, TunedLensResult, tuned_lens  # noqa: F401
     from probekit.analyses.depth.token_lens import TokenLensResult, token_lens  # noqa: F401
+    from probekit.analyses.depth.tuned_lens import TunedLens, TunedLensResult, tuned_lens  # noqa: F401
     from probekit.analyses.mechanisms.flow import FlowResult, information_flow  # noqa: F401
     from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout  # noqa: F401
     from probekit.analyses.mechanisms.maps import (  # noqa: F401

@@ -386,7 +386,7 @@ class TokenLensResult(Result):
             "token_lens",
             lens=self.meta.get("lens", "logit lens"),
             colour=figure_words("token_lens", colour),
-            which=f"sequences' last tokens" if per_sequence else f"sequence {sequence}",
+            which="sequences' last tokens" if per_sequence else f"sequence {sequence}",
         )
         figures.base_layout(fig, title, height=520 + (260 if targets else 0))
         return fig
