@@ -33,6 +33,7 @@ from probekit.analyses import (
     logit_lens,
     residual_stats,
     skip_effects,
+    token_lens,
 )
 from probekit.analyses.depth.lens import LogitLensResult
 from probekit.analyses.depth.shared import Shared
@@ -62,8 +63,17 @@ from probekit.result import SIDECAR_CELLS, Result, summary_table
 from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
-ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
-"""The analyses of a diagnosis, in the order they run and appear in the report."""
+ANALYSES = (
+    "contributions",
+    "skip_effects",
+    "layer_swaps",
+    "residual",
+    "logit_lens",
+    "token_lens",
+    "gradients",
+)
+"""The analyses of a diagnosis, in the order they run and appear in the report (the token lens
+only with ``token_lens=True``, the default)."""
 
 MAY_BE_UNDEFINED = ("residual", "gradients")
 """Analyses the verdict does not read: one that raises
@@ -103,6 +113,7 @@ def diagnose(
     variants_per_pass: int | None = 1,
     autocast: str | None = None,
     data_source: str | None = None,
+    token_lens: bool = True,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -119,7 +130,9 @@ def diagnose(
     ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
     ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
     in the meta): the "at chance" warning says random tokens are unpredictable to any model
-    only when they are random tokens.
+    only when they are random tokens. ``token_lens`` adds the token-resolved logit lens
+    (:func:`~probekit.analyses.depth.token_lens.token_lens`), read from the shared clean
+    traces (no forward of its own when the data are one batch).
     """
     model = load(model)
     if lens is not None or lens_data is not None:
@@ -132,6 +145,8 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
+    if not token_lens:
+        steps.pop("token_lens", None)
     results, not_defined = run_analyses(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
@@ -152,7 +167,8 @@ class DiagnosisSettings:
     reads a fitted tuned lens, which wins over the source's ``lens_data``), ``intervention``
     as its ``setting`` (how to intervene and reduce,
     :class:`~probekit.interventions.InterventionSetting`);
-    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
+    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`); ``token_lens``
+    (default on) adds the token-resolved logit lens section.
     """
 
     pairs: str = "adjacent"
@@ -165,6 +181,7 @@ class DiagnosisSettings:
     variants_per_pass: int | None = 1
     autocast: str | None = None
     images: bool = True
+    token_lens: bool = True
 
 
 def diagnose_checkpoint(
@@ -191,6 +208,7 @@ def diagnose_checkpoint(
         variants_per_pass=settings.variants_per_pass,
         autocast=settings.autocast,
         data_source=source.description,
+        token_lens=settings.token_lens,
     )
     folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
@@ -262,12 +280,13 @@ def _steps(
         "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, cache=shared),
         "residual": partial(residual_stats, setting=setting),
         "logit_lens": partial(logit_lens, setting=setting, cache=shared),
+        "token_lens": partial(token_lens, cache=shared),
         "gradients": gradient_norms,
     }
     if lens is not None:
         analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
     if model.output_kind != "logits":  # no vocabulary: no lens, no loss to differentiate
-        del analyzers["logit_lens"], analyzers["gradients"]
+        del analyzers["logit_lens"], analyzers["gradients"], analyzers["token_lens"]
     return {
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()

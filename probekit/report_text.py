@@ -120,6 +120,11 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
         f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
         f"{s['n_layers']} layers."
     ),
+    "token_lens": lambda s: (  # token-resolved lens
+        f"Token by token, the logit lens settles on the final top token after "
+        f"{s['mean_prediction_depth_resid_out']:.2f} of the {s['n_layers']} layers on average "
+        f"({s['n_tokens']} tokens)."
+    ),
     "gradients": lambda s: (
         "The second half of the layers gets "
         f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half."

@@ -537,6 +537,16 @@ SECTION_EXPLAIN = {
 """What each section's figure shows, written above it (``{cost}``: the words of the
 swap cost, :data:`SWAP_COSTS`)."""
 
+# --- token-resolved lens (report section) ---
+SECTION_TITLES["token_lens"] = "Token-resolved logit lens"
+SECTION_EXPLAIN["token_lens"] = (
+    "The logit lens token by token, for the first sequence: each cell is the token the lens "
+    "reads at that depth (row) and position (column), coloured by its probability; a token's "
+    "prediction depth is the first depth from which the lens' top token is the model's final "
+    "one and stays so. The table has every sequence's rows (token_lens.csv)."
+)
+# --- end token-resolved lens (report section) ---
+
 
 __all__ = [
     "AXES",

@@ -165,6 +165,7 @@ def test_a_model_without_a_head_is_refused_with_the_reason():
         ({"targets": {"a": "x"}}, "one token id"),
         ({"targets": {"a": 10_000}}, "outside the vocabulary"),
         ({"targets": {"": 1}}, "non-empty"),
+        ({"decode": "bytes"}, "not callable"),
     ],
 )
 def test_bad_input_is_refused_before_any_forward(kwargs, match, monkeypatch):
@@ -207,3 +208,15 @@ def test_tokens_are_decoded_through_the_tokenizer():
     res = probekit.token_lens(model, _encoded("right"), positions="last")
     assert set(res.df.token) <= {"w2", "w3", "w8"}  # each text's last word
     assert res.df.top_token.map(lambda s: isinstance(s, str) and s != "").all()
+
+
+def test_unpadded_rows_equal_the_plain_reference():
+    """Every token selected: the read-out takes the clean side's rows as slices."""
+    hf = make_hf("llama", n_layers=2, scale=2.0)
+    plain = twin(hf)
+    tokens, mask = sample_tokens(pad=False)
+    res = probekit.token_lens(probekit.load(hf), (tokens, mask), targets={"t": 9})
+    want = ref.token_lens_reference(
+        plain, "llama", tokens, mask, "resid_out", targets={"t": [9] * 6}
+    )
+    _compare(res, want, "resid_out", tokens, mask, targets=("t",))

@@ -114,6 +114,7 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,
+        token_lens=not args.no_token_lens,
     )
 
 
@@ -197,6 +198,12 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
         "Chrome/Chromium are present)",
+    )
+    diag.add_argument(
+        "--no-token-lens",
+        action="store_true",
+        help="leave out the token-resolved logit lens section (the lens's top token at every "
+        "depth and position; on by default)",
     )
     add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ import plotly.graph_objects as go
 import torch
 
 from probekit import figures
-from probekit.analyses.common import CHUNK_TOKENS, result_meta
+from probekit.analyses.common import CHUNK_TOKENS, CleanSide, result_meta
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.analyses.depth.tuned_lens import TunedLens, as_lens
 from probekit.data import Batch, Data, position_mask
@@ -153,11 +153,12 @@ def _check_targets(
 
 # ---------------------------------------------------------------- decoding
 class _Decoder:
-    """Token ids as text through the model's tokenizer (each id decoded once); the id itself
-    when the model has none."""
+    """Token ids as text through ``decode`` when given, else the model's tokenizer (each id
+    decoded once); the id itself when the model has none."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, decode: Callable[[int], str] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.decode = decode
         self.known: dict[int, str] = {}
 
     def __call__(self, ids: Sequence[int]) -> list[str]:
@@ -166,6 +167,8 @@ class _Decoder:
         return [self.known[i] for i in ids]
 
     def _one(self, token: int) -> str:
+        if self.decode is not None:
+            return str(self.decode(token))
         if self.tokenizer is None:
             return str(token)
         try:
@@ -178,44 +181,61 @@ class _Decoder:
 # ---------------------------------------------------------------- the measures
 @torch.no_grad()
 def read_out(
-    logits: torch.Tensor,
-    final: torch.Tensor,
-    labels: torch.Tensor,
+    logits: torch.Tensor | None,
+    side: CleanSide,
+    rows: torch.Tensor,
     targets: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per token (rows of ``[N, V]`` logits) the lens' top token, its probability, the
-    entropy, the cross-entropy to ``labels`` (NaN where -100), KL(p_final || p_lens) against
-    the ``final`` logits, and the log-probabilities of ``targets`` ``[N, n_targets]``;
-    float64, :data:`~probekit.analyses.common.CHUNK_TOKENS` rows at a time.
+    """Per token the lens' top token, its probability, the entropy, the cross-entropy to the
+    clean side's label (NaN where -100), KL(p_final || p_lens) and the log-probabilities of
+    ``targets`` ``[N, n_targets]``, for lens ``logits`` ``[N, V]`` (None: the final output
+    itself) of the tokens ``rows`` of the clean ``side``
+    (:func:`~probekit.analyses.common.clean_side`). In float32 chunks of
+    :data:`~probekit.analyses.common.CHUNK_TOKENS` tokens, the logits shifted by their maximum
+    first; sums and logs in float64: with q the lens' and p the final distribution,
+    H = lse - sum q z and KL = sum p (z_final - z) + lse - lse_final.
 
     Example:
-        >>> z = torch.tensor([[0.0, 0.0]])
-        >>> out = read_out(z, z, torch.tensor([1]))
+        >>> from probekit.analyses.common import clean_side
+        >>> side = clean_side(torch.tensor([[[0.0, 0.0]]]), torch.tensor([[1]]))
+        >>> out = read_out(None, side, torch.tensor([0]))
         >>> round(float(out["entropy"][0]), 4), float(out["kl_final"][0])
         (0.6931, 0.0)
     """
-    n = logits.shape[0]
+    n = rows.shape[0]
     parts: dict[str, list[torch.Tensor]] = {}
+    work = side.work(CHUNK_TOKENS)  # reused chunk after chunk: fresh memory costs more
+    final_ids = side.top(1)[rows, 0]
+    first = int(rows[0]) if n else 0
+    contiguous = n > 0 and int(rows[-1]) - first + 1 == n  # every token: slices, no copies
     for start in range(0, n, CHUNK_TOKENS):
         part = slice(start, min(start + CHUNK_TOKENS, n))
-        logq = logits[part].double().log_softmax(-1)
-        logp = final[part].double().log_softmax(-1)
-        best, top = logq.max(-1)
-        y = labels[part]
-        picked = logq.gather(-1, y.clamp(min=0)[:, None])[:, 0]
+        size = part.stop - part.start
+        at = slice(first + part.start, first + part.stop) if contiguous else rows[part]
+        z = side.logits[at] if logits is None else logits[part].float()
+        best, top = z.max(-1)
+        shifted = torch.sub(z, best[:, None], out=work[0, :size])
+        q = torch.exp(shifted, out=work[1, :size])
+        total = q.sum(-1)
+        lse_shifted = total.double().log()
+        lse = best.double() + lse_shifted
+        spread = q.mul_(shifted).sum(-1).double() / total.double()  # sum q z, shifted
+        change = torch.sub(side.logits[at], z, out=work[0, :size]).mul_(side.p[at])
+        y = side.labels[at]
+        picked = z.gather(-1, y.clamp(min=0)[:, None])[:, 0].double()
         chunk = {
             "top_id": top,
-            "top_prob": best.exp(),
-            "entropy": -(logq.exp() * logq).sum(-1),
-            "cross_entropy": torch.where(y != -100, -picked, math.nan),
-            "kl_final": (logp.exp() * (logp - logq)).sum(-1),
-            "final_id": logp.argmax(-1),
+            "top_prob": (-lse_shifted).exp(),
+            "entropy": lse_shifted - spread,
+            "cross_entropy": torch.where(y != -100, lse - picked, math.nan),
+            "kl_final": change.sum(-1).double() + (lse - side.lse[at]),
         }
         if targets is not None:
-            chunk["targets"] = logq.gather(-1, targets[part])
+            chunk["targets"] = z.gather(-1, targets[part]).double() - lse[:, None]
         for name, values in chunk.items():
             parts.setdefault(name, []).append(values)
-    return {name: torch.cat(values) for name, values in parts.items()}
+    out = {name: torch.cat(values) for name, values in parts.items()}
+    return {**out, "final_id": final_ids}
 
 
 def _mid_residuals(model: Model, batch: Batch) -> list[torch.Tensor]:
@@ -300,10 +320,7 @@ class TokenLensResult(Result):
         grid = part.pivot_table(index="depth", columns=column, values=colour, aggfunc="first")
         text = part.pivot_table(index="depth", columns=column, values="top_token", aggfunc="first")
         ticks = part.drop_duplicates(column).set_index(column)
-        labels = [
-            f"{c}: {ticks.loc[c, 'token']!s:.12}" if not per_sequence else f"{c}"
-            for c in grid.columns
-        ]
+        labels = [f"{c}: {ticks.loc[c, 'token']!s:.12}" for c in grid.columns]
         targets = [c for c in part.columns if str(c).startswith("logp_")]
         return self._draw(grid, text, labels, site, colour, per_sequence, sequence, targets)
 
@@ -342,7 +359,7 @@ class TokenLensResult(Result):
             rows=rows,
             cols=1,
             row_heights=[0.62, 0.38] if targets else [1.0],
-            vertical_spacing=0.16,
+            vertical_spacing=0.22,
             subplot_titles=[
                 figure_words("token_lens", "panel", site=figure_words("token_lens", site)),
                 *([figure_words("token_lens", "targets_panel")] if targets else []),
@@ -469,15 +486,15 @@ def _batch_rows(
     sites: tuple[str, ...],
     target_ids: torch.Tensor | None,
 ) -> list[dict[str, Any]]:
-    """The measures of one batch: per site and depth a dict of ``[N]`` arrays over the
+    """The measures of one batch: per site and depth a dict of ``[N]`` tensors over the
     ``mask`` tokens (in row-major order)."""
-    final = shared.trace(batch).logits[mask]
-    labels = batch.labels[mask] if batch.labels is not None else torch.full_like(final[:, 0], -100)
+    side = shared.side(batch)
+    rows = mask.reshape(-1).nonzero()[:, 0]
     out = []
     for site in sites:
         for depth, residual in _site_residuals(model, shared, batch, site):
-            logits = final if residual is None else _lens_logits(model, lens, depth, residual[mask])
-            measured = read_out(logits, final, labels.long(), target_ids)
+            logits = None if residual is None else _lens_logits(model, lens, depth, residual[mask])
+            measured = read_out(logits, side, rows, target_ids)
             out.append({"site": site, "depth": depth, **measured})
     return out
 
@@ -492,6 +509,7 @@ def token_lens(
     targets: Mapping[str, Any] | None = None,
     positions: str = "all",
     batch_size: int | None = None,
+    decode: Callable[[int], str] | None = None,
     cache: Shared | None = None,
 ) -> TokenLensResult:
     """Read every layer at every token through the logit lens (``lens="logit"``) or a tuned
@@ -499,7 +517,8 @@ def token_lens(
     top token and its text, probability, entropy, cross-entropy to the next token, KL from the
     final output, prediction depth, and the log-probability of each of ``targets`` (name: one
     token id, or one per sequence), at the ``sites`` ``"resid_out"`` and/or ``"resid_mid"``
-    (see the module). ``cache``: a diagnosis's
+    (see the module). ``decode``: how a token id is written as text (default: the model's
+    tokenizer, else the id itself; e.g. a byte-level model's bytes). ``cache``: a diagnosis's
     :class:`~probekit.analyses.depth.shared.Shared` cache, whose clean traces the
     ``resid_out`` read-outs reuse.
 
@@ -515,11 +534,13 @@ def token_lens(
     site_list = _check_sites(sites)
     position_mask(Batch(torch.ones(1, 1, dtype=torch.long)), positions)  # refuses unknown ones
     tuned = _check_lens(lens, model)
+    if decode is not None and not callable(decode):
+        raise InputError(f"decode={decode!r:.60} is not callable", fix="pass a function id -> text")
     shared = make_shared(model, cache)
     batches = model.prepare(data, batch_size)
     n_sequences = sum(int(b.tokens.shape[0]) for b in batches)
     wanted = _check_targets(targets, n_sequences, model.d_vocab)
-    decode = _Decoder(model.tokenizer)
+    decoder = _Decoder(model.tokenizer, decode)
     frames, first = [], 0
     for batch in counted(batches):
         frames.append(
@@ -527,8 +548,8 @@ def token_lens(
         )
         first += int(batch.tokens.shape[0])
     df = pd.concat(frames, ignore_index=True)
-    df.insert(3, "token", decode(df.token_id.tolist()))
-    df.insert(df.columns.get_loc("top_id") + 1, "top_token", decode(df.top_id.tolist()))
+    df.insert(3, "token", decoder(df.token_id.tolist()))
+    df.insert(df.columns.get_loc("top_id") + 1, "top_token", decoder(df.top_id.tolist()))
     summary = _summary(df, site_list, model.n_layers, n_sequences)
     meta = result_meta(model, positions=positions, batch_size=batch_size)
     meta |= {
