@@ -378,8 +378,8 @@ class TokenLensResult(Result):
                 zmax=1.0 if colour == "top_prob" else None,
                 colorbar={
                     "title": {"text": figures.wrap(figure_words("token_lens", colour), 16)},
-                    "len": 0.6 if targets else 1.0,
-                    "y": 1.0,
+                    "len": 0.45 if targets else 0.75,
+                    "y": 0.9 if targets else 0.85,
                     "yanchor": "top",
                 },
             ),
