@@ -67,6 +67,15 @@ def main() -> None:
     res = probekit.token_lens(model, tokens, sites=("resid_out", "resid_mid"), decode=byte_text)
     for key, value in res.summary.items():
         print(f"{key}: {value}")
+    out = res.df[res.df.site == "resid_out"]
+    first = out[out.depth == 0]
+    print(f"depth 0: top token = the input token for {(first.top_id == first.token_id).mean():.3f}")
+    for depth, rows in out.groupby("depth"):
+        common = ", ".join(rows.top_token.value_counts().head(3).index)
+        print(
+            f"depth {depth}: top-1 = final {rows.matches_final.mean():.3f}, cross-entropy "
+            f"{rows.cross_entropy.mean():.3f} nats, most read {common}"
+        )
     fig = res.figure(sequence=0, max_positions=32)
     path = ASSETS / "token_lens_lm.png"
     fig.write_image(path, width=fig.layout.width, height=fig.layout.height, scale=1)
