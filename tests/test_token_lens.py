@@ -220,3 +220,24 @@ def test_unpadded_rows_equal_the_plain_reference():
         plain, "llama", tokens, mask, "resid_out", targets={"t": [9] * 6}
     )
     _compare(res, want, "resid_out", tokens, mask, targets=("t",))
+
+
+def test_hooks_are_removed_even_when_the_mid_block_read_fails(monkeypatch):
+    model = probekit.load(make_hf("gpt2", n_layers=2))
+    tokens, mask = sample_tokens()
+    before = model.logits(tokens, mask)
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.bridge.modules())
+    update_hooks = model.update_hooks
+
+    def failing(layer, on_layer):
+        def fail(*args):
+            raise RuntimeError("injected failure")
+
+        return update_hooks(layer, fail if layer == 1 else on_layer)
+
+    monkeypatch.setattr(model, "update_hooks", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        probekit.token_lens(model, (tokens, mask), sites=("resid_mid",))
+    monkeypatch.undo()
+    after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.bridge.modules())
+    assert after == hooks and torch.equal(model.logits(tokens, mask), before)
