@@ -543,9 +543,7 @@ def package_lens_logits(hf, arch: str, tokens, mask, params: dict) -> list:
     package's ``"{i}.weight"`` / ``"{i}.bias"``); depth L, which has no translator, is the
     model's output."""
     with torch.no_grad():
-        out = hf(
-            input_ids=tokens, attention_mask=mask, output_hidden_states=True, use_cache=False
-        )
+        out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True, use_cache=False)
     n = len(hf_blocks(hf))
     lens = []
     for i in range(n):

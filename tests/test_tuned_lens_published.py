@@ -46,10 +46,11 @@ def _probekit_logits(model: probekit.Model, lens: TunedLens, data: dict) -> list
     """probekit's lens logits at every depth 0..L, at the real tokens."""
     (batch,) = model.prepare(data, None)
     trace = model.trace(batch)
-    return [
-        lens.logits(model, d, trace.residuals[d])[batch.valid].float()
-        for d in range(model.n_layers + 1)
-    ]
+    with torch.no_grad():
+        return [
+            lens.logits(model, d, trace.residuals[d])[batch.valid].float()
+            for d in range(model.n_layers + 1)
+        ]
 
 
 def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], mask: torch.Tensor) -> None:
@@ -98,7 +99,8 @@ def test_a_lens_saved_by_the_package_gives_its_outputs_at_every_layer(arch, tmp_
     _assert_close(got, [*want, out.logits], _right_padded(data)["attention_mask"])
     # the files are the package's: they also load through its own reader
     again = _package().from_model_and_pretrained(plain, str(tmp_path / "lens"))
-    for a, b in zip(again.layer_translators.parameters(), lens.translators.parameters()):
+    theirs, mine = again.layer_translators.parameters(), lens.translators.parameters()
+    for a, b in zip(theirs, mine, strict=True):
         assert torch.equal(a, b)
 
 
@@ -108,7 +110,8 @@ def test_a_package_folder_is_read_wherever_a_lens_folder_is(tmp_path):
     _package_lens(twin(hf), tmp_path / "lens")
     model = probekit.load(hf)
     lens = TunedLens.from_tuned_lens(tmp_path / "lens", model)
-    assert torch.equal(as_lens(tmp_path / "lens", model).translators[1].weight, lens.translators[1].weight)
+    routed = as_lens(tmp_path / "lens", model)
+    assert torch.equal(routed.translators[1].weight, lens.translators[1].weight)
     by_folder = tuned_lens(model, _data(), lens=str(tmp_path / "lens"), positions="last")
     by_lens = tuned_lens(model, _data(), lens=lens, positions="last")
     assert by_folder.df.equals(by_lens.df)
@@ -175,7 +178,7 @@ def test_a_safetensors_copy_and_half_precision_translators_are_read(tmp_path):
     (folder / "params.pt").unlink()
     save_file(params, str(folder / "params.safetensors"))
     copy = TunedLens.from_tuned_lens(folder, model)
-    assert all(torch.equal(a, b) for a, b in zip(want.parameters(), copy.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(want.parameters(), copy.parameters(), strict=True))
     half = {k: v.half() for k, v in params.items()}
     folder = write_package_folder(tmp_path / "half", twin(hf), half)
     lens = TunedLens.from_tuned_lens(folder, model)

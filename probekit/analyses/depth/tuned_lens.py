@@ -462,9 +462,8 @@ class TunedLens(nn.Module):
             >>> config = {"base_model_name_or_path": "", "d_model": 32, "num_hidden_layers": 2,
             ...           "unembed_hash": model_unembedding_hash(model)}  # as the package writes
             >>> _ = (folder / "config.json").write_text(json.dumps(config))
-            >>> params = {}
-            >>> for i in range(2):
-            ...     params[f"{i}.weight"], params[f"{i}.bias"] = torch.zeros(32, 32), torch.zeros(32)
+            >>> params = {f"{i}.weight": torch.zeros(32, 32) for i in range(2)}
+            >>> params |= {f"{i}.bias": torch.zeros(32) for i in range(2)}
             >>> torch.save(params, folder / "params.pt")
             >>> lens = TunedLens.from_tuned_lens(folder, model)
             >>> len(lens.translators), lens.fit_info["source"]
