@@ -119,6 +119,27 @@ def test_a_package_folder_is_read_wherever_a_lens_folder_is(tmp_path):
     assert TunedLens.load(tmp_path / "probekit", model).fit_info["source"] == "tuned-lens package"
 
 
+@pytest.mark.slow  # a whole diagnosis (~5 s); the default suite checks the routing by as_lens
+def test_diagnose_reads_a_package_lens_given_with_lens(tmp_path):
+    """``probekit diagnose CHECKPOINT --lens FOLDER`` reads a package lens made for it."""
+    from probekit.cli import main
+
+    checkpoint = tmp_path / "gpt2"
+    toy_hf_model("gpt2", n_layers=N_LAYERS, d_model=D_MODEL).save_pretrained(checkpoint)
+    hf = type(toy_hf_model("gpt2")).from_pretrained(checkpoint)  # named by its folder
+    assert hf.config.name_or_path == str(checkpoint)
+    folder = write_package_folder(tmp_path / "lens", hf, random_params())
+    out = tmp_path / "report"
+    argv = ["diagnose", str(checkpoint), "--out", str(out), "--lens", str(folder)]
+    argv += ["--n-sequences", "2", "--seq-len", "6", "--bootstrap", "0", "--device", "cpu"]
+    assert main([*argv, "--no-images", "--quiet"]) == 0
+    tuned = json.loads((out / "tuned_lens.json").read_text())
+    assert tuned["meta"]["fit_data"] is None  # read, not fitted: no fit data recorded
+    assert (
+        "tuned_lens_formed_at_depth" in json.loads((out / "summary.json").read_text())["headline"]
+    )
+
+
 # ---- a folder built by hand in the package's exact format -----------------------------------
 def package_unembed_hash(hf) -> str:
     """tuned_lens.utils.tensor_hash (0.2.0) of the unembedding, written out."""
