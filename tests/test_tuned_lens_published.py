@@ -61,21 +61,23 @@ def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], mask: torch
 
 
 # ---- a lens written by the tuned-lens package itself ----------------------------------------
-def _package():
-    """The tuned-lens package (in the dev extra). Its 0.1/0.2 ``model_surgery`` tests
-    ``isinstance(model, transformer_lens.HookedTransformer)``, a class TransformerLens 4 (a
-    probekit requirement) removed; the package's own switch turns that branch off."""
-    import tuned_lens.model_surgery
+@pytest.fixture
+def package(monkeypatch):
+    """The tuned-lens package's lens class (the package is in the dev extra). Its 0.1/0.2
+    ``model_surgery`` tests ``isinstance(model, transformer_lens.HookedTransformer)``, a class
+    TransformerLens 4 (a probekit requirement) removed; the package's own switch for "no
+    TransformerLens" turns that branch off."""
+    from tuned_lens import model_surgery as package_surgery
     from tuned_lens.nn.lenses import TunedLens as PackageLens
 
-    tuned_lens.model_surgery._transformer_lens_available = False
+    monkeypatch.setattr(package_surgery, "_transformer_lens_available", False)
     return PackageLens
 
 
-def _package_lens(hf, folder: Path, seed: int = 0):
+def _package_lens(package, hf, folder: Path, seed: int = 0):
     """A lens made and saved by the package for ``hf``, its translators drawn at random (an
     untrained lens is the logit lens, which would hide a wrong layer mapping)."""
-    lens = _package().from_model(hf)
+    lens = package.from_model(hf)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in lens.layer_translators.parameters():
@@ -85,10 +87,10 @@ def _package_lens(hf, folder: Path, seed: int = 0):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_lens_saved_by_the_package_gives_its_outputs_at_every_layer(arch, tmp_path):
+def test_a_lens_saved_by_the_package_gives_its_outputs_at_every_layer(arch, package, tmp_path):
     hf = toy_hf_model(arch, n_layers=N_LAYERS, d_model=D_MODEL)
     plain = twin(hf)
-    package_lens = _package_lens(plain, tmp_path / "lens")
+    package_lens = _package_lens(package, plain, tmp_path / "lens")
     data = _data()
     with torch.no_grad():
         out = plain(**_right_padded(data), output_hidden_states=True, use_cache=False)
@@ -98,16 +100,16 @@ def test_a_lens_saved_by_the_package_gives_its_outputs_at_every_layer(arch, tmp_
     got = _probekit_logits(model, lens, data)
     _assert_close(got, [*want, out.logits], _right_padded(data)["attention_mask"])
     # the files are the package's: they also load through its own reader
-    again = _package().from_model_and_pretrained(plain, str(tmp_path / "lens"))
+    again = package.from_model_and_pretrained(plain, str(tmp_path / "lens"))
     theirs, mine = again.layer_translators.parameters(), lens.translators.parameters()
     for a, b in zip(theirs, mine, strict=True):
         assert torch.equal(a, b)
 
 
-def test_a_package_folder_is_read_wherever_a_lens_folder_is(tmp_path):
+def test_a_package_folder_is_read_wherever_a_lens_folder_is(package, tmp_path):
     """tuned_lens(lens=folder), and so diagnose --lens, read a package folder too."""
     hf = toy_hf_model("gpt2", n_layers=N_LAYERS, d_model=D_MODEL)
-    _package_lens(twin(hf), tmp_path / "lens")
+    _package_lens(package, twin(hf), tmp_path / "lens")
     model = probekit.load(hf)
     lens = TunedLens.from_tuned_lens(tmp_path / "lens", model)
     routed = as_lens(tmp_path / "lens", model)
