@@ -144,9 +144,30 @@ def test_diagnose_reads_a_package_lens_given_with_lens(tmp_path):
 
 # ---- a folder built by hand in the package's exact format -----------------------------------
 def package_unembed_hash(hf) -> str:
-    """tuned_lens.utils.tensor_hash (0.2.0) of the unembedding, written out."""
-    weight = hf.get_output_embeddings().weight.detach().cpu().float().numpy()
-    return hashlib.sha256(str.encode(np.array_str(weight, precision=1))).hexdigest()
+    """The package's ``unembed_hash`` of ``hf`` (``Unembed.unembedding_hash``)."""
+    return package_unembed_hash_of(hf.get_output_embeddings().weight)
+
+
+@pytest.mark.parametrize(
+    "shape, scale",
+    [((50, 32), 0.02), ((300, 64), 1.0), ((7, 200), 3.0), ((1000, 1), 1.0), ((3, 500), 50.0)],
+)
+def test_the_unembedding_hash_is_the_packages(shape, scale):
+    """Hashing the corners only gives the package's hash of the whole printed matrix."""
+    from probekit.analyses.depth.tuned_lens_files import unembedding_hash
+
+    g = torch.Generator().manual_seed(sum(shape))
+    weight = torch.randn(shape, generator=g) * scale
+    weight[-1, -1] = -123.456  # a wide number in a corner widens every printed column
+    full = hashlib.sha256(str.encode(np.array_str(weight.numpy(), precision=1))).hexdigest()
+    assert unembedding_hash(weight) == full
+    assert unembedding_hash(weight.bfloat16()) == package_unembed_hash_of(weight.bfloat16())
+
+
+def package_unembed_hash_of(weight: torch.Tensor) -> str:
+    """tuned_lens.utils.tensor_hash (0.2.0) of a matrix, written out."""
+    values = weight.detach().cpu().float().numpy()
+    return hashlib.sha256(str.encode(np.array_str(values, precision=1))).hexdigest()
 
 
 def write_package_folder(folder: Path, hf, params: dict, **config_changes) -> Path:

@@ -21,8 +21,8 @@ tensors and plain containers only and refuses anything else without running it; 
 0.0.x format (``num_layers``, an input translator, a copy of the unembedding) is refused.
 
 Example:
-    >>> import numpy as np
-    >>> len(unembedding_hash(np.zeros((4, 3), dtype=np.float32)))
+    >>> from probekit.toy import toy_model
+    >>> len(model_unembedding_hash(toy_model(n_layers=2)))  # what config.json's unembed_hash is
     64
 """
 
@@ -102,14 +102,39 @@ def _config_problem(config: dict[str, Any]) -> str | None:
     return None
 
 
-def unembedding_hash(weight: np.ndarray) -> str:
+EDGE_ITEMS, THRESHOLD = 3, 1000
+"""numpy's default print options: a matrix of more than ``THRESHOLD`` values prints only its
+``EDGE_ITEMS`` first and last rows and columns."""
+
+
+def unembedding_hash(weight: torch.Tensor) -> str:
     """The tuned-lens package's ``unembed_hash`` of an unembedding matrix (``tensor_hash`` in
-    its ``utils``): the SHA-256 of ``numpy.array_str(weight, precision=1)`` in float32, with
-    numpy's default print options (a large matrix prints only its corners)."""
+    its ``utils``): the SHA-256 of ``numpy.array_str(weight, precision=1)`` in float32 with
+    numpy's default print options. A large matrix prints only its corners, and their format
+    depends on them alone, so only the corners are copied (the same text from a 7 x 7 stand-in
+    printed with a threshold below its size), not the whole matrix.
+
+    Example:
+        >>> len(unembedding_hash(torch.zeros(50, 32)))
+        64
+    """
+    rows, cols = weight.shape
+    threshold = THRESHOLD
+    if weight.numel() > THRESHOLD and min(rows, cols) > 2 * EDGE_ITEMS:
+        edges = [*range(EDGE_ITEMS + 1), *range(-EDGE_ITEMS, 0)]  # one stand-in for the "..."
+        index = torch.tensor(edges, device=weight.device)
+        weight = weight.index_select(0, index % rows).index_select(1, index % cols)
+        threshold = weight.numel() - 1
+    values = weight.detach().cpu().float().numpy()
     with np.printoptions(
-        threshold=1000, edgeitems=3, linewidth=75, suppress=False, sign="-", floatmode="maxprec"
+        threshold=threshold,
+        edgeitems=EDGE_ITEMS,
+        linewidth=75,
+        suppress=False,
+        sign="-",
+        floatmode="maxprec",
     ):
-        text = np.array_str(np.asarray(weight, dtype=np.float32), precision=1)
+        text = np.array_str(values, precision=1)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -117,13 +142,13 @@ def model_unembedding_hash(model: Model) -> str:
     """:func:`unembedding_hash` of ``model``'s output embedding."""
     head = model.hf_model.get_output_embeddings()
     weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.device.type == "meta":
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or weight.device.type == "meta":
         raise UnsupportedModelError(
             f"the {model.architecture} model's unembedding is not a weight matrix held here, "
             "so a tuned-lens lens cannot be checked against it",
             fix="load the model with its language-model head on one device",
         )
-    return unembedding_hash(weight.detach().float().cpu().numpy())
+    return unembedding_hash(weight)
 
 
 def _names_match(lens_name: str, model_name: str) -> bool:
