@@ -327,7 +327,7 @@ def test_a_pickle_that_would_run_code_is_refused_without_running_it(hf, model, t
     folder = write_package_folder(tmp_path / "lens", hf, random_params())
     params = {**random_params(), "0.weight": _Armed(marker)}
     with (folder / "params.pt").open("wb") as f:
-        torch.save(params, f) if how == "torch.save" else pickle.dump(params, f)
+        torch.save(params, f) if how == "torch.save" else pickle.dump(params, f, protocol=2)
     assert not marker.exists()
     with pytest.raises(CheckpointError, match="other than tensors .* was not run") as info:
         TunedLens.from_tuned_lens(folder, model)
