@@ -189,7 +189,7 @@ def check_package_identity(
     if check_name and name and not _names_match(name, source):
         raise InputError(
             f"the tuned lens in {path} was made for {name!r}, not for {here}"
-            + (" (it records no name)" if not source else ""),
+            + (", a model that records no name" if not source else ""),
             fix=f"{fix}; if this model is a copy of {name!r} saved under another name, pass "
             "check_name=False (the shapes and the unembedding are still compared)",
         )
