@@ -63,17 +63,8 @@ from probekit.result import SIDECAR_CELLS, Result, summary_table
 from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
-ANALYSES = (
-    "contributions",
-    "skip_effects",
-    "layer_swaps",
-    "residual",
-    "logit_lens",
-    "token_lens",
-    "gradients",
-)
-"""The analyses of a diagnosis, in the order they run and appear in the report (the token lens
-only with ``token_lens=True``, the default)."""
+ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
+"""The analyses of a diagnosis, in the order they run and appear in the report."""
 
 MAY_BE_UNDEFINED = ("residual", "gradients")
 """Analyses the verdict does not read: one that raises
@@ -113,7 +104,7 @@ def diagnose(
     variants_per_pass: int | None = 1,
     autocast: str | None = None,
     data_source: str | None = None,
-    token_lens: bool = True,
+    token_lens: bool = False,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -131,8 +122,9 @@ def diagnose(
     ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
     in the meta): the "at chance" warning says random tokens are unpredictable to any model
     only when they are random tokens. ``token_lens`` adds the token-resolved logit lens
-    (:func:`~probekit.analyses.depth.token_lens.token_lens`), read from the shared clean
-    traces (no forward of its own when the data are one batch).
+    (:func:`~probekit.analyses.depth.token_lens.token_lens`) after the logit lens, read from
+    the shared clean traces (no forward of its own when the data are one batch; about the
+    logit lens's cost); off by default, so a diagnosis's sections stay as they were.
     """
     model = load(model)
     if lens is not None or lens_data is not None:
@@ -145,8 +137,8 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
-    if not token_lens:
-        steps.pop("token_lens", None)
+    if token_lens:
+        steps = _with_token_lens(steps, model, data, positions, batch_size, shared)
     results, not_defined = run_analyses(steps, progress)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
@@ -168,7 +160,7 @@ class DiagnosisSettings:
     as its ``setting`` (how to intervene and reduce,
     :class:`~probekit.interventions.InterventionSetting`);
     ``images`` adds PNG and SVG copies of the figures (:func:`save_report`); ``token_lens``
-    (default on) adds the token-resolved logit lens section.
+    adds the token-resolved logit lens section (``probekit diagnose --token-lens``).
     """
 
     pairs: str = "adjacent"
@@ -181,7 +173,7 @@ class DiagnosisSettings:
     variants_per_pass: int | None = 1
     autocast: str | None = None
     images: bool = True
-    token_lens: bool = True
+    token_lens: bool = False
 
 
 def diagnose_checkpoint(
@@ -280,17 +272,39 @@ def _steps(
         "layer_swaps": partial(layer_swaps, pairs=pairs, n_bootstrap=n_bootstrap, cache=shared),
         "residual": partial(residual_stats, setting=setting),
         "logit_lens": partial(logit_lens, setting=setting, cache=shared),
-        "token_lens": partial(token_lens, cache=shared),
         "gradients": gradient_norms,
     }
     if lens is not None:
         analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
     if model.output_kind != "logits":  # no vocabulary: no lens, no loss to differentiate
-        del analyzers["logit_lens"], analyzers["gradients"], analyzers["token_lens"]
+        del analyzers["logit_lens"], analyzers["gradients"]
     return {
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()
     }
+
+
+def _with_token_lens(
+    steps: dict[str, Callable[[], Result]],
+    model: Model,
+    data: Data,
+    positions: str,
+    batch_size: int | None,
+    shared: Shared,
+) -> dict[str, Callable[[], Result]]:
+    """``steps`` with the token-resolved logit lens right after the logit lens (on the
+    ``shared`` traces); unchanged for a model without a vocabulary (no lens to read)."""
+    if "logit_lens" not in steps:
+        return steps
+    call = partial(
+        token_lens, model, data, positions=positions, batch_size=batch_size, cache=shared
+    )
+    out: dict[str, Callable[[], Result]] = {}
+    for name, analysis in steps.items():
+        out[name] = analysis
+        if name == "logit_lens":
+            out["token_lens"] = call
+    return out
 
 
 def run_analyses(

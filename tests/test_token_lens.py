@@ -241,3 +241,27 @@ def test_hooks_are_removed_even_when_the_mid_block_read_fails(monkeypatch):
     monkeypatch.undo()
     after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.bridge.modules())
     assert after == hooks and torch.equal(model.logits(tokens, mask), before)
+
+
+def test_a_diagnosis_adds_the_token_lens_only_when_asked_and_keeps_its_numbers(tmp_path):
+    from probekit.cli import build_parser
+    from probekit.report import ANALYSES, diagnose, write_report
+
+    model = probekit.load(make_hf("gpt2", n_layers=2))
+    tokens = sample_tokens()
+    plain = diagnose(model, tokens, n_bootstrap=2)
+    with_lens = diagnose(model, tokens, n_bootstrap=2, token_lens=True)
+    assert list(plain.results) == list(ANALYSES)
+    names = list(with_lens.results)
+    assert names.index("token_lens") == names.index("logit_lens") + 1
+    for name in ANALYSES:
+        assert with_lens.results[name].df.equals(plain.results[name].df), name
+    assert with_lens.headline == plain.headline and with_lens.verdict == plain.verdict
+    page = write_report(with_lens, tmp_path).read_text()
+    assert "Token-resolved logit lens" in page and "prediction depth" in page
+    assert (tmp_path / "token_lens.json").is_file() and (tmp_path / "token_lens.csv").is_file()
+    args = build_parser().parse_args(["diagnose", "ckpt", "--out", "o", "--token-lens"])
+    assert (
+        args.token_lens
+        and not build_parser().parse_args(["diagnose", "c", "--out", "o"]).token_lens
+    )

@@ -114,7 +114,7 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,
-        token_lens=not args.no_token_lens,
+        token_lens=args.token_lens,
     )
 
 
@@ -200,10 +200,10 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Chrome/Chromium are present)",
     )
     diag.add_argument(
-        "--no-token-lens",
+        "--token-lens",
         action="store_true",
-        help="leave out the token-resolved logit lens section (the lens's top token at every "
-        "depth and position; on by default)",
+        help="add the token-resolved logit lens section: the lens's top token at every depth "
+        "and position, each token's prediction depth (about the logit lens's cost)",
     )
     add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)
