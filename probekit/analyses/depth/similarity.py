@@ -298,7 +298,7 @@ def _check_options(
     for site in sites:
         if site not in SIMILARITY_SITES:
             raise InputError(f"unknown site {site!r}", fix=f"use {list(SIMILARITY_SITES)}")
-    for name, value, low in (("block_threshold", block_threshold, -1.0), ("holdout", holdout, 0)):
+    for name, value in (("block_threshold", block_threshold), ("holdout", holdout)):
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
