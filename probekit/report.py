@@ -29,6 +29,7 @@ from typing import Any
 from probekit.analyses import (
     contributions,
     gradient_norms,
+    layer_similarity,
     layer_swaps,
     logit_lens,
     residual_stats,
@@ -62,7 +63,15 @@ from probekit.result import SIDECAR_CELLS, Result, summary_table
 from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
-ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
+ANALYSES = (
+    "contributions",
+    "skip_effects",
+    "layer_swaps",
+    "residual",
+    "logit_lens",
+    "gradients",
+    "layer_similarity",
+)
 """The analyses of a diagnosis, in the order they run and appear in the report."""
 
 MAY_BE_UNDEFINED = ("residual", "gradients")
@@ -103,6 +112,7 @@ def diagnose(
     variants_per_pass: int | None = 1,
     autocast: str | None = None,
     data_source: str | None = None,
+    similarity: bool = True,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -119,7 +129,9 @@ def diagnose(
     ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
     ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
     in the meta): the "at chance" warning says random tokens are unpredictable to any model
-    only when they are random tokens.
+    only when they are random tokens. ``similarity=False`` leaves out the layer-similarity
+    section (linear CKA between every two layers, its blocks of alike layers set beside the
+    permutable blocks of the layer swaps: :func:`~probekit.analyses.layer_similarity`).
     """
     model = load(model)
     if lens is not None or lens_data is not None:
@@ -132,7 +144,10 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
+    if not similarity:
+        del steps["layer_similarity"]
     results, not_defined = run_analyses(steps, progress)
+    _similarity_beside_swaps(results)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
@@ -152,7 +167,8 @@ class DiagnosisSettings:
     reads a fitted tuned lens, which wins over the source's ``lens_data``), ``intervention``
     as its ``setting`` (how to intervene and reduce,
     :class:`~probekit.interventions.InterventionSetting`);
-    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
+    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`); ``similarity``
+    the layer-similarity section (:func:`diagnose`).
     """
 
     pairs: str = "adjacent"
@@ -165,6 +181,7 @@ class DiagnosisSettings:
     variants_per_pass: int | None = 1
     autocast: str | None = None
     images: bool = True
+    similarity: bool = True
 
 
 def diagnose_checkpoint(
@@ -191,6 +208,7 @@ def diagnose_checkpoint(
         variants_per_pass=settings.variants_per_pass,
         autocast=settings.autocast,
         data_source=source.description,
+        similarity=settings.similarity,
     )
     folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
@@ -263,6 +281,7 @@ def _steps(
         "residual": partial(residual_stats, setting=setting),
         "logit_lens": partial(logit_lens, setting=setting, cache=shared),
         "gradients": gradient_norms,
+        "layer_similarity": layer_similarity,
     }
     if lens is not None:
         analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
@@ -272,6 +291,14 @@ def _steps(
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()
     }
+
+
+def _similarity_beside_swaps(results: dict[str, Result]) -> None:
+    """Give the layer-similarity summary the permutable blocks of the layer swaps, so its
+    section sets its near-identity layers beside them (no number of either changes)."""
+    similar, swaps = results.get("layer_similarity"), results.get("layer_swaps")
+    if similar is not None and swaps is not None and "blocks" in swaps.summary:
+        similar.summary["permutable_blocks"] = swaps.summary["blocks"]
 
 
 def run_analyses(

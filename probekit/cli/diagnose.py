@@ -114,6 +114,7 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,
+        similarity=not args.no_similarity,
     )
 
 
@@ -201,6 +202,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)
     _add_depth_flags(diag)
+    _add_similarity_flag(diag)
     diag.set_defaults(func=diagnose_command)
     return diag
 
@@ -266,6 +268,16 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="optimizer steps of the tuned-lens fit, 1 to 10**7 (default: one pass)",
+    )
+
+
+def _add_similarity_flag(diag: argparse.ArgumentParser) -> None:
+    """The switch of ``probekit diagnose``'s layer-similarity section."""
+    diag.add_argument(
+        "--no-similarity",
+        action="store_true",
+        help="leave out the layer-similarity section (linear CKA between every two layers; "
+        "one more forward per batch and a d x d product per pair of layers)",
     )
 
 
