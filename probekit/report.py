@@ -298,7 +298,7 @@ def _similarity_beside_swaps(results: dict[str, Result]) -> None:
     section sets its near-identity layers beside them (no number of either changes)."""
     similar, swaps = results.get("layer_similarity"), results.get("layer_swaps")
     if similar is not None and swaps is not None and "blocks" in swaps.summary:
-        similar.summary["permutable_blocks"] = swaps.summary["blocks"]
+        similar.summary["swap_blocks"] = swaps.summary["blocks"]
 
 
 def run_analyses(

@@ -151,7 +151,7 @@ def similarity_beside_swaps(s: dict) -> str:
 
     Example:
         >>> said = similarity_beside_swaps({"measure": "cka", "block_threshold": 0.9,
-        ...     "near_identity_layers": [[3, 6]], "permutable_blocks": [[0, 1], [1, 6]]})
+        ...     "near_identity_layers": [[3, 6]], "swap_blocks": [[0, 1], [1, 6]]})
         >>> said.split(": ")[-1]
         '3 of its 5 layers are near-identity, so it is partly a run of them.'
     """
@@ -164,7 +164,7 @@ def similarity_beside_swaps(s: dict) -> str:
         f"{s['block_threshold']:g} with each other): {runs}."
     )
     near = set().union(*_layer_set(s.get("near_identity_layers")))
-    for block in _layer_set(s.get("permutable_blocks"), least=2):
+    for block in _layer_set(s.get("swap_blocks"), least=2):
         inside, size = len(block & near), len(block)
         kind = (
             "a run of near-identity layers"

@@ -480,6 +480,7 @@ _VALUE_WORDS = {
     "permutable_blocks": layer_ranges,
     "similar_blocks": layer_ranges,
     "near_identity_layers": layer_ranges,
+    "swap_blocks": layer_ranges,
 }
 """Summary keys whose values read better in their own words than as a flat list."""
 

@@ -543,6 +543,7 @@ LABELS.update(
         "similar_blocks": "blocks of mutually similar adjacent layers (−1 = embeddings)",
         "near_identity_layers": "near-identity layers (inside a block of alike states)",
         "mean_adjacent": "mean similarity of adjacent layers",
+        "swap_blocks": "permutable blocks of the layer swaps (beside the similar blocks)",
     }
 )
 FIGURES["layer_similarity"] = {
