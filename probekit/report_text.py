@@ -160,8 +160,9 @@ def similarity_beside_swaps(s: dict) -> str:
 
     runs = layer_ranges(s.get("near_identity_layers") or [])
     said = (
-        f"Near-identity layers (inside a run whose states all reach {words(s['measure'])} ≥ "
-        f"{s['block_threshold']:g} with each other): {runs}."
+        f"Near-identity layers (output and input alike, {words(s['measure'])} ≥ "
+        f"{s['block_threshold']:g}): {runs}; blocks of mutually alike layers (−1 = the "
+        f"embeddings): {layer_ranges(s.get('similar_blocks') or [])}."
     )
     near = set().union(*_layer_set(s.get("near_identity_layers")))
     for block in _layer_set(s.get("swap_blocks"), least=2):

@@ -541,7 +541,7 @@ LABELS.update(
         "block_threshold": "similarity every pair of layers inside a block reaches",
         "blocks_site": "site the blocks are read at",
         "similar_blocks": "blocks of mutually similar adjacent layers (−1 = embeddings)",
-        "near_identity_layers": "near-identity layers (inside a block of alike states)",
+        "near_identity_layers": "near-identity layers (output alike their input)",
         "mean_adjacent": "mean similarity of adjacent layers",
         "swap_blocks": "permutable blocks of the layer swaps (beside the similar blocks)",
     }

@@ -29,9 +29,12 @@ otherwise) and the matrix is L1 x L2, rows for ``model`` and columns for ``other
 
 Blocks: runs of adjacent layers whose states are all mutually similar (every pair within the
 run, in both directions, at least ``block_threshold``), read off the within-model matrix of
-the first site greedily from the first layer. A run of states after layers a .. b that are all
-alike means layers a + 1 .. b change the stream little: near-identity layers, which the summary
-gives in the numbering of the layer swaps' permutable blocks.
+the first site greedily from the first layer (a partition of the layers). Near-identity layers
+(at ``"resid_out"``): layer l whose output is alike its input (the similarity of layers l − 1
+and l at least ``block_threshold``), a layer that changes the stream little (up to a rotation
+and scale, for CKA); the summary gives them in the numbering of the layer swaps' permutable
+blocks, so a permutable block made of near-identity layers reads apart from one whose layers
+do work in any order.
 
 The states of the measured tokens are held on the CPU in float32 (4 · n · d bytes per layer and
 model); every measure is computed in float64.
@@ -232,15 +235,28 @@ def similar_blocks(matrix: np.ndarray, layers: Sequence[int], threshold: float) 
     return blocks
 
 
-def near_identity_layers(blocks: list[list[int]]) -> list[list[int]]:
-    """The layers inside each block of two or more alike states: a run of states after layers
-    a .. b that are all alike means layers a + 1 .. b change the stream little.
+def near_identity_layers(
+    matrix: np.ndarray, layers: Sequence[int], threshold: float
+) -> list[list[int]]:
+    """Half-open ranges of the near-identity layers of a ``"resid_out"`` matrix: layer l
+    (>= 0) whose output state is alike its input state (layer l − 1's output, or the
+    embeddings), both directions at least ``threshold``; adjacent ones joined.
 
     Example:
-        >>> near_identity_layers([[-1, 1], [1, 2], [2, 6]])
-        [[0, 1], [3, 6]]
+        >>> m = np.array([[1, .5, .4, .4], [.5, 1, .95, .9], [.4, .95, 1, .97], [.4, .9, .97, 1]])
+        >>> near_identity_layers(m, [-1, 0, 1, 2], 0.9)
+        [[1, 3]]
     """
-    return [[start + 1, stop] for start, stop in blocks if stop - start >= 2]
+    runs: list[list[int]] = []
+    for k in range(1, len(layers)):
+        if min(matrix[k - 1, k], matrix[k, k - 1]) < threshold:
+            continue
+        layer = int(layers[k])
+        if runs and runs[-1][1] == layer:
+            runs[-1][1] = layer + 1
+        else:
+            runs.append([layer, layer + 1])
+    return runs
 
 
 # ---------------------------------------------------------------- the result
@@ -500,7 +516,9 @@ def _summary(
         block_threshold=float(threshold),
         blocks_site=site,
         similar_blocks=blocks,
-        near_identity_layers=near_identity_layers(blocks) if site == "resid_out" else [],
+        near_identity_layers=near_identity_layers(matrix, layers, threshold)
+        if site == "resid_out"
+        else [],
         mean_adjacent=float(np.mean(adjacent)) if adjacent else math.nan,
     )
     return summary
