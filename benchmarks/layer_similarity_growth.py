@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     assets = Path(args.assets)
     assets.mkdir(parents=True, exist_ok=True)
     found: dict = {}
+    words = {"static": "static model", "midas": "MIDAS-grown model"}
     for name, model in models.items():
-        similar = probekit.layer_similarity(model, data, names=[name, name])
+        similar = probekit.layer_similarity(model, data, names=[words[name]] * 2)
         swaps = probekit.layer_swaps(model, data, pairs="adjacent", n_bootstrap=20)
         summary = {**similar.summary, "swap_blocks": swaps.summary["blocks"]}
         _print_matrix(
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: {similarity_beside_swaps(summary)}")
         similar.figure().write_image(assets / f"layer_similarity_{name}.png")
         found[name] = summary
-    names = ["static model", "MIDAS-grown model"]
+    names = [words["static"], words["midas"]]
     cross = probekit.layer_similarity(models["static"], data, other=models["midas"], names=names)
     _print_matrix("static (rows) vs MIDAS (columns): linear CKA", cross.matrix())
     cross.figure().write_image(assets / "layer_similarity_static_vs_midas.png")

@@ -561,8 +561,8 @@ SECTION_EXPLAIN["layer_similarity"] = (
 )
 
 _SIMILARITY_SCALES: dict[str, tuple[str, tuple[float, float], str]] = {
-    "cka": ("linear CKA (0 to 1)", (0.0, 1.0), "Viridis"),
-    "cosine": ("mean cosine of the centred states (−1 to 1)", (-1.0, 1.0), "RdBu_r"),
+    "cka": ("linear CKA (0–1)", (0.0, 1.0), "Viridis"),
+    "cosine": ("mean cosine of the centred states", (-1.0, 1.0), "RdBu_r"),
     "linear_map": ("held-out R² of a linear map (≤ 0 shown as 0)", (0.0, 1.0), "Viridis"),
 }
 

@@ -384,7 +384,8 @@ def layer_similarity(
         sites: 'resid_out' (the residual stream after each block, layer -1 the embeddings),
             'attn_out', 'mlp_out'.
         block_threshold: the similarity every pair inside a block of alike layers reaches.
-        holdout, seed: the share of sequences the linear map is scored on, and their draw.
+        holdout: the share of the sequences the linear map is scored on.
+        seed: the draw of the held-out sequences.
         names: the two models' names on the figure's axes (default: 'model' / 'other model').
 
     Example:
