@@ -185,3 +185,40 @@ def test_mismatched_models_and_too_few_tokens_are_refused_before_any_forward(mon
         probekit.layer_similarity(model, _data(batch=2), positions="last")
     with pytest.raises(InputError, match="held-out sequences"):
         probekit.layer_similarity(model, _data(batch=1), measure="linear_map")
+
+
+def test_diagnose_sets_the_near_identity_layers_beside_the_swap_blocks(tmp_path):
+    from probekit.report import diagnose, write_report
+
+    model = probekit.load(toy_hf_model("gpt2", n_layers=3, d_model=16))
+    data = _data()
+    with_it = diagnose(model, data, n_bootstrap=2)
+    without = diagnose(model, data, n_bootstrap=2, similarity=False)
+    assert "layer_similarity" not in without.results
+    for name, result in without.results.items():  # the other numbers are unchanged
+        assert result.df.equals(with_it.results[name].df), name
+    similar = with_it.results["layer_similarity"]
+    assert similar.summary["swap_blocks"] == with_it.results["layer_swaps"].summary["blocks"]
+    page = write_report(with_it, tmp_path / "r").read_text()
+    assert "Layer similarity" in page and "Near-identity layers" in page
+    assert (tmp_path / "r" / "layer_similarity.json").exists()
+
+
+def test_no_similarity_flag_reaches_the_settings():
+    from probekit.cli import build_parser
+    from probekit.cli.diagnose import _settings
+
+    parser = build_parser("diagnose")
+    args = parser.parse_args(["diagnose", "ckpt", "--out", "r", "--no-similarity"])
+    assert _settings(args).similarity is False
+    assert _settings(parser.parse_args(["diagnose", "ckpt", "--out", "r"])).similarity is True
+
+
+def test_a_headless_diagnosis_has_the_similarity_section():
+    from probekit.report import diagnose
+
+    config = hf_config("gpt2", n_layers=2)
+    torch.manual_seed(0)
+    base = transformers.AutoModel.from_config(config).eval()
+    diagnosis = diagnose(probekit.load(base), _data(), n_bootstrap=0)
+    assert diagnosis.results["layer_similarity"].matrix().shape == (3, 3)

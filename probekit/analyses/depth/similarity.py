@@ -468,25 +468,25 @@ def _scorer(
         return lambda i, j: _cosine(states[(site, i)], states_other[(site, j)])
     if measure == "linear_map":
         return lambda i, j: _map_score(states[(site, i)], states_other[(site, j)], train, test)
-    centred = {key: _centred(x) for key, x in states.items() if key[0] == site}
-    centred_other = (
-        centred
-        if states_other is states
-        else {key: _centred(x) for key, x in states_other.items() if key[0] == site}
-    )
-    own = {key: hsic(x, x, debiased) for key, x in centred.items()}
-    own_other = (
-        own
-        if centred_other is centred
-        else {key: hsic(x, x, debiased) for key, x in centred_other.items()}
-    )
+
+    # each layer is centred (in float64) when it is read, so no float64 copy of all is held
+    def own_hsic(table: dict[tuple[str, int], torch.Tensor]) -> dict[int, float]:
+        return {
+            k[1]: hsic(_centred(x), _centred(x), debiased) for k, x in table.items() if k[0] == site
+        }
+
+    symmetric = states_other is states
+    own = own_hsic(states)
+    own_other = own if symmetric else own_hsic(states_other)
+    done: dict[tuple[int, int], float] = {}
 
     def cka(i: int, j: int) -> float:
-        if states_other is states and i > j:  # symmetric: computed once
-            return cka(j, i)
-        x, y = centred[(site, i)], centred_other[(site, j)]
-        scale = own[(site, i)] * own_other[(site, j)]
-        return hsic(x, y, debiased) / math.sqrt(scale) if scale > 0 else math.nan
+        key = (min(i, j), max(i, j)) if symmetric else (i, j)  # symmetric: computed once
+        if key not in done:
+            x, y = _centred(states[(site, key[0])]), _centred(states_other[(site, key[1])])
+            scale = own[key[0]] * own_other[key[1]]
+            done[key] = hsic(x, y, debiased) / math.sqrt(scale) if scale > 0 else math.nan
+        return done[key]
 
     return cka
 
