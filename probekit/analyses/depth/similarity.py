@@ -321,7 +321,7 @@ def _check_options(
             or not math.isfinite(value)
         ):
             raise InputError(f"{name}={value!r} is not a finite number", fix=f"pass a {name}")
-    if not 0 < float(holdout) < 1:  # type: ignore[arg-type]
+    if not 0 < holdout < 1:  # type: ignore[operator]  # a number: checked just above
         raise InputError(f"holdout={holdout!r} is outside (0, 1)", fix="pass e.g. holdout=0.25")
     return tuple(dict.fromkeys(sites))
 
@@ -427,7 +427,9 @@ def layer_similarity(
         train, test = _split(ids, holdout, seed)
         heldout = sorted({int(i) for i in ids[test]})
     states = _states(model, batches, masks, chosen)
-    states_other = states if pair is None else _states(other_model, *pair, chosen)  # type: ignore[arg-type]
+    states_other = states
+    if other_model is not None and pair is not None:
+        states_other = _states(other_model, *pair, chosen)
     second = model if other_model is None else other_model
     rows = []
     for site in chosen:
@@ -467,6 +469,7 @@ def _scorer(
     if measure == "cosine":
         return lambda i, j: _cosine(states[(site, i)], states_other[(site, j)])
     if measure == "linear_map":
+        assert train is not None and test is not None, "the linear map has its split"
         return lambda i, j: _map_score(states[(site, i)], states_other[(site, j)], train, test)
 
     # each layer is centred (in float64) when it is read, so no float64 copy of all is held
