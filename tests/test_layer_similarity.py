@@ -206,12 +206,13 @@ def test_diagnose_sets_the_near_identity_layers_beside_the_swap_blocks(tmp_path)
 
 def test_no_similarity_flag_reaches_the_settings():
     from probekit.cli import build_parser
-    from probekit.cli.diagnose import _settings
+    from probekit.cli.diagnose import diagnosis_settings
 
     parser = build_parser("diagnose")
     args = parser.parse_args(["diagnose", "ckpt", "--out", "r", "--no-similarity"])
-    assert _settings(args).similarity is False
-    assert _settings(parser.parse_args(["diagnose", "ckpt", "--out", "r"])).similarity is True
+    assert diagnosis_settings(args).similarity is False
+    default = parser.parse_args(["diagnose", "ckpt", "--out", "r"])
+    assert diagnosis_settings(default).similarity is True
 
 
 def test_a_headless_diagnosis_has_the_similarity_section():

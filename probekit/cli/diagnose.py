@@ -99,7 +99,7 @@ def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
     )
 
 
-def _settings(args: argparse.Namespace) -> DiagnosisSettings:
+def diagnosis_settings(args: argparse.Namespace) -> DiagnosisSettings:
     """The :class:`~probekit.report.DiagnosisSettings` of ``probekit diagnose``'s flags."""
     from probekit.interventions import InterventionSetting
     from probekit.report import DiagnosisSettings
@@ -125,7 +125,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     from probekit import report
 
     source = _source(args, path, run)
-    diagnosis, page = report.diagnose_checkpoint(source, _settings(args), out)
+    diagnosis, page = report.diagnose_checkpoint(source, diagnosis_settings(args), out)
     for name, why in diagnosis.not_defined.items():
         print(f"probekit: warning: {name} not defined: {why}", file=sys.stderr)
     missing = None if args.no_images else report.missing_for_images()
