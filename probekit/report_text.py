@@ -144,4 +144,48 @@ def explanation(name: str, result: Result) -> str:
     return said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
 
 
+# --- layer similarity ---
+def _layer_set(blocks: Any, least: int = 1) -> list[set[int]]:
+    return [set(range(int(a), int(b))) for a, b in (blocks or []) if int(b) - int(a) >= least]
+
+
+def similarity_beside_swaps(s: dict) -> str:
+    """The layer-similarity conclusion: the near-identity runs (layers inside a block of alike
+    states) and, where the diagnosis swapped layers, each permutable block of two or more
+    layers with how many of its layers are near-identity, in words.
+
+    Example:
+        >>> said = similarity_beside_swaps({"measure": "cka", "block_threshold": 0.9,
+        ...     "near_identity_layers": [[3, 6]], "swap_blocks": [[0, 1], [1, 6]]})
+        >>> said.split(": ")[-1]
+        '3 of its 5 layers are near-identity, so it is partly a run of them.'
+    """
+    from probekit.result import layer_ranges
+    from probekit.words import words
+
+    runs = layer_ranges(s.get("near_identity_layers") or [])
+    said = (
+        f"Near-identity layers (output and input alike, {words(s['measure'])} ≥ "
+        f"{s['block_threshold']:g}): {runs}; blocks of mutually alike layers (−1 = the "
+        f"embeddings): {layer_ranges(s.get('similar_blocks') or [])}."
+    )
+    near = set().union(*_layer_set(s.get("near_identity_layers")))
+    for block in _layer_set(s.get("swap_blocks"), least=2):
+        inside, size = len(block & near), len(block)
+        kind = (
+            "a run of near-identity layers"
+            if inside == size
+            else "layers that change the stream yet can trade places"
+            if inside == 0
+            else "partly a run of them"
+        )
+        said += (
+            f" Permutable block {layer_ranges([[min(block), max(block) + 1]])}: {inside} of "
+            f"its {size} layers are near-identity, so it is {kind}."
+        )
+    return said
+
+
+_CONCLUSIONS["layer_similarity"] = similarity_beside_swaps
+
 __all__ = ["EXPLAIN", "TITLES", "conclusion", "explanation", "heading", "own_words"]

@@ -565,3 +565,67 @@ __all__ = [
     "swap_cost",
     "words",
 ]
+
+
+# --- layer similarity ---
+WORDS.update(
+    {
+        "cka": "linear CKA",
+        "cosine": "mean cosine of the centred states",
+        "linear_map": "held-out R² of a linear map",
+    }
+)
+KIND_LABELS.update(
+    {
+        ("layer_similarity", "measure"): "similarity measure",
+        ("layer_similarity", "n_tokens"): "tokens measured",
+        ("layer_similarity", "n_layers_other"): "layers of the other model",
+    }
+)
+LABELS.update(
+    {
+        "debiased": "debiased CKA (the unbiased HSIC estimator)",
+        "block_threshold": "similarity every pair of layers inside a block reaches",
+        "blocks_site": "site the blocks are read at",
+        "similar_blocks": "blocks of mutually similar adjacent layers (−1 = embeddings)",
+        "near_identity_layers": "near-identity layers (output alike their input)",
+        "mean_adjacent": "mean similarity of adjacent layers",
+        "swap_blocks": "permutable blocks of the layer swaps (beside the similar blocks)",
+    }
+)
+FIGURES["layer_similarity"] = {
+    "title": "Layer similarity: {measure} ({site})",
+    "axis": "layer of the {name} (−1 = embeddings)",
+    "resid_out": "residual stream after each layer",
+    "attn_out": "attention updates",
+    "mlp_out": "MLP updates",
+}
+SECTION_TITLES["layer_similarity"] = "Layer similarity"
+SECTION_EXPLAIN["layer_similarity"] = (
+    "Linear CKA between the residual streams after every two layers (layer −1: the embeddings); "
+    "bright squares on the diagonal are runs of layers whose states are alike, where layers "
+    "change the stream little."
+)
+
+_SIMILARITY_SCALES: dict[str, tuple[str, tuple[float, float], str]] = {
+    "cka": ("linear CKA (0–1)", (0.0, 1.0), "Viridis"),
+    "cosine": ("mean cosine of the centred states", (-1.0, 1.0), "RdBu_r"),
+    "linear_map": ("held-out R² of a linear map (≤ 0 shown as 0)", (0.0, 1.0), "Viridis"),
+}
+
+
+def similarity_words(measure: str, debiased: bool = True) -> dict[str, Any]:
+    """The words, colour range and scale of a layer-similarity ``measure``'s figure.
+
+    Example:
+        >>> similarity_words("cka")["title"], similarity_words("cosine")["range"]
+        ('linear CKA (debiased)', (-1.0, 1.0))
+    """
+    colorbar, bounds, scale = _SIMILARITY_SCALES[measure]
+    title = words(measure)
+    if measure == "cka":
+        title += " (debiased)" if debiased else " (biased estimator)"
+    return {"title": title, "colorbar": colorbar, "range": bounds, "scale": scale}
+
+
+__all__ += ["similarity_words"]

@@ -153,6 +153,7 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
         "sweep": _sweep(),
         "depth_family": depth_family(1_000_000, [2, 4, 8, 12], d_model=64),
     }
+    out["layer_similarity"] = probekit.layer_similarity(model, tokens)
     return out
 
 

@@ -599,6 +599,104 @@ def prediction_depth_reference(top_ids, final_ids):
     return settled
 
 
+# --- layer similarity ---
+def _block_list(hf):
+    """The block list of a plain HF model, with or without its LM head."""
+    for owner in (hf, *(getattr(hf, n, None) for n in ("transformer", "model", "bert"))):
+        if owner is None:
+            continue
+        for inner in (owner, getattr(owner, "encoder", None)):
+            for name in ("h", "layers", "layer"):
+                if isinstance(getattr(inner, name, None), torch.nn.ModuleList):
+                    return getattr(inner, name)
+    raise ValueError(f"no block list in {type(hf).__name__}")
+
+
+def residual_states(hf, tokens, mask):
+    """The residual stream of every depth ``[L + 1]`` x ``[B, T, d]``: HF's
+    ``output_hidden_states`` for the embeddings and the blocks but the last, whose output is
+    read with a forward hook (HF's last hidden state has the final norm applied)."""
+    kept = {}
+
+    def hook(module, args, output):
+        kept["last"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+    handle = _block_list(hf)[-1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+    finally:
+        handle.remove()
+    return [h.detach() for h in out.hidden_states[:-1]] + [kept["last"]]
+
+
+def selected(states, mask, last: bool = False):
+    """The ``[n, d]`` float64 states of the real tokens (or each row's last real one), in
+    row-major order."""
+    chosen = mask.bool().clone()
+    if last:
+        chosen[:] = False
+        for b in range(mask.shape[0]):
+            chosen[b, int(mask[b].nonzero().max())] = True
+    return [s[chosen].double() for s in states], chosen
+
+
+def hsic_textbook(x, y, debiased: bool):
+    """HSIC from the n x n Gram matrices: tr(KHLH) / (n - 1)^2, or the unbiased estimator of
+    Song et al. (2012) with zero-diagonal Gram matrices."""
+    n = x.shape[0]
+    k, l_ = x @ x.T, y @ y.T
+    if not debiased:
+        h = torch.eye(n, dtype=x.dtype) - 1.0 / n
+        return float(torch.trace(k @ h @ l_ @ h)) / (n - 1) ** 2
+    k = k - torch.diag(torch.diag(k))
+    l_ = l_ - torch.diag(torch.diag(l_))
+    one = torch.ones(n, dtype=x.dtype)
+    value = (
+        torch.trace(k @ l_)
+        + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
+        - 2.0 / (n - 2) * (one @ k @ l_ @ one)
+    )
+    return float(value) / (n * (n - 3))
+
+
+def cka_textbook(x, y, debiased: bool = True):
+    return (
+        hsic_textbook(x, y, debiased)
+        / (hsic_textbook(x, x, debiased) * hsic_textbook(y, y, debiased)) ** 0.5
+    )
+
+
+def centred_cosine(x, y):
+    x, y = x - x.mean(0), y - y.mean(0)
+    cos = (x * y).sum(1) / (x.norm(dim=1).clamp_min(1e-12) * y.norm(dim=1).clamp_min(1e-12))
+    return float(cos.mean())
+
+
+def map_r2(x, y, train, test):
+    """Held-out R² of a plain numpy least-squares affine map from x to y."""
+    import numpy as np
+
+    design = np.concatenate([x.numpy(), np.ones((x.shape[0], 1))], axis=1)
+    w, *_ = np.linalg.lstsq(design[train.numpy()], y.numpy()[train.numpy()], rcond=None)
+    target = y.numpy()[test.numpy()]
+    error = ((design[test.numpy()] @ w - target) ** 2).sum()
+    return float(1.0 - error / ((target - target.mean(0)) ** 2).sum())
+
+
+def similarity_matrix(xs, ys, measure: str, debiased: bool = True, train=None, test=None):
+    """The matrix of one measure between every state in ``xs`` (rows) and ``ys`` (columns)."""
+
+    def one(x, y):
+        if measure == "cka":
+            return cka_textbook(x, y, debiased)
+        if measure == "cosine":
+            return centred_cosine(x, y)
+        return map_r2(x, y, train, test)
+
+    return torch.tensor([[one(x, y) for y in ys] for x in xs], dtype=torch.float64)
+
+
 # --- published tuned lenses (issue 34, item 2) ---
 def package_lens_logits(hf, arch: str, tokens, mask, params: dict) -> list:
     """The logits of a tuned-lens package lens at every depth 0..L of a plain HF model, written

@@ -45,6 +45,10 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.depth.lens import LogitLensResult, logit_lens  # noqa: F401
     from probekit.analyses.depth.loss import LossResult, model_loss, perplexity  # noqa: F401
     from probekit.analyses.depth.residual import ResidualResult, residual_stats  # noqa: F401
+    from probekit.analyses.depth.similarity import (  # noqa: F401
+        SimilarityResult,
+        layer_similarity,
+    )
     from probekit.analyses.depth.skips import SkipEffectResult, skip_effects  # noqa: F401
     from probekit.analyses.depth.swaps import SwapResult, layer_swaps  # noqa: F401
     from probekit.analyses.depth.token_lens import TokenLensResult, token_lens  # noqa: F401
@@ -76,6 +80,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.lens": ("LogitLensResult", "logit_lens"),
     "depth.loss": ("LossResult", "model_loss", "perplexity"),
     "depth.residual": ("ResidualResult", "residual_stats"),
+    "depth.similarity": ("SimilarityResult", "layer_similarity"),
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),
     "depth.tuned_lens": ("TunedLens", "TunedLensResult", "tuned_lens"),

@@ -99,7 +99,7 @@ def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
     )
 
 
-def _settings(args: argparse.Namespace) -> DiagnosisSettings:
+def diagnosis_settings(args: argparse.Namespace) -> DiagnosisSettings:
     """The :class:`~probekit.report.DiagnosisSettings` of ``probekit diagnose``'s flags."""
     from probekit.interventions import InterventionSetting
     from probekit.report import DiagnosisSettings
@@ -115,6 +115,7 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         lens_steps=args.lens_steps,
         images=not args.no_images,
         token_lens=args.token_lens,
+        similarity=not args.no_similarity,
     )
 
 
@@ -125,7 +126,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     from probekit import report
 
     source = _source(args, path, run)
-    diagnosis, page = report.diagnose_checkpoint(source, _settings(args), out)
+    diagnosis, page = report.diagnose_checkpoint(source, diagnosis_settings(args), out)
     for name, why in diagnosis.not_defined.items():
         print(f"probekit: warning: {name} not defined: {why}", file=sys.stderr)
     missing = None if args.no_images else report.missing_for_images()
@@ -208,6 +209,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)
     _add_depth_flags(diag)
+    _add_similarity_flag(diag)
     diag.set_defaults(func=diagnose_command)
     return diag
 
@@ -273,6 +275,16 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="optimizer steps of the tuned-lens fit, 1 to 10**7 (default: one pass)",
+    )
+
+
+def _add_similarity_flag(diag: argparse.ArgumentParser) -> None:
+    """The switch of ``probekit diagnose``'s layer-similarity section."""
+    diag.add_argument(
+        "--no-similarity",
+        action="store_true",
+        help="leave out the layer-similarity section (linear CKA between every two layers; "
+        "one more forward per batch and a d x d product per pair of layers)",
     )
 
 
