@@ -26,7 +26,8 @@ def gpt2_report(tmp_path_factory):
 def test_a_diagnosis_report_renders_cleanly(gpt2_report):
     figures, errors = open_page(gpt2_report)
     assert errors == []
-    assert len(figures) == 6  # contributions, skip effects, swaps, residual, lens, gradients
+    assert len(figures) == 7  # contributions, skip effects, swaps, residual, lens, gradients,
+    # layer similarity
     assert figure_problems(figures) == []
 
 
