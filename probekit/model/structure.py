@@ -263,8 +263,8 @@ def replace_hooks(
         base = held.pop("base")
         return placed(base + update(base), tensor)
 
-    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
-    return [(hook_name(layer, before), keep), (hook_name(layer, at), replace)]
+    before, site = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    return [(hook_name(layer, before), keep), (hook_name(layer, site), replace)]
 
 
 class StructureProbes:
