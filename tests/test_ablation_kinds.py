@@ -5,6 +5,8 @@ one (tests/reference.py, no probekit code)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -310,3 +312,53 @@ def test_bad_input_is_refused_before_any_forward(call, match):
         del model.forward
     assert "Fix:" in str(info.value)
     assert not calls
+
+
+def test_a_section_says_which_ablation_it_used():
+    from probekit.report_text import explanation, heading
+
+    model, _, tokens, mask = _setup("gpt2")
+    result = probekit.contributions(model, (tokens, mask), ablation="mean", components=["layer"])
+    assert heading("contributions", result) == "Mean-ablation contributions"
+    assert explanation("contributions", result).endswith(
+        "Ablation: mean (a removed update is replaced by its mean over the data's real tokens)."
+    )
+    assert result.figure().layout.title.text.startswith("Mean-ablation contribution per layer")
+    zero = probekit.contributions(model, (tokens, mask), components=["layer"])
+    assert heading("contributions", zero) == "Zero-ablation contributions"
+
+
+@pytest.mark.slow
+def test_a_diagnosis_says_which_ablation_it_used(tmp_path):
+    from probekit.report import diagnose, write_report
+
+    model = probekit.load(make_hf("gpt2", n_layers=2))
+    setting = InterventionSetting(ablation="resample", seed=5)
+    diagnosis = diagnose(model, sample_tokens(), n_bootstrap=2, setting=setting)
+    for name in ("contributions", "skip_effects"):
+        result = diagnosis.results[name]
+        assert result.meta["ablation"] == "resample" and result.meta["seed"] == 5
+        assert result.summary["ablation"] == "resample"
+    assert diagnosis.headline["ablation"] == "resample"
+    assert any("under resample ablation" in line for line in diagnosis.verdict)
+    page = write_report(diagnosis, tmp_path).read_text()
+    assert "Resample-ablation contributions" in page and "Ablation: resample" in page
+    assert "Zero-ablation contributions" not in page
+    title = diagnosis.results["contributions"].figure().layout.title.text
+    assert title.startswith("Resample-ablation contribution per layer")
+
+
+def test_the_ablation_flag_reaches_the_diagnosis(tmp_path):
+    from probekit.cli import build_parser, main
+
+    args = build_parser().parse_args(["diagnose", "x", "--out", "y"])
+    assert args.ablation == "zero"
+    checkpoint = tmp_path / "gpt2"
+    make_hf("gpt2", n_layers=2).save_pretrained(checkpoint)
+    out = tmp_path / "report"
+    argv = ["diagnose", str(checkpoint), "--out", str(out), "--n-sequences", "4"]
+    argv += ["--seq-len", "8", "--bootstrap", "0", "--device", "cpu", "--no-images"]
+    assert main([*argv, "--quiet", "--ablation", "mean"]) == 0
+    saved = json.loads((out / "contributions.json").read_text())
+    assert saved["meta"]["ablation"] == "mean" and saved["summary"]["ablation"] == "mean"
+    assert json.loads((out / "summary.json").read_text())["headline"]["ablation"] == "mean"

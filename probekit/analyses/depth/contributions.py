@@ -80,7 +80,7 @@ from probekit.interventions import (
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
-from probekit.words import AXES, figure_words
+from probekit.words import AXES, ablation_words, figure_words
 
 COMPONENTS = ("layer", "attn", "mlp")
 SHARE_MEASURES = ("logit_l2", "kl", "prob_l2")
@@ -124,6 +124,7 @@ class ContributionResult(Result):
             "component",
             figure_words(
                 "contributions",
+                ablation=ablation_words(self.meta.get("ablation")),
                 measure=figures.words(measure),
                 share=self.second_half_share(measure),
             ),
