@@ -193,8 +193,8 @@ def _skip_batches(
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
         for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
-            where = (intervene_at, measure, replacement)
-            _skip_all(shared, batch, reduction, setting.convention, where, ids)
+            slot = (intervene_at, measure, replacement)
+            _skip_all(shared, batch, reduction, setting.convention, slot, ids)
     return reduction
 
 
@@ -203,12 +203,12 @@ def _skip_all(
     batch: Batch,
     reduction: Reduction,
     convention: str,
-    where: tuple[torch.Tensor | None, torch.Tensor, Replacement],
+    slot: tuple[torch.Tensor | None, torch.Tensor, Replacement],
     ids: list[int],
 ) -> None:
     """Skip each layer at the positions ``intervene_at`` (its update replaced as
-    ``replacement`` says); reduce the effects over ``measure``; ``where`` holds the three."""
-    intervene_at, measure, replacement = where
+    ``replacement`` says); reduce the effects over ``measure``; ``slot`` holds the three."""
+    intervene_at, measure, replacement = slot
     model = shared.model
     n = model.n_layers
     clean_norms = shared.clean_norms(batch)
