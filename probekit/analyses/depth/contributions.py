@@ -1,7 +1,10 @@
-"""Layer contributions by zero ablation: how much does each layer (and sublayer) change the output?
+"""Layer contributions by ablation: how much does each layer (and sublayer) change the output?
 
 For each layer l, its whole update is removed (the block's output := its input), and separately
-its attention and its MLP update are zeroed. The output change is measured per token (see
+its attention and its MLP update are zeroed. The setting's ``ablation`` (or the ``ablation=``
+shorthand) replaces the removed update by its mean over the data's real tokens (``"mean"``)
+or by the update of another sequence of the batch at that position (``"resample"``) instead
+of zero (see :data:`probekit.interventions.ABLATIONS`). The output change is measured per token (see
 :data:`probekit.analyses.common.OUTPUT_MEASURES`) and reduced per ``convention`` (see
 :mod:`probekit.analyses.depth.conventions`): ``"probekit"`` (default, probekit's own choice)
 averages over all selected tokens of all prompts; ``"csordas2025"`` takes the max over the

@@ -13,6 +13,11 @@ per-token values are reduced depends on the ``convention`` of the
 - ``"csordas2025"``: the max over the measured tokens, then over the positions t, then over the
   prompts, as in the reference code (denominator clamped at 1e-6, position 0 never skipped).
 
+The setting's ``ablation`` says what the skipped block's update becomes: zero (the default:
+the block returns its input), its mean over the data's real tokens (``"mean"``) or the update
+of another sequence of the batch at that position (``"resample"``); both are meaningful for
+a whole block, so all three kinds apply.
+
 ``mode="current"`` skips the layer at every position (>= 1 with ``keep_first``);
 ``mode="future"`` skips it at positions < t only and measures at positions >= t, the paper's
 "future effects". Large values below the diagonal mean later layers build on layer s.
