@@ -25,6 +25,7 @@ from probekit.errors import (
     UnsupportedModelError,
 )
 from probekit.lazy import lazy_exports
+from probekit.openmp import wait_passively
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
     from probekit.analyses import (  # noqa: F401
@@ -84,6 +85,8 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.run_folders import load_run  # noqa: F401
 
 __version__ = "0.1.0"
+
+wait_passively()  # before torch loads OpenMP, where probekit is imported first (probekit.openmp)
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(_analyses.__all__, "probekit.analyses"),

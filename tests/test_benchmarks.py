@@ -100,3 +100,12 @@ def test_bench_load_reads_the_demo_phase_lines_with_or_without_escapes():
         "probekit demo: anchor_symmetric: probes (4.5 s)\n"
     )
     assert bench_load.phase_times(stderr) == {"training": 14.0, "probes": 7.0}
+
+
+def test_bench_load_gives_the_demo_no_wait_policy_of_its_own(monkeypatch):
+    from benchmarks import bench_load
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what benchmarks.common sets
+    assert "OMP_WAIT_POLICY" not in bench_load.demo_environment(None)
+    assert bench_load.demo_environment("ACTIVE")["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert bench_load.LAUNCHES["torch-first"][1].startswith("import torch;")

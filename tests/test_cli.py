@@ -385,6 +385,20 @@ def test_threads_flag_and_the_omp_wait_policy(tmp_path, capsys, monkeypatch):
     assert "train" in build_parser()._subparsers._group_actions[0].choices
 
 
+def test_import_probekit_chooses_passive_openmp_waits_before_torch_loads():
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, sys, probekit; print(os.getenv('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.split() == ["PASSIVE", "False"]  # set, and torch not loaded yet
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.split() == ["ACTIVE", "False"]  # the user's choice is kept
+
+
 def test_abbreviated_flags_are_refused_with_a_suggestion(capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["train", "--out", "x", "--n-layer", "3"])

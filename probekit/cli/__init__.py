@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -40,6 +39,7 @@ from probekit.cli.demo import add_demo_parser
 from probekit.cli.diagnose import add_diagnose_parser
 from probekit.cli.shutdown import EXIT_TERMINATED, Terminated, graceful_shutdown
 from probekit.errors import ProbekitError
+from probekit.openmp import wait_passively
 
 LIGHT_COMMANDS = ("diagnose", "demo", "compare", "timeline")
 """Subcommands whose parser needs no trainer: for them the train/sweep parsers (which import
@@ -92,12 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``probekit`` command; returns the exit status.
 
     Before torch is imported it sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
-    it: OpenMP threads that spin while they wait slow a shared machine down several times.
+    it (:func:`probekit.openmp.wait_passively`): OpenMP threads that spin while they wait slow
+    a shared machine down several times.
     The command runs under :func:`~probekit.cli.shutdown.graceful_shutdown`: a reader that
     closes the pipe early (``| head -1``) costs no traceback and no exit status, and SIGTERM
     stops it as Ctrl-C does, its temporary files removed (exit 143; Ctrl-C: 130).
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    wait_passively()
     argv = sys.argv[1:] if argv is None else list(argv)
     with graceful_shutdown():
         parser = build_parser(_command(argv) or "")
