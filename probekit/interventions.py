@@ -9,10 +9,10 @@ skip that needs no hook at all.
 
 :class:`InterventionSetting` is how the depth analyzers intervene and reduce: one frozen value
 (convention, mode, the position kept, the future positions and their seed, the answer starts,
-the positions per component, the ablation kind) passed as ``setting=`` to :func:`~probekit.contributions`,
-:func:`~probekit.skip_effects`, :func:`~probekit.logit_lens`, :func:`~probekit.residual_stats`
-and :func:`~probekit.diagnose`; it is checked when made and resolved against a model
-(:meth:`InterventionSetting.resolved`) when an analysis starts.
+the positions per component, the ablation kind) passed as ``setting=`` to
+:func:`~probekit.contributions`, :func:`~probekit.skip_effects`, :func:`~probekit.logit_lens`,
+:func:`~probekit.residual_stats` and :func:`~probekit.diagnose`; it is checked when made and
+resolved against a model (:meth:`InterventionSetting.resolved`) when an analysis starts.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
