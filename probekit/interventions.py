@@ -286,7 +286,8 @@ def resample_rows(valid: torch.Tensor, generator: torch.Generator) -> torch.Tens
     resample ablation. Each sequence b takes its updates from one other sequence d(b) (a
     seeded :func:`derangement`); where d(b) is padding, that position takes its update from
     another sequence drawn among those real there (never b itself, never a pad). Padding
-    positions keep their own row. Refuse data :func:`check_resample` refuses first.
+    positions keep their own row. A position no other sequence is real at has no donor
+    (InputError; :func:`check_resample` refuses such batches before any forward).
 
     Example:
         >>> valid = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
@@ -303,6 +304,8 @@ def resample_rows(valid: torch.Tensor, generator: torch.Generator) -> torch.Tens
     lacking = valid & ~torch.gather(valid, 0, rows)  # the donor is padding there
     for b, t in lacking.nonzero().tolist():
         others = [c for c in range(n_rows) if c != b and bool(valid[c, t])]
+        if not others:
+            check_resample([Batch(valid.long(), valid.long())])  # says which and why
         rows[b, t] = others[int(torch.randint(len(others), (1,), generator=generator))]
     return rows
 
