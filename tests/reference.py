@@ -535,6 +535,24 @@ def relative_changes(clean, changed):
     return (changed - clean).norm(dim=-1) / clean.norm(dim=-1)
 
 
+# --- published tuned lenses (issue 34, item 2) ---
+def package_lens_logits(hf, arch: str, tokens, mask, params: dict) -> list:
+    """The logits of a tuned-lens package lens at every depth 0..L of a plain HF model, written
+    out as the package defines them: depth i < L reads ``hidden_states[i]`` (the input of block
+    i) as the model's final norm and unembedding of ``h + h W_i^T + b_i`` (``params`` holds the
+    package's ``"{i}.weight"`` / ``"{i}.bias"``); depth L, which has no translator, is the
+    model's output."""
+    with torch.no_grad():
+        out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    n = len(hf_blocks(hf))
+    lens = []
+    for i in range(n):
+        h = out.hidden_states[i]
+        translated = h + h @ params[f"{i}.weight"].T + params[f"{i}.bias"]
+        lens.append(final_head(hf, arch, translated))
+    return [*lens, out.logits]
+
+
 # --- ablation kinds (issue 34, item 3) ---------------------------------------------------------
 def ablation_means(hf, arch: str, tokens, mask) -> dict:
     """Per (layer, part) the mean update over the real tokens (float64): the attention
