@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probekit.result import Result, readable_value
-from probekit.words import SECTION_EXPLAIN, SECTION_TITLES, swap_cost
+from probekit.words import SECTION_EXPLAIN, SECTION_TITLES, ablation_words, swap_cost
 
 TITLES = SECTION_TITLES
 """The heading of each report section (:data:`probekit.words.SECTION_TITLES`)."""
@@ -135,13 +135,31 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
 def heading(name: str, result: Result) -> str:
     """The heading of the section of analysis ``name``: the result's own ``title``, else
     :data:`TITLES` (else the name in words)."""
-    return str(own_words(result).get("title") or TITLES.get(name, name.replace("_", " ")))
+    title = str(own_words(result).get("title") or TITLES.get(name, name.replace("_", " ")))
+    kind = _ablation(result)
+    if kind is None:
+        return title
+    return title.replace(ablation_words("zero"), ablation_words(kind))  # the kind used
 
 
 def explanation(name: str, result: Result) -> str:
     """What the section's figure shows: the result's own ``explain``, else :data:`EXPLAIN`."""
     said = str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
-    return said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
+    said = said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
+    kind = _ablation(result)
+    return said if kind is None else f"{said} {ablation_words(kind, 'explain')}"
+
+
+def _ablation(result: Result) -> str | None:
+    """The ablation kind an intervention result records (its meta's ``ablation``), or None.
+
+    Example:
+        >>> import pandas as pd
+        >>> _ablation(Result(pd.DataFrame(), {}, {"ablation": "mean"}))
+        'mean'
+    """
+    kind = result.meta.get("ablation") if isinstance(result.meta, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 # --- layer similarity ---

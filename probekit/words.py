@@ -206,7 +206,7 @@ SETTINGS = {
 FIGURES: dict[str, dict[str, str]] = {
     # depth
     "contributions": {
-        "title": "Zero-ablation contribution per layer: {measure}; second-half share {share:.1%}",
+        "title": "{ablation} contribution per layer: {measure}; second-half share {share:.1%}",
     },
     "skip_effects": {
         "title": "Effect of skipping layer s on the update of each later layer l, "
@@ -548,7 +548,42 @@ SECTION_EXPLAIN["token_lens"] = (
 # --- end token-resolved lens (report section) ---
 
 
+# --- ablation kinds ---------------------------------------------------------------------------
+ABLATION_WORDS: dict[str, dict[str, str]] = {
+    "zero": {
+        "title": "Zero-ablation",
+        "explain": "Ablation: zero (a removed update is set to zero; a skipped block returns "
+        "its input).",
+    },
+    "mean": {
+        "title": "Mean-ablation",
+        "explain": "Ablation: mean (a removed update is replaced by its mean over the data's "
+        "real tokens).",
+    },
+    "resample": {
+        "title": "Resample-ablation",
+        "explain": "Ablation: resample (a removed update is replaced, at each position, by the "
+        "same update in another sequence of the batch, drawn with the seed).",
+    },
+}
+"""The words of each ablation kind (:data:`probekit.interventions.ABLATIONS`): the prefix of
+a title and the sentence a report section adds."""
+
+
+def ablation_words(kind: object, part: str = "title") -> str:
+    """The words of ablation ``kind`` (zero when none is recorded, as in older results).
+
+    Example:
+        >>> ablation_words("mean"), ablation_words(None)
+        ('Mean-ablation', 'Zero-ablation')
+    """
+    return ABLATION_WORDS.get(str(kind) if kind is not None else "zero", ABLATION_WORDS["zero"])[
+        part
+    ]
+
+
 __all__ = [
+    "ABLATION_WORDS",
     "AXES",
     "FIGURES",
     "KIND_LABELS",
@@ -560,6 +595,7 @@ __all__ = [
     "TARGET_GROUPS",
     "VALUE_WORDS",
     "WORDS",
+    "ablation_words",
     "figure_words",
     "label",
     "swap_cost",

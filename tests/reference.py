@@ -713,3 +713,122 @@ def package_lens_logits(hf, arch: str, tokens, mask, params: dict) -> list:
         translated = h + h @ params[f"{i}.weight"].T + params[f"{i}.bias"]
         lens.append(final_head(hf, arch, translated))
     return [*lens, out.logits]
+
+
+# --- ablation kinds (issue 34, item 3) ---------------------------------------------------------
+def ablation_means(hf, arch: str, tokens, mask) -> dict:
+    """Per (layer, part) the mean update over the real tokens (float64): the attention
+    ('attn') and MLP ('mlp') updates and the whole block's ('layer': output minus input)."""
+    valid = mask.bool()
+    out = {}
+    for i, (h, a, m, h_out) in enumerate(updates(hf, arch, tokens, mask)):
+        for part, update in (("attn", a), ("mlp", m), ("layer", h_out - h)):
+            out[i, part] = update[valid].mean(0)
+    return out
+
+
+def clean_update_table(hf, arch: str, tokens, mask) -> dict:
+    """Per (layer, part) the clean update ``[B, T, d]`` (float64) of every position."""
+    out = {}
+    for i, (h, a, m, h_out) in enumerate(updates(hf, arch, tokens, mask)):
+        out[i, "attn"], out[i, "mlp"], out[i, "layer"] = a, m, h_out - h
+    return out
+
+
+def resample_donors(masks, seed: int) -> list:
+    """Per batch (in order) the row whose update replaces each position's, written from the
+    documented rule: one generator seeded once; per batch a random permutation drawn until
+    it moves every row (each row's donor); where the donor is padding, another row real
+    there drawn uniformly (positions in row-major order); padding keeps its own row."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for mask in masks:
+        valid = mask.bool()
+        n_rows, n_pos = valid.shape
+        while True:
+            perm = torch.randperm(n_rows, generator=generator)
+            if all(int(perm[b]) != b for b in range(n_rows)):
+                break
+        rows = torch.empty(n_rows, n_pos, dtype=torch.long)
+        for b in range(n_rows):
+            for t in range(n_pos):
+                if not valid[b, t]:
+                    rows[b, t] = b
+                elif valid[int(perm[b]), t]:
+                    rows[b, t] = int(perm[b])
+                else:
+                    others = [c for c in range(n_rows) if c != b and valid[c, t]]
+                    pick = int(torch.randint(len(others), (1,), generator=generator))
+                    rows[b, t] = others[pick]
+        out.append(rows)
+    return out
+
+
+def replacement_value(kind: str, table: dict, key, rows=None):
+    """The update that replaces ``key`` = (layer, part): the mean ``table[key]`` ([d]) or,
+    per position (b, t), ``table[key][rows[b, t], t]`` (resample)."""
+    if kind == "mean":
+        return table[key]
+    update = table[key]
+    out = torch.empty_like(update)
+    for b in range(update.shape[0]):
+        for t in range(update.shape[1]):
+            out[b, t] = update[int(rows[b, t]), t]
+    return out
+
+
+def _placed(new, old, at):
+    """``new`` where the bool ``[B, T]`` mask ``at`` holds (everywhere when None)."""
+    return new if at is None else torch.where(at[..., None], new, old)
+
+
+@contextmanager
+def block_replaced(blocks, layer: int, value, at=None):
+    """Block ``layer``'s output := its input + ``value`` (at the positions in ``at``)."""
+
+    def hook(mod, args, kwargs, output):
+        h = args[0] if args else kwargs["hidden_states"]
+        old = output[0] if isinstance(output, tuple) else output
+        new = _placed(h + value.to(h.dtype).expand_as(h), old, at)
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    handle = blocks[layer].register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def sublayer_replaced(hf, arch: str, layer: int, sublayer: str, value, at=None):
+    """One sublayer's update := ``value`` (at the positions in ``at``), with a plain torch
+    hook: the module's output in pre-norm blocks; in encoders the stream entering the
+    attention (or the MLP's add-norm) plus ``value``."""
+    block = hf_blocks(hf)[layer]
+    if arch in ENCODERS:
+        module = block.attention if sublayer == "attn" else block.output
+
+        def hook(mod, args, kwargs, output):
+            if sublayer == "attn":
+                base = args[0] if args else kwargs["hidden_states"]
+            else:
+                base = args[1] if len(args) > 1 else kwargs["input_tensor"]
+            old = output[0] if isinstance(output, tuple) else output
+            new = _placed(base + value.to(base.dtype).expand_as(base), old, at)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+    else:
+        module = sublayer_modules(block, arch)[sublayer]
+
+        def hook(mod, args, kwargs, output):
+            old = output[0] if isinstance(output, tuple) else output
+            new = _placed(value.to(old.dtype).expand_as(old), old, at)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+# --- end of the ablation kinds block -----------------------------------------------------------

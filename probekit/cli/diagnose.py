@@ -110,7 +110,9 @@ def diagnosis_settings(args: argparse.Namespace) -> DiagnosisSettings:
         n_bootstrap=args.bootstrap,
         batch_size=args.batch_size,
         progress=not args.quiet,
-        intervention=InterventionSetting(args.convention, args.mode, keep_first),
+        intervention=InterventionSetting(
+            args.convention, args.mode, keep_first, ablation=args.ablation
+        ),
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,
@@ -261,6 +263,15 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
         choices=["auto", "yes", "no"],
         default="auto",
         help="never intervene at position 0 (auto, default: when the tokenizer adds a BOS)",
+    )
+    group.add_argument(
+        "--ablation",
+        choices=["zero", "mean", "resample"],
+        default="zero",
+        help="what a removed layer or sublayer update is replaced by in the contributions and "
+        "skip effects: zero (default), its mean over the data's real tokens, or the update of "
+        "another sequence of the batch at the same position (resample; needs two sequences or "
+        "more per batch)",
     )
     group.add_argument(
         "--tuned-lens",
