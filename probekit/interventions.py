@@ -9,10 +9,10 @@ skip that needs no hook at all.
 
 :class:`InterventionSetting` is how the depth analyzers intervene and reduce: one frozen value
 (convention, mode, the position kept, the future positions and their seed, the answer starts,
-the positions per component) passed as ``setting=`` to :func:`~probekit.contributions`,
-:func:`~probekit.skip_effects`, :func:`~probekit.logit_lens`, :func:`~probekit.residual_stats`
-and :func:`~probekit.diagnose`; it is checked when made and resolved against a model
-(:meth:`InterventionSetting.resolved`) when an analysis starts.
+the positions per component, the ablation kind) passed as ``setting=`` to
+:func:`~probekit.contributions`, :func:`~probekit.skip_effects`, :func:`~probekit.logit_lens`,
+:func:`~probekit.residual_stats` and :func:`~probekit.diagnose`; it is checked when made and
+resolved against a model (:meth:`InterventionSetting.resolved`) when an analysis starts.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -28,15 +28,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from probekit.data import Data
+from probekit.data import Batch, Data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
 from probekit.model.inputs import check_layer_list
@@ -50,6 +51,10 @@ CONVENTIONS = ("probekit", "csordas2025")
 :mod:`probekit.analyses.depth.conventions`)."""
 MODES = ("current", "future")
 """Where an intervention applies: at every position, or before positions t (measured after)."""
+ABLATIONS = ("zero", "mean", "resample")
+"""What an ablated update is replaced by (the ``ablation`` of :class:`InterventionSetting`):
+zero; its mean over the data's real tokens (:func:`sublayer_means`); or, per position, the
+update of another sequence of the same batch at that position (:func:`resample_rows`)."""
 COMPONENT_POSITIONS = ("shared", "redrawn")
 """Whether the attention and MLP ablations of future mode use the layer's positions t or draw
 their own after it."""
@@ -183,13 +188,24 @@ def ablate(
 
 @torch.no_grad()
 def sublayer_means(model: Model, data: Data) -> dict[tuple[int, str], torch.Tensor]:
-    """Mean attention and MLP update ``[d_model]`` of every layer over the real tokens of data."""
+    """Mean update ``[d_model]`` of every layer over the real tokens of data (padding left
+    out), keyed ``(layer, part)``: the attention ('attn') and MLP ('mlp') updates (as in
+    :meth:`probekit.Model.update_hooks`) and the whole block's ('layer', its output minus
+    its input). The one home of mean ablation (:func:`ablate` and the analyses'
+    ``ablation='mean'``); accumulated in float64, returned in the model's dtype.
+
+    Example:
+        >>> from probekit.toy import toy_model, toy_tokens
+        >>> means = sublayer_means(toy_model("gpt2", n_layers=2), toy_tokens(2, 5))
+        >>> sorted(means)[:3], tuple(means[(0, "layer")].shape)
+        ([(0, 'attn'), (0, 'layer'), (0, 'mlp')], (32,))
+    """
     sums: dict[tuple[int, str], torch.Tensor] = {}
     count = 0
 
     def accumulate(layer: int, valid: torch.Tensor) -> Any:
         def fn(h_in, attn, mlp, h_out) -> None:
-            for name, update in (("attn", attn), ("mlp", mlp)):
+            for name, update in (("attn", attn), ("mlp", mlp), ("layer", h_out - h_in)):
                 total = (update * valid[..., None]).sum((0, 1), dtype=torch.float64)
                 sums[(layer, name)] = sums.get((layer, name), 0) + total
 
@@ -205,6 +221,151 @@ def sublayer_means(model: Model, data: Data) -> dict[tuple[int, str], torch.Tens
         model.forward(batch, fwd)
         count += int(batch.valid.sum())
     return {key: (total / count).to(model.dtype) for key, total in sums.items()}
+
+
+@torch.no_grad()
+def clean_updates(model: Model, batch: Batch) -> dict[tuple[int, str], torch.Tensor]:
+    """The attention and MLP updates ``[batch, pos, d_model]`` of every layer in the clean
+    forward of ``batch`` (one hooked forward), keyed ``(layer, 'attn' | 'mlp')``: what
+    resample ablation takes from the other sequences."""
+    out: dict[tuple[int, str], torch.Tensor] = {}
+
+    def keep(layer: int) -> Any:
+        def fn(h_in, attn, mlp, h_out) -> None:
+            out[(layer, "attn")], out[(layer, "mlp")] = attn, mlp
+
+        return fn
+
+    fwd = [
+        hook for layer in range(model.n_layers) for hook in model.update_hooks(layer, keep(layer))
+    ]
+    model.forward(batch, fwd)
+    return out
+
+
+def check_resample(batches: Sequence[Batch]) -> None:
+    """Refuse batches that resample ablation cannot draw from: every batch needs two
+    sequences or more, and at every real position of a sequence another sequence of its
+    batch that is real there (the longest length of a batch held by two sequences or more)."""
+    for i, batch in enumerate(batches):
+        lengths = sorted(batch.valid.sum(-1).tolist())
+        if len(lengths) < 2:
+            raise InputError(
+                f"resample ablation takes each update from another sequence of the same "
+                f"batch, but batch {i} holds one sequence",
+                fix="pass two sequences or more per batch (batch_size >= 2), or use "
+                "ablation='mean'",
+            )
+        if lengths[-1] > lengths[-2]:
+            raise InputError(
+                f"resample ablation takes the update at each position from another sequence "
+                f"real there, but one sequence of batch {i} has {int(lengths[-1])} real "
+                f"tokens and every other at most {int(lengths[-2])}",
+                fix="pass sequences of equal length (or two of the longest length per "
+                "batch), or use ablation='mean'",
+            )
+
+
+def derangement(n: int, generator: torch.Generator) -> torch.Tensor:
+    """A random permutation of ``range(n)`` (n >= 2) that moves every index (drawn until
+    one does).
+
+    Example:
+        >>> perm = derangement(5, torch.Generator().manual_seed(0))
+        >>> sorted(perm.tolist()), bool((perm != torch.arange(5)).all())
+        ([0, 1, 2, 3, 4], True)
+    """
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        if bool((perm != torch.arange(n)).all()):
+            return perm
+
+
+def resample_rows(valid: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Per position ``[batch, pos]``: the sequence whose update replaces that position's in
+    resample ablation. Each sequence b takes its updates from one other sequence d(b) (a
+    seeded :func:`derangement`); where d(b) is padding, that position takes its update from
+    another sequence drawn among those real there (never b itself, never a pad). Padding
+    positions keep their own row. A position no other sequence is real at has no donor
+    (InputError; :func:`check_resample` refuses such batches before any forward).
+
+    Example:
+        >>> valid = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+        >>> rows = resample_rows(valid, torch.Generator().manual_seed(0))
+        >>> bool((rows != torch.arange(3)[:, None])[valid].all())
+        True
+    """
+    valid = valid.cpu()
+    n_rows = valid.shape[0]
+    donor = derangement(n_rows, generator)
+    rows = donor[:, None].expand_as(valid).clone()
+    own = torch.arange(n_rows)[:, None].expand_as(valid)
+    rows = torch.where(valid, rows, own)
+    lacking = valid & ~torch.gather(valid, 0, rows)  # the donor is padding there
+    for b, t in lacking.nonzero().tolist():
+        others = [c for c in range(n_rows) if c != b and bool(valid[c, t])]
+        if not others:
+            check_resample([Batch(valid.long(), valid.long())])  # says which and why
+        rows[b, t] = others[int(torch.randint(len(others), (1,), generator=generator))]
+    return rows
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What the ablated updates of one batch are replaced by: nothing (``kind='zero'``), the
+    data's mean update ``means[(layer, part)]`` ('mean', :func:`sublayer_means`), or at each
+    position the clean update of the sequence ``rows[b, t]`` at that position ('resample',
+    :func:`resample_rows`). ``key`` tells replacements apart in a cache.
+
+    Example:
+        >>> updates = torch.arange(4.0).reshape(2, 2, 1)
+        >>> swap = Replacement("resample", rows=torch.tensor([[1, 1], [0, 0]]), key="r")
+        >>> swap.update(0, "layer", updates)[..., 0].tolist()
+        [[2.0, 3.0], [0.0, 1.0]]
+    """
+
+    kind: str = "zero"
+    means: dict[tuple[int, str], torch.Tensor] | None = field(default=None, repr=False)
+    rows: torch.Tensor | None = field(default=None, repr=False)
+    key: str = "zero"
+
+    def update(
+        self, layer: int, part: str, clean: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The update that replaces ``part`` ('layer', 'attn', 'mlp') of ``layer``: None for
+        zero; ``clean`` (the clean updates ``[batch, pos, d_model]``) is read by resample."""
+        if self.kind == "zero":
+            return None
+        if self.kind == "mean":
+            assert self.means is not None, "a mean replacement holds the means"
+            return self.means[(layer, part)]
+        assert self.rows is not None and clean is not None, "resample reads the clean updates"
+        rows = self.rows.to(clean.device)
+        cols = torch.arange(rows.shape[1], device=clean.device).expand_as(rows)
+        return clean[rows, cols]
+
+
+def replace_update_hooks(
+    model: Model, layer: int, sublayer: str, value: torch.Tensor | None, at: torch.Tensor | None
+) -> HookList:
+    """Hooks that replace the ``sublayer`` update of ``layer`` by ``value`` (``[d_model]`` or
+    ``[batch, pos, d_model]``; None: zero) at the positions in ``at`` (None: everywhere).
+    Zero ablation keeps its own hooks (:func:`ablate_hooks`, :func:`masked_ablate_hooks`)."""
+    if value is None:
+        if at is None:
+            return ablate_hooks(model, layer, sublayer)
+        return masked_ablate_hooks(model, layer, sublayer, at)
+    model.check_layer(layer)
+    return model.replace_update_hooks(layer, sublayer, value, at)
+
+
+@contextmanager
+def replace_update(
+    model: Model, layer: int, sublayer: str, value: torch.Tensor | None, at: torch.Tensor | None
+) -> Iterator[Model]:
+    """Replace one sublayer update (:func:`replace_update_hooks`); hooks removed on exit."""
+    with model.hooks(replace_update_hooks(model, layer, _site(sublayer), value, at)):
+        yield model
 
 
 @contextmanager
@@ -426,6 +587,12 @@ class InterventionSetting:
             MLP ablations of :func:`~probekit.contributions` use the layer's positions t) or
             'redrawn' (each draws its own, continuing the layer's random stream, as the
             reference code does); None: 'redrawn' under 'csordas2025', else 'shared'.
+        ablation: what a removed update is replaced by (:data:`ABLATIONS`): 'zero' (the
+            default; a skipped block returns its input), 'mean' (the update's mean over the
+            data's real tokens at that site, computed once per analysis or diagnosis) or
+            'resample' (per position the clean update of another sequence of the same batch,
+            drawn with ``seed``; see :func:`resample_rows`). Read by
+            :func:`~probekit.contributions` and :func:`~probekit.skip_effects`.
 
     Example:
         >>> from probekit.toy import toy_model
@@ -445,9 +612,11 @@ class InterventionSetting:
     seed: int = 123
     answer_start: Sequence[int | Sequence[int]] | None = None
     component_positions: str | None = None
+    ablation: str = "zero"
 
     def __post_init__(self) -> None:
         check_convention(self.convention)
+        check_ablation(self.ablation)
         if self.mode not in MODES:
             raise InputError(f"unknown mode {self.mode!r}", fix=f"use one of {MODES}")
         keep_first = self.keep_first
@@ -499,7 +668,73 @@ class InterventionSetting:
         out["keep_first"] = self.keep_first
         if self.mode == "future":
             out.update(n_future=self.n_future, seed=self.seed)
+        out["ablation"] = self.ablation
+        if self.ablation == "resample":
+            out["seed"] = self.seed
         return out
+
+
+def check_ablation(ablation: object) -> str:
+    """``ablation``, unless it is not one of :data:`ABLATIONS` (then InputError)."""
+    if not isinstance(ablation, str) or ablation not in ABLATIONS:
+        raise InputError(f"unknown ablation {ablation!r}", fix=f"use one of {ABLATIONS}")
+    return ablation
+
+
+def with_ablation(setting: InterventionSetting, ablation: str | None) -> InterventionSetting:
+    """``setting`` checked (:func:`check_setting`), with the analyzers' ``ablation=``
+    shorthand put in it: None keeps the setting's; a kind given both ways must agree (a
+    setting's non-default kind is not silently overridden).
+
+    Example:
+        >>> with_ablation(InterventionSetting(), "mean").ablation
+        'mean'
+    """
+    setting = check_setting(setting)
+    if ablation is None:
+        return setting
+    check_ablation(ablation)
+    if setting.ablation not in ("zero", ablation):
+        raise InputError(
+            f"ablation={ablation!r} was given beside a setting with ablation={setting.ablation!r}",
+            fix="give the ablation kind once: in the setting or as ablation=",
+        )
+    return dataclasses.replace(setting, ablation=ablation)
+
+
+def plan_replacements(
+    model: Model,
+    setting: InterventionSetting,
+    batches: Sequence[Batch],
+    means: dict[tuple[int, str], torch.Tensor] | None = None,
+) -> list[Replacement]:
+    """Per batch, what the ablated updates are replaced by under ``setting.ablation``: the
+    mean updates ``means`` (:func:`sublayer_means` of the batches when not given), or the
+    resampled rows drawn batch by batch from one generator seeded with ``setting.seed``
+    (:func:`check_resample` refuses data it cannot draw from, before any forward)."""
+    kind = setting.ablation
+    if kind == "zero":
+        return [Replacement() for _ in batches]
+    if kind == "mean":
+        means = sublayer_means(model, list(batches)) if means is None else means
+        key = "mean:" + _digest(*(means[k] for k in sorted(means)))
+        return [Replacement("mean", means=means, key=key) for _ in batches]
+    check_resample(batches)
+    generator = torch.Generator().manual_seed(setting.seed)
+    out = []
+    for batch in batches:
+        rows = resample_rows(batch.valid, generator)
+        out.append(Replacement("resample", rows=rows, key="resample:" + _digest(rows)))
+    return out
+
+
+def _digest(*tensors: torch.Tensor) -> str:
+    """A short fingerprint of ``tensors``' values (a cache key)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in tensors:
+        raw = tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+        digest.update(raw.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def check_setting(setting: InterventionSetting) -> InterventionSetting:
@@ -585,22 +820,32 @@ def _is_int(value: object) -> bool:
 
 
 __all__ = [
+    "ABLATIONS",
     "COMPONENT_POSITIONS",
     "CONVENTIONS",
     "KNOCKOUT_MODES",
     "MODES",
     "SUBLAYERS",
     "InterventionSetting",
+    "Replacement",
     "ablate",
     "ablate_hooks",
+    "check_ablation",
     "check_order",
+    "check_resample",
+    "clean_updates",
+    "derangement",
     "edge_mask",
     "hooks",
     "knock_out",
     "knockout_hooks",
     "masked_ablate_hooks",
     "merge",
+    "plan_replacements",
     "reorder_layers",
+    "replace_update",
+    "replace_update_hooks",
+    "resample_rows",
     "resume_from",
     "skip_layer",
     "skip_layer_hooks",
@@ -608,4 +853,5 @@ __all__ = [
     "swap_blocks",
     "swap_layers",
     "swapped_order",
+    "with_ablation",
 ]

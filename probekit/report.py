@@ -29,10 +29,12 @@ from typing import Any
 from probekit.analyses import (
     contributions,
     gradient_norms,
+    layer_similarity,
     layer_swaps,
     logit_lens,
     residual_stats,
     skip_effects,
+    token_lens,
 )
 from probekit.analyses.depth.lens import LogitLensResult
 from probekit.analyses.depth.shared import Shared
@@ -62,7 +64,15 @@ from probekit.result import SIDECAR_CELLS, Result, summary_table
 from probekit.sources import Source
 from probekit.verdict import headline_and_verdict
 
-ANALYSES = ("contributions", "skip_effects", "layer_swaps", "residual", "logit_lens", "gradients")
+ANALYSES = (
+    "contributions",
+    "skip_effects",
+    "layer_swaps",
+    "residual",
+    "logit_lens",
+    "gradients",
+    "layer_similarity",
+)
 """The analyses of a diagnosis, in the order they run and appear in the report."""
 
 MAY_BE_UNDEFINED = ("residual", "gradients")
@@ -103,6 +113,8 @@ def diagnose(
     variants_per_pass: int | None = 1,
     autocast: str | None = None,
     data_source: str | None = None,
+    token_lens: bool = False,
+    similarity: bool = True,
 ) -> Diagnosis:
     """Run every depth-use analyzer and derive the verdict a reader wants first.
 
@@ -119,7 +131,13 @@ def diagnose(
     ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
     ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
     in the meta): the "at chance" warning says random tokens are unpredictable to any model
-    only when they are random tokens.
+    only when they are random tokens. ``token_lens`` adds the token-resolved logit lens
+    (:func:`~probekit.analyses.depth.token_lens.token_lens`) after the logit lens, read from
+    the shared clean traces (no forward of its own when the data are one batch; about the
+    logit lens's cost); off by default, so a diagnosis's sections stay as they were.
+    ``similarity=False`` leaves out the layer-similarity
+    section (linear CKA between every two layers, its blocks of alike layers set beside the
+    permutable blocks of the layer swaps: :func:`~probekit.analyses.layer_similarity`).
     """
     model = load(model)
     if lens is not None or lens_data is not None:
@@ -132,7 +150,12 @@ def diagnose(
             model, lens_data, steps=lens_steps, progress=progress, data_label="fit"
         )
     steps = _steps(model, data, pairs, n_bootstrap, positions, batch_size, setting, lens, shared)
+    if token_lens:
+        steps = _with_token_lens(steps, model, data, positions, batch_size, shared)
+    if not similarity:
+        del steps["layer_similarity"]
     results, not_defined = run_analyses(steps, progress)
+    _similarity_beside_swaps(results)
     headline, verdict = headline_and_verdict(model, results, data_source)
     meta = measured(
         model, data, batch_size, positions=positions, pairs=pairs, n_bootstrap=n_bootstrap
@@ -152,7 +175,9 @@ class DiagnosisSettings:
     reads a fitted tuned lens, which wins over the source's ``lens_data``), ``intervention``
     as its ``setting`` (how to intervene and reduce,
     :class:`~probekit.interventions.InterventionSetting`);
-    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`).
+    ``images`` adds PNG and SVG copies of the figures (:func:`save_report`); ``token_lens``
+    adds the token-resolved logit lens section (``probekit diagnose --token-lens``);
+    ``similarity`` the layer-similarity section (:func:`diagnose`).
     """
 
     pairs: str = "adjacent"
@@ -165,6 +190,8 @@ class DiagnosisSettings:
     variants_per_pass: int | None = 1
     autocast: str | None = None
     images: bool = True
+    token_lens: bool = False
+    similarity: bool = True
 
 
 def diagnose_checkpoint(
@@ -191,6 +218,8 @@ def diagnose_checkpoint(
         variants_per_pass=settings.variants_per_pass,
         autocast=settings.autocast,
         data_source=source.description,
+        token_lens=settings.token_lens,
+        similarity=settings.similarity,
     )
     folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
@@ -263,6 +292,7 @@ def _steps(
         "residual": partial(residual_stats, setting=setting),
         "logit_lens": partial(logit_lens, setting=setting, cache=shared),
         "gradients": gradient_norms,
+        "layer_similarity": layer_similarity,
     }
     if lens is not None:
         analyzers["tuned_lens"] = partial(tuned_lens, lens=lens)
@@ -272,6 +302,37 @@ def _steps(
         name: partial(analyzer, model, data, positions=positions, batch_size=batch_size)
         for name, analyzer in analyzers.items()
     }
+
+
+def _with_token_lens(
+    steps: dict[str, Callable[[], Result]],
+    model: Model,
+    data: Data,
+    positions: str,
+    batch_size: int | None,
+    shared: Shared,
+) -> dict[str, Callable[[], Result]]:
+    """``steps`` with the token-resolved logit lens right after the logit lens (on the
+    ``shared`` traces); unchanged for a model without a vocabulary (no lens to read)."""
+    if "logit_lens" not in steps:
+        return steps
+    call = partial(
+        token_lens, model, data, positions=positions, batch_size=batch_size, cache=shared
+    )
+    out: dict[str, Callable[[], Result]] = {}
+    for name, analysis in steps.items():
+        out[name] = analysis
+        if name == "logit_lens":
+            out["token_lens"] = call
+    return out
+
+
+def _similarity_beside_swaps(results: dict[str, Result]) -> None:
+    """Give the layer-similarity summary the permutable blocks of the layer swaps, so its
+    section sets its near-identity layers beside them (no number of either changes)."""
+    similar, swaps = results.get("layer_similarity"), results.get("layer_swaps")
+    if similar is not None and swaps is not None and "blocks" in swaps.summary:
+        similar.summary["swap_blocks"] = swaps.summary["blocks"]
 
 
 def run_analyses(

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from probekit.result import Result, readable_value
-from probekit.words import SECTION_EXPLAIN, SECTION_TITLES, swap_cost
+from probekit.words import SECTION_EXPLAIN, SECTION_TITLES, ablation_words, swap_cost
 
 TITLES = SECTION_TITLES
 """The heading of each report section (:data:`probekit.words.SECTION_TITLES`)."""
@@ -120,6 +120,11 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
         f"{s['kl_threshold']}) after {readable_value(s['formed_at_depth'])} of the "
         f"{s['n_layers']} layers."
     ),
+    "token_lens": lambda s: (  # token-resolved lens
+        f"Token by token, the logit lens settles on the final top token after "
+        f"{s['mean_prediction_depth_resid_out']:.2f} of the {s['n_layers']} layers on average "
+        f"({s['n_tokens']} tokens)."
+    ),
     "gradients": lambda s: (
         "The second half of the layers gets "
         f"{s['second_half_over_first_half']:.3g} times the gradient norm of the first half."
@@ -130,13 +135,75 @@ _CONCLUSIONS: dict[str, Callable[[dict], str]] = {
 def heading(name: str, result: Result) -> str:
     """The heading of the section of analysis ``name``: the result's own ``title``, else
     :data:`TITLES` (else the name in words)."""
-    return str(own_words(result).get("title") or TITLES.get(name, name.replace("_", " ")))
+    title = str(own_words(result).get("title") or TITLES.get(name, name.replace("_", " ")))
+    kind = _ablation(result)
+    if kind is None:
+        return title
+    return title.replace(ablation_words("zero"), ablation_words(kind))  # the kind used
 
 
 def explanation(name: str, result: Result) -> str:
     """What the section's figure shows: the result's own ``explain``, else :data:`EXPLAIN`."""
     said = str(own_words(result).get("explain") or EXPLAIN.get(name, ""))
-    return said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
+    said = said.replace("{cost}", swap_cost(result.summary.get("measure"))["cost"])
+    kind = _ablation(result)
+    return said if kind is None else f"{said} {ablation_words(kind, 'explain')}"
 
+
+def _ablation(result: Result) -> str | None:
+    """The ablation kind an intervention result records (its meta's ``ablation``), or None.
+
+    Example:
+        >>> import pandas as pd
+        >>> _ablation(Result(pd.DataFrame(), {}, {"ablation": "mean"}))
+        'mean'
+    """
+    kind = result.meta.get("ablation") if isinstance(result.meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+# --- layer similarity ---
+def _layer_set(blocks: Any, least: int = 1) -> list[set[int]]:
+    return [set(range(int(a), int(b))) for a, b in (blocks or []) if int(b) - int(a) >= least]
+
+
+def similarity_beside_swaps(s: dict) -> str:
+    """The layer-similarity conclusion: the near-identity runs (layers inside a block of alike
+    states) and, where the diagnosis swapped layers, each permutable block of two or more
+    layers with how many of its layers are near-identity, in words.
+
+    Example:
+        >>> said = similarity_beside_swaps({"measure": "cka", "block_threshold": 0.9,
+        ...     "near_identity_layers": [[3, 6]], "swap_blocks": [[0, 1], [1, 6]]})
+        >>> said.split(": ")[-1]
+        '3 of its 5 layers are near-identity, so it is partly a run of them.'
+    """
+    from probekit.result import layer_ranges
+    from probekit.words import words
+
+    runs = layer_ranges(s.get("near_identity_layers") or [])
+    said = (
+        f"Near-identity layers (output and input alike, {words(s['measure'])} ≥ "
+        f"{s['block_threshold']:g}): {runs}; blocks of mutually alike layers (−1 = the "
+        f"embeddings): {layer_ranges(s.get('similar_blocks') or [])}."
+    )
+    near = set().union(*_layer_set(s.get("near_identity_layers")))
+    for block in _layer_set(s.get("swap_blocks"), least=2):
+        inside, size = len(block & near), len(block)
+        kind = (
+            "a run of near-identity layers"
+            if inside == size
+            else "layers that change the stream yet can trade places"
+            if inside == 0
+            else "partly a run of them"
+        )
+        said += (
+            f" Permutable block {layer_ranges([[min(block), max(block) + 1]])}: {inside} of "
+            f"its {size} layers are near-identity, so it is {kind}."
+        )
+    return said
+
+
+_CONCLUSIONS["layer_similarity"] = similarity_beside_swaps
 
 __all__ = ["EXPLAIN", "TITLES", "conclusion", "explanation", "heading", "own_words"]

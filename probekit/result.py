@@ -47,8 +47,10 @@ RESULT_MODULES: dict[str, str] = {
     "skip_effects": "probekit.analyses.depth.skips",
     "gradients": "probekit.analyses.depth.gradients",
     "swaps": "probekit.analyses.depth.swaps",
+    "layer_similarity": "probekit.analyses.depth.similarity",
     "logit_lens": "probekit.analyses.depth.lens",
     "tuned_lens": "probekit.analyses.depth.tuned_lens",
+    "token_lens": "probekit.analyses.depth.token_lens",
     "model_loss": "probekit.analyses.depth.loss",
     "attention_knockout": "probekit.analyses.mechanisms.knockout",
     "token_masking": "probekit.analyses.mechanisms.masking",
@@ -305,6 +307,7 @@ NUMBER_KEYS = frozenset(
         "neighbour_ratio", "order_corr", "second_half_over_first_half", "most_important_layer",
         "least_important_layer", "formed_at_depth", "top1_formed_at_depth", "top1_agreement",
         "seen_test_accuracy", "emb_cov_top_share", "kl_final_first", "skippable_threshold",
+        "block_threshold", "mean_adjacent",
     }
 )  # fmt: skip
 """Summary entries probekit writes as numbers (or null for NaN), besides those named by
@@ -476,7 +479,13 @@ def layer_ranges(blocks: Any) -> str:
     return "; ".join(words) or "none"
 
 
-_VALUE_WORDS = {"blocks": layer_ranges, "permutable_blocks": layer_ranges}
+_VALUE_WORDS = {
+    "blocks": layer_ranges,
+    "permutable_blocks": layer_ranges,
+    "similar_blocks": layer_ranges,
+    "near_identity_layers": layer_ranges,
+    "swap_blocks": layer_ranges,
+}
 """Summary keys whose values read better in their own words than as a flat list."""
 
 

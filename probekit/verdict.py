@@ -57,6 +57,12 @@ def _result_of(results: dict[str, Result], name: str, kind: type[ResultT]) -> Re
     return result
 
 
+def _ablation(contributions: Result) -> str:
+    """The ablation kind the contributions used (zero in results saved before there was a
+    choice)."""
+    return str(contributions.meta.get("ablation", "zero"))
+
+
 def headline_and_verdict(
     model: Model, results: dict[str, Result], data_source: str | None = None
 ) -> tuple[dict, list[str]]:
@@ -87,6 +93,7 @@ def headline_and_verdict(
         "depth_score": results["skip_effects"].summary["depth_score"],
         "prediction_formed_at_depth": lens.summary["formed_at_depth"],
         "convention": results["skip_effects"].meta.get("convention", "probekit"),
+        "ablation": _ablation(contrib),
         "output": model.output_description,
         "measure": "prob_l2",
     }
@@ -94,10 +101,13 @@ def headline_and_verdict(
     late = f"layer {first_late}" if first_late == n - 1 else f"layers {first_late}–{n - 1}"
     verdict = _chance_warning(clean_loss, model.d_vocab, is_random_tokens(data_source)) + [
         f"The second half of the network ({late}) accounts for "
-        f"{share:.1%} of the output change under zero ablation (||Δsoftmax||₂ share"
+        f"{share:.1%} of the output change under {_ablation(contrib)} ablation (||Δsoftmax||₂ "
+        "share"
         + (
             "; static pre-LN models typically stay below 15%, a depth-using model nears 50%)."
-            if n > 2 and not model.post_norm
+            if n > 2 and not model.post_norm and _ablation(contrib) == "zero"
+            else "; no reference range: the published ones are for zero ablation)."
+            if _ablation(contrib) != "zero"
             else "; no reference range: the published ones are for pre-LN models of more than "
             "2 layers)."
         ),
@@ -136,13 +146,14 @@ def _hidden_verdict(model: Model, results: dict[str, Result]) -> tuple[dict, lis
         "permutable_blocks": swaps.summary["blocks"],
         "depth_score": results["skip_effects"].summary["depth_score"],
         "convention": results["skip_effects"].meta.get("convention", "probekit"),
+        "ablation": _ablation(contrib),
     }
     listed = ", ".join(f"{layer} ({v:.2%})" for layer, v in skippable.items()) or "none"
     verdict = [
         f"Output compared: the {model.output_description}; measure ||z' - z|| / ||z|| "
         "(no vocabulary: no loss, KL or lens).",
         f"The second half of the network accounts for {share:.1%} of the output change under "
-        "zero ablation (relative-change share).",
+        f"{_ablation(contrib)} ablation (relative-change share).",
         f"Layers whose removal changes the output by less than {SKIPPABLE_FRACTION:.0%}: {listed}.",
         blocks_line(swaps.summary["blocks"], swaps.boundary_confidence(), "rel_l2"),
     ]

@@ -206,7 +206,7 @@ SETTINGS = {
 FIGURES: dict[str, dict[str, str]] = {
     # depth
     "contributions": {
-        "title": "Zero-ablation contribution per layer: {measure}; second-half share {share:.1%}",
+        "title": "{ablation} contribution per layer: {measure}; second-half share {share:.1%}",
     },
     "skip_effects": {
         "title": "Effect of skipping layer s on the update of each later layer l, "
@@ -372,6 +372,43 @@ templates over the figure's numbers (``title``, axis titles ``x`` / ``y``, subpl
 colour bars, legend names); :data:`AXES` holds the words several figures share."""
 
 
+# --- token-resolved lens ---
+FIGURES["token_lens"] = {
+    "title": "Token-resolved {lens}, {which}: the top token at each depth, coloured by {colour}",
+    "panel": "{site}",
+    "resid_out": "residual after each depth's blocks",
+    "resid_mid": "residual inside block d, after its attention, before its MLP",
+    "targets_panel": "log-probability of each target against depth",
+    "top_prob": "probability of the lens' top token",
+    "entropy": "entropy of the lens' distribution (nats)",
+    "x": "position: input token",
+    "x_sequences": "sequence (its last token)",
+    "own": "{name} (sequence {sequence})",
+    "mean": "{name} (mean over sequences)",
+    "y_targets": "log p(target) (nats)",
+}
+LABELS.update(
+    {
+        f"{key}_{site}": f"{words} ({where})"
+        for site, where in (
+            ("resid_out", "after whole blocks"),
+            ("resid_mid", "after each block's attention"),
+        )
+        for key, words in (
+            (
+                "mean_prediction_depth",
+                "mean prediction depth: first depth from which the lens' top token is the final "
+                "one and stays so (tokens that settle)",
+            ),
+            ("n_never_settled", "tokens whose lens never settles on the final top token"),
+            ("never_settled_fraction", "fraction of tokens that never settle"),
+            ("mean_kl_final", "mean KL(final ‖ lens) below the output (nats)"),
+            ("mean_entropy_by_depth", "mean entropy of the lens per depth (nats)"),
+        )
+    }
+)
+# --- end token-resolved lens ---
+
 COMPARISON_HEADINGS = {
     "second_half_share": "second-half share of the output change",
     "depth_score": "skip-effect depth score (centre of mass, layer)",
@@ -500,6 +537,50 @@ SECTION_EXPLAIN = {
 """What each section's figure shows, written above it (``{cost}``: the words of the
 swap cost, :data:`SWAP_COSTS`)."""
 
+# --- token-resolved lens (report section) ---
+SECTION_TITLES["token_lens"] = "Token-resolved logit lens"
+SECTION_EXPLAIN["token_lens"] = (
+    "The logit lens token by token, for the first sequence: each cell is the token the lens "
+    "reads at that depth (row) and position (column), coloured by its probability; a token's "
+    "prediction depth is the first depth from which the lens' top token is the model's final "
+    "one and stays so. The table has every sequence's rows (token_lens.csv)."
+)
+# --- end token-resolved lens (report section) ---
+
+
+# --- ablation kinds ---------------------------------------------------------------------------
+ABLATION_WORDS: dict[str, dict[str, str]] = {
+    "zero": {
+        "title": "Zero-ablation",
+        "explain": "Ablation: zero (a removed update is set to zero; a skipped block returns "
+        "its input).",
+    },
+    "mean": {
+        "title": "Mean-ablation",
+        "explain": "Ablation: mean (a removed update is replaced by its mean over the data's "
+        "real tokens).",
+    },
+    "resample": {
+        "title": "Resample-ablation",
+        "explain": "Ablation: resample (a removed update is replaced, at each position, by the "
+        "same update in another sequence of the batch, drawn with the seed).",
+    },
+}
+"""The words of each ablation kind (:data:`probekit.interventions.ABLATIONS`): the prefix of
+a title and the sentence a report section adds."""
+
+
+def ablation_words(kind: object, part: str = "title") -> str:
+    """The words of ablation ``kind`` (zero when none is recorded, as in older results).
+
+    Example:
+        >>> ablation_words("mean"), ablation_words(None)
+        ('Mean-ablation', 'Zero-ablation')
+    """
+    return ABLATION_WORDS.get(str(kind) if kind is not None else "zero", ABLATION_WORDS["zero"])[
+        part
+    ]
+
 
 # --- activation patching and direct logit attribution ---
 FIGURES.update(
@@ -531,6 +612,7 @@ WORDS.update(
 
 
 __all__ = [
+    "ABLATION_WORDS",
     "AXES",
     "FIGURES",
     "KIND_LABELS",
@@ -542,8 +624,73 @@ __all__ = [
     "TARGET_GROUPS",
     "VALUE_WORDS",
     "WORDS",
+    "ablation_words",
     "figure_words",
     "label",
     "swap_cost",
     "words",
 ]
+
+
+# --- layer similarity ---
+WORDS.update(
+    {
+        "cka": "linear CKA",
+        "cosine": "mean cosine of the centred states",
+        "linear_map": "held-out R² of a linear map",
+    }
+)
+KIND_LABELS.update(
+    {
+        ("layer_similarity", "measure"): "similarity measure",
+        ("layer_similarity", "n_tokens"): "tokens measured",
+        ("layer_similarity", "n_layers_other"): "layers of the other model",
+    }
+)
+LABELS.update(
+    {
+        "debiased": "debiased CKA (the unbiased HSIC estimator)",
+        "block_threshold": "similarity every pair of layers inside a block reaches",
+        "blocks_site": "site the blocks are read at",
+        "similar_blocks": "blocks of mutually similar adjacent layers (−1 = embeddings)",
+        "near_identity_layers": "near-identity layers (output alike their input)",
+        "mean_adjacent": "mean similarity of adjacent layers",
+        "swap_blocks": "permutable blocks of the layer swaps (beside the similar blocks)",
+    }
+)
+FIGURES["layer_similarity"] = {
+    "title": "Layer similarity: {measure} ({site})",
+    "axis": "layer of the {name} (−1 = embeddings)",
+    "resid_out": "residual stream after each layer",
+    "attn_out": "attention updates",
+    "mlp_out": "MLP updates",
+}
+SECTION_TITLES["layer_similarity"] = "Layer similarity"
+SECTION_EXPLAIN["layer_similarity"] = (
+    "Linear CKA between the residual streams after every two layers (layer −1: the embeddings); "
+    "bright squares on the diagonal are runs of layers whose states are alike, where layers "
+    "change the stream little."
+)
+
+_SIMILARITY_SCALES: dict[str, tuple[str, tuple[float, float], str]] = {
+    "cka": ("linear CKA (0–1)", (0.0, 1.0), "Viridis"),
+    "cosine": ("mean cosine of the centred states", (-1.0, 1.0), "RdBu_r"),
+    "linear_map": ("held-out R² of a linear map (≤ 0 shown as 0)", (0.0, 1.0), "Viridis"),
+}
+
+
+def similarity_words(measure: str, debiased: bool = True) -> dict[str, Any]:
+    """The words, colour range and scale of a layer-similarity ``measure``'s figure.
+
+    Example:
+        >>> similarity_words("cka")["title"], similarity_words("cosine")["range"]
+        ('linear CKA (debiased)', (-1.0, 1.0))
+    """
+    colorbar, bounds, scale = _SIMILARITY_SCALES[measure]
+    title = words(measure)
+    if measure == "cka":
+        title += " (debiased)" if debiased else " (biased estimator)"
+    return {"title": title, "colorbar": colorbar, "range": bounds, "scale": scale}
+
+
+__all__ += ["similarity_words"]

@@ -129,6 +129,9 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
         "layer_swaps": probekit.layer_swaps(model, tokens, pairs="adjacent", n_bootstrap=5),
         "logit_lens": logit,
         "tuned_lens": lens,
+        "token_lens": probekit.token_lens(  # token-resolved lens
+            model, tokens[:6], sites=("resid_out", "resid_mid"), targets={"answer": 5}
+        ),
         "solutions": solution_types(model, TASK.solution_data()),
         "probes": linear_probes(
             model,
@@ -150,6 +153,7 @@ def analyses(n_layers: int, tmp: Path) -> dict[str, probekit.Result]:
         "sweep": _sweep(),
         "depth_family": depth_family(1_000_000, [2, 4, 8, 12], d_model=64),
     }
+    out["layer_similarity"] = probekit.layer_similarity(model, tokens)
     # --- activation patching and direct logit attribution ---
     swapped = held.tokens[:8].clone()
     where = held.positions[:8]

@@ -657,3 +657,302 @@ def direct_logit_terms(hf, arch: str, tokens, mask, rows, positions, direction):
         bias = bias + direction.double() @ hf.lm_head.bias.double()
     out[("bias", -1)] = bias
     return out
+
+
+# --- token-resolved lens ---------------------------------------------------------------------
+def token_lens_residuals(hf, arch: str, tokens, mask, site: str):
+    """Per depth the residual a token lens reads at ``site`` of a plain HF model: for
+    ``resid_out`` the input of block 0, then each block's output (depth 0 .. L, the last
+    being the final residual); for ``resid_mid`` each block's input plus its attention
+    output, from plain forward hooks on the attention modules (depth 0 .. L-1). Also the
+    model's own final logits."""
+    if site == "resid_out":
+        ins, outs, final = block_io(hf, tokens, mask)
+        return [ins[0]] + [outs[i] for i in range(len(outs))], final
+    dtype = next(hf.parameters()).dtype  # updates() are float64 copies
+    mids = [(h + a).to(dtype) for h, a, _, _ in updates(hf, arch, tokens, mask)]
+    return mids, logits(hf, tokens, mask)
+
+
+def token_lens_reference(hf, arch: str, tokens, mask, site: str, translators=None, targets=None):
+    """Per depth, ``[B, T]`` tensors of the lens' top id, top probability, entropy,
+    cross-entropy to the next real token (NaN where none), KL(final || lens) and the
+    log-probability of each target id (``targets``: name -> one id per sequence), written from
+    their definitions in float64. The lens logits are the final norm + head applied to the
+    residual (``final_head``), after ``h + W h + b`` with ``translators[d] = (W, b)`` when
+    given; at ``resid_out``'s last depth the model's own output."""
+    residuals, final = token_lens_residuals(hf, arch, tokens, mask, site)
+    labels = labels_for(arch, tokens, mask)
+    logp = torch.log_softmax(final.double(), -1)
+    out = []
+    for depth, h in enumerate(residuals):
+        if site == "resid_out" and depth == len(residuals) - 1:
+            z = final
+        else:
+            if translators is not None and depth < len(translators):
+                w, b = translators[depth]
+                h = (h.float() + h.float() @ w.T + b).to(h.dtype)
+            z = final_head(hf, arch, h)
+        logq = torch.log_softmax(z.double(), -1)
+        q = torch.exp(logq)
+        top_prob, top_id = q.max(-1)
+        picked = torch.gather(logq, -1, labels.clamp(min=0)[..., None])[..., 0]
+        row = {
+            "top_id": top_id,
+            "top_prob": top_prob,
+            "entropy": -(q * logq).sum(-1),
+            "cross_entropy": torch.where(labels != -100, -picked, float("nan")),
+            "kl_final": (torch.exp(logp) * (logp - logq)).sum(-1),
+            "final_id": logp.argmax(-1),
+        }
+        for name, ids in (targets or {}).items():
+            index = torch.tensor(ids)[:, None, None].expand(-1, tokens.shape[1], 1)
+            row[f"logp_{name}"] = torch.gather(logq, -1, index)[..., 0]
+        out.append(row)
+    return out
+
+
+def prediction_depth_reference(top_ids, final_ids):
+    """The first depth from which ``top_ids[d] == final_ids`` for every later depth, or None
+    (a plain loop over depths, last to first)."""
+    settled = None
+    for depth in range(len(top_ids) - 1, -1, -1):
+        if top_ids[depth] != final_ids:
+            break
+        settled = depth
+    return settled
+
+
+# --- layer similarity ---
+def _block_list(hf):
+    """The block list of a plain HF model, with or without its LM head."""
+    for owner in (hf, *(getattr(hf, n, None) for n in ("transformer", "model", "bert"))):
+        if owner is None:
+            continue
+        for inner in (owner, getattr(owner, "encoder", None)):
+            for name in ("h", "layers", "layer"):
+                if isinstance(getattr(inner, name, None), torch.nn.ModuleList):
+                    return getattr(inner, name)
+    raise ValueError(f"no block list in {type(hf).__name__}")
+
+
+def residual_states(hf, tokens, mask):
+    """The residual stream of every depth ``[L + 1]`` x ``[B, T, d]``: HF's
+    ``output_hidden_states`` for the embeddings and the blocks but the last, whose output is
+    read with a forward hook (HF's last hidden state has the final norm applied)."""
+    kept = {}
+
+    def hook(module, args, output):
+        kept["last"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+    handle = _block_list(hf)[-1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+    finally:
+        handle.remove()
+    return [h.detach() for h in out.hidden_states[:-1]] + [kept["last"]]
+
+
+def selected(states, mask, last: bool = False):
+    """The ``[n, d]`` float64 states of the real tokens (or each row's last real one), in
+    row-major order."""
+    chosen = mask.bool().clone()
+    if last:
+        chosen[:] = False
+        for b in range(mask.shape[0]):
+            chosen[b, int(mask[b].nonzero().max())] = True
+    return [s[chosen].double() for s in states], chosen
+
+
+def hsic_textbook(x, y, debiased: bool):
+    """HSIC from the n x n Gram matrices: tr(KHLH) / (n - 1)^2, or the unbiased estimator of
+    Song et al. (2012) with zero-diagonal Gram matrices."""
+    n = x.shape[0]
+    k, l_ = x @ x.T, y @ y.T
+    if not debiased:
+        h = torch.eye(n, dtype=x.dtype) - 1.0 / n
+        return float(torch.trace(k @ h @ l_ @ h)) / (n - 1) ** 2
+    k = k - torch.diag(torch.diag(k))
+    l_ = l_ - torch.diag(torch.diag(l_))
+    one = torch.ones(n, dtype=x.dtype)
+    value = (
+        torch.trace(k @ l_)
+        + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
+        - 2.0 / (n - 2) * (one @ k @ l_ @ one)
+    )
+    return float(value) / (n * (n - 3))
+
+
+def cka_textbook(x, y, debiased: bool = True):
+    return (
+        hsic_textbook(x, y, debiased)
+        / (hsic_textbook(x, x, debiased) * hsic_textbook(y, y, debiased)) ** 0.5
+    )
+
+
+def centred_cosine(x, y):
+    x, y = x - x.mean(0), y - y.mean(0)
+    cos = (x * y).sum(1) / (x.norm(dim=1).clamp_min(1e-12) * y.norm(dim=1).clamp_min(1e-12))
+    return float(cos.mean())
+
+
+def map_r2(x, y, train, test):
+    """Held-out R² of a plain numpy least-squares affine map from x to y."""
+    import numpy as np
+
+    design = np.concatenate([x.numpy(), np.ones((x.shape[0], 1))], axis=1)
+    w, *_ = np.linalg.lstsq(design[train.numpy()], y.numpy()[train.numpy()], rcond=None)
+    target = y.numpy()[test.numpy()]
+    error = ((design[test.numpy()] @ w - target) ** 2).sum()
+    return float(1.0 - error / ((target - target.mean(0)) ** 2).sum())
+
+
+def similarity_matrix(xs, ys, measure: str, debiased: bool = True, train=None, test=None):
+    """The matrix of one measure between every state in ``xs`` (rows) and ``ys`` (columns)."""
+
+    def one(x, y):
+        if measure == "cka":
+            return cka_textbook(x, y, debiased)
+        if measure == "cosine":
+            return centred_cosine(x, y)
+        return map_r2(x, y, train, test)
+
+    return torch.tensor([[one(x, y) for y in ys] for x in xs], dtype=torch.float64)
+
+
+# --- published tuned lenses (issue 34, item 2) ---
+def package_lens_logits(hf, arch: str, tokens, mask, params: dict) -> list:
+    """The logits of a tuned-lens package lens at every depth 0..L of a plain HF model, written
+    out as the package defines them: depth i < L reads ``hidden_states[i]`` (the input of block
+    i) as the model's final norm and unembedding of ``h + h W_i^T + b_i`` (``params`` holds the
+    package's ``"{i}.weight"`` / ``"{i}.bias"``); depth L, which has no translator, is the
+    model's output."""
+    with torch.no_grad():
+        out = hf(input_ids=tokens, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    n = len(hf_blocks(hf))
+    lens = []
+    for i in range(n):
+        h = out.hidden_states[i]
+        translated = h + h @ params[f"{i}.weight"].T + params[f"{i}.bias"]
+        lens.append(final_head(hf, arch, translated))
+    return [*lens, out.logits]
+
+
+# --- ablation kinds (issue 34, item 3) ---------------------------------------------------------
+def ablation_means(hf, arch: str, tokens, mask) -> dict:
+    """Per (layer, part) the mean update over the real tokens (float64): the attention
+    ('attn') and MLP ('mlp') updates and the whole block's ('layer': output minus input)."""
+    valid = mask.bool()
+    out = {}
+    for i, (h, a, m, h_out) in enumerate(updates(hf, arch, tokens, mask)):
+        for part, update in (("attn", a), ("mlp", m), ("layer", h_out - h)):
+            out[i, part] = update[valid].mean(0)
+    return out
+
+
+def clean_update_table(hf, arch: str, tokens, mask) -> dict:
+    """Per (layer, part) the clean update ``[B, T, d]`` (float64) of every position."""
+    out = {}
+    for i, (h, a, m, h_out) in enumerate(updates(hf, arch, tokens, mask)):
+        out[i, "attn"], out[i, "mlp"], out[i, "layer"] = a, m, h_out - h
+    return out
+
+
+def resample_donors(masks, seed: int) -> list:
+    """Per batch (in order) the row whose update replaces each position's, written from the
+    documented rule: one generator seeded once; per batch a random permutation drawn until
+    it moves every row (each row's donor); where the donor is padding, another row real
+    there drawn uniformly (positions in row-major order); padding keeps its own row."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for mask in masks:
+        valid = mask.bool()
+        n_rows, n_pos = valid.shape
+        while True:
+            perm = torch.randperm(n_rows, generator=generator)
+            if all(int(perm[b]) != b for b in range(n_rows)):
+                break
+        rows = torch.empty(n_rows, n_pos, dtype=torch.long)
+        for b in range(n_rows):
+            for t in range(n_pos):
+                if not valid[b, t]:
+                    rows[b, t] = b
+                elif valid[int(perm[b]), t]:
+                    rows[b, t] = int(perm[b])
+                else:
+                    others = [c for c in range(n_rows) if c != b and valid[c, t]]
+                    pick = int(torch.randint(len(others), (1,), generator=generator))
+                    rows[b, t] = others[pick]
+        out.append(rows)
+    return out
+
+
+def replacement_value(kind: str, table: dict, key, rows=None):
+    """The update that replaces ``key`` = (layer, part): the mean ``table[key]`` ([d]) or,
+    per position (b, t), ``table[key][rows[b, t], t]`` (resample)."""
+    if kind == "mean":
+        return table[key]
+    update = table[key]
+    out = torch.empty_like(update)
+    for b in range(update.shape[0]):
+        for t in range(update.shape[1]):
+            out[b, t] = update[int(rows[b, t]), t]
+    return out
+
+
+def _placed(new, old, at):
+    """``new`` where the bool ``[B, T]`` mask ``at`` holds (everywhere when None)."""
+    return new if at is None else torch.where(at[..., None], new, old)
+
+
+@contextmanager
+def block_replaced(blocks, layer: int, value, at=None):
+    """Block ``layer``'s output := its input + ``value`` (at the positions in ``at``)."""
+
+    def hook(mod, args, kwargs, output):
+        h = args[0] if args else kwargs["hidden_states"]
+        old = output[0] if isinstance(output, tuple) else output
+        new = _placed(h + value.to(h.dtype).expand_as(h), old, at)
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    handle = blocks[layer].register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def sublayer_replaced(hf, arch: str, layer: int, sublayer: str, value, at=None):
+    """One sublayer's update := ``value`` (at the positions in ``at``), with a plain torch
+    hook: the module's output in pre-norm blocks; in encoders the stream entering the
+    attention (or the MLP's add-norm) plus ``value``."""
+    block = hf_blocks(hf)[layer]
+    if arch in ENCODERS:
+        module = block.attention if sublayer == "attn" else block.output
+
+        def hook(mod, args, kwargs, output):
+            if sublayer == "attn":
+                base = args[0] if args else kwargs["hidden_states"]
+            else:
+                base = args[1] if len(args) > 1 else kwargs["input_tensor"]
+            old = output[0] if isinstance(output, tuple) else output
+            new = _placed(base + value.to(base.dtype).expand_as(base), old, at)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+    else:
+        module = sublayer_modules(block, arch)[sublayer]
+
+        def hook(mod, args, kwargs, output):
+            old = output[0] if isinstance(output, tuple) else output
+            new = _placed(value.to(old.dtype).expand_as(old), old, at)
+            return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+# --- end of the ablation kinds block -----------------------------------------------------------

@@ -26,7 +26,8 @@ def gpt2_report(tmp_path_factory):
 def test_a_diagnosis_report_renders_cleanly(gpt2_report):
     figures, errors = open_page(gpt2_report)
     assert errors == []
-    assert len(figures) == 6  # contributions, skip effects, swaps, residual, lens, gradients
+    assert len(figures) == 7  # contributions, skip effects, swaps, residual, lens, gradients,
+    # layer similarity
     assert figure_problems(figures) == []
 
 
@@ -152,5 +153,5 @@ def test_a_tutorial_page_of_the_docs_site_draws_its_figures(tmp_path):
     # offline from a file:// URL: the theme's web fonts and its search index do not load
     errors = [e for e in errors if not any(s in e["message"] for s in OFFLINE_SITE_ERRORS)]
     assert errors == []
-    assert len(figures) == 7  # six analyses of a GPT-2 model and one of a sentence encoder
+    assert len(figures) == 8  # seven analyses of a GPT-2 model (the token lens too), one encoder
     assert figure_problems(figures) == []  # each drawn, fitting the text column

@@ -46,7 +46,7 @@ def test_quick_demo_writes_every_report(tmp_path, monkeypatch, capsys):
     for page in (out / "index.html", out / "symmetric" / "report.html"):
         figures, errors = open_page(page)
         assert errors == [], page
-        assert len(figures) == (2 if page.name == "index.html" else 11), page
+        assert len(figures) == (2 if page.name == "index.html" else 12), page  # + similarity
         assert figure_problems(figures) == [], page
 
 

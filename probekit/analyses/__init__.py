@@ -45,8 +45,13 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.analyses.depth.lens import LogitLensResult, logit_lens  # noqa: F401
     from probekit.analyses.depth.loss import LossResult, model_loss, perplexity  # noqa: F401
     from probekit.analyses.depth.residual import ResidualResult, residual_stats  # noqa: F401
+    from probekit.analyses.depth.similarity import (  # noqa: F401
+        SimilarityResult,
+        layer_similarity,
+    )
     from probekit.analyses.depth.skips import SkipEffectResult, skip_effects  # noqa: F401
     from probekit.analyses.depth.swaps import SwapResult, layer_swaps  # noqa: F401
+    from probekit.analyses.depth.token_lens import TokenLensResult, token_lens  # noqa: F401
     from probekit.analyses.depth.tuned_lens import TunedLens, TunedLensResult, tuned_lens  # noqa: F401
     from probekit.analyses.mechanisms.flow import FlowResult, information_flow  # noqa: F401
     from probekit.analyses.mechanisms.knockout import KnockoutResult, attention_knockout  # noqa: F401
@@ -81,9 +86,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth.lens": ("LogitLensResult", "logit_lens"),
     "depth.loss": ("LossResult", "model_loss", "perplexity"),
     "depth.residual": ("ResidualResult", "residual_stats"),
+    "depth.similarity": ("SimilarityResult", "layer_similarity"),
     "depth.skips": ("SkipEffectResult", "skip_effects"),
     "depth.swaps": ("SwapResult", "layer_swaps"),
     "depth.tuned_lens": ("TunedLens", "TunedLensResult", "tuned_lens"),
+    "depth.token_lens": ("TokenLensResult", "token_lens"),
     "mechanisms.flow": ("FlowResult", "information_flow"),
     "mechanisms.knockout": ("KnockoutResult", "attention_knockout"),
     "mechanisms.maps": ("HiddenMapResult", "PairCosineResult", "hidden_state_map", "pair_cosines"),

@@ -39,7 +39,6 @@ from probekit.cli.demo import add_demo_parser
 from probekit.cli.diagnose import add_diagnose_parser
 from probekit.cli.shutdown import EXIT_TERMINATED, Terminated, graceful_shutdown
 from probekit.errors import ProbekitError
-from probekit.openmp import wait_passively
 
 LIGHT_COMMANDS = ("diagnose", "demo", "compare", "timeline")
 """Subcommands whose parser needs no trainer: for them the train/sweep parsers (which import
@@ -98,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     closes the pipe early (``| head -1``) costs no traceback and no exit status, and SIGTERM
     stops it as Ctrl-C does, its temporary files removed (exit 143; Ctrl-C: 130).
     """
+    from probekit.openmp import wait_passively  # stdlib only: light
+
     wait_passively()
     argv = sys.argv[1:] if argv is None else list(argv)
     with graceful_shutdown():

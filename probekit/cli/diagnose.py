@@ -99,7 +99,7 @@ def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
     )
 
 
-def _settings(args: argparse.Namespace) -> DiagnosisSettings:
+def diagnosis_settings(args: argparse.Namespace) -> DiagnosisSettings:
     """The :class:`~probekit.report.DiagnosisSettings` of ``probekit diagnose``'s flags."""
     from probekit.interventions import InterventionSetting
     from probekit.report import DiagnosisSettings
@@ -110,10 +110,14 @@ def _settings(args: argparse.Namespace) -> DiagnosisSettings:
         n_bootstrap=args.bootstrap,
         batch_size=args.batch_size,
         progress=not args.quiet,
-        intervention=InterventionSetting(args.convention, args.mode, keep_first),
+        intervention=InterventionSetting(
+            args.convention, args.mode, keep_first, ablation=args.ablation
+        ),
         lens=args.lens,
         lens_steps=args.lens_steps,
         images=not args.no_images,
+        token_lens=args.token_lens,
+        similarity=not args.no_similarity,
     )
 
 
@@ -124,7 +128,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     from probekit import report
 
     source = _source(args, path, run)
-    diagnosis, page = report.diagnose_checkpoint(source, _settings(args), out)
+    diagnosis, page = report.diagnose_checkpoint(source, diagnosis_settings(args), out)
     for name, why in diagnosis.not_defined.items():
         print(f"probekit: warning: {name} not defined: {why}", file=sys.stderr)
     missing = None if args.no_images else report.missing_for_images()
@@ -198,9 +202,16 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="skip the PNG and SVG copies of the figures (made by default when kaleido and a "
         "Chrome/Chromium are present)",
     )
+    diag.add_argument(
+        "--token-lens",
+        action="store_true",
+        help="add the token-resolved logit lens section: the lens's top token at every depth "
+        "and position, each token's prediction depth (about the logit lens's cost)",
+    )
     add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
     _add_placement_flags(diag)
     _add_depth_flags(diag)
+    _add_similarity_flag(diag)
     diag.set_defaults(func=diagnose_command)
     return diag
 
@@ -254,6 +265,15 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
         help="never intervene at position 0 (auto, default: when the tokenizer adds a BOS)",
     )
     group.add_argument(
+        "--ablation",
+        choices=["zero", "mean", "resample"],
+        default="zero",
+        help="what a removed layer or sublayer update is replaced by in the contributions and "
+        "skip effects: zero (default), its mean over the data's real tokens, or the update of "
+        "another sequence of the batch at the same position (resample; needs two sequences or "
+        "more per batch)",
+    )
+    group.add_argument(
         "--tuned-lens",
         action="store_true",
         help="fit a tuned lens (on data kept apart from the diagnosed data: the training "
@@ -266,6 +286,16 @@ def _add_depth_flags(diag: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="optimizer steps of the tuned-lens fit, 1 to 10**7 (default: one pass)",
+    )
+
+
+def _add_similarity_flag(diag: argparse.ArgumentParser) -> None:
+    """The switch of ``probekit diagnose``'s layer-similarity section."""
+    diag.add_argument(
+        "--no-similarity",
+        action="store_true",
+        help="leave out the layer-similarity section (linear CKA between every two layers; "
+        "one more forward per batch and a d x d product per pair of layers)",
     )
 
 

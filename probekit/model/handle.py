@@ -261,13 +261,18 @@ class Model:
         return block_structure.update_hooks(self.structure.kind, layer, on_layer)
 
     def replace_update_hooks(
-        self, layer: int, sublayer: str, value: torch.Tensor | None = None
+        self,
+        layer: int,
+        sublayer: str,
+        value: torch.Tensor | None = None,
+        at: torch.Tensor | None = None,
     ) -> list[tuple[str, Callable]]:
         """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of ``layer`` by
-        ``value`` (broadcast; ``None`` = zero), with updates as in :meth:`update_hooks`."""
+        ``value`` (broadcast; ``None`` = zero), with updates as in :meth:`update_hooks`, at
+        the positions of the bool ``[batch, pos]`` mask ``at`` (``None``: everywhere)."""
         if sublayer not in ("attn", "mlp"):
             raise InputError(f"unknown sublayer {sublayer!r}", fix="use 'attn' or 'mlp'")
-        return block_structure.replace_hooks(self.structure.kind, layer, sublayer, value)
+        return block_structure.replace_hooks(self.structure.kind, layer, sublayer, value, at)
 
     def hook_name(self, layer: int, site: str) -> str:
         """Canonical hook name of ``site`` (one of :data:`~probekit.model.SITES`) in block

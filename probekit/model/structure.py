@@ -233,19 +233,27 @@ def update_hooks(
 
 
 def replace_hooks(
-    kind: str, layer: int, sublayer: str, value: torch.Tensor | None
+    kind: str,
+    layer: int,
+    sublayer: str,
+    value: torch.Tensor | None,
+    at: torch.Tensor | None = None,
 ) -> list[tuple[str, Callable]]:
     """Hooks that replace the ``sublayer`` ('attn' or 'mlp') update of block ``layer`` of a
-    model whose blocks are of ``kind`` by ``value`` (broadcast; ``None`` = zero)."""
+    model whose blocks are of ``kind`` by ``value`` (broadcast; ``None`` = zero), at the
+    positions of the bool ``[batch, pos]`` mask ``at`` only (``None``: everywhere)."""
 
     def update(like: torch.Tensor) -> torch.Tensor:
         if value is None:
             return torch.zeros_like(like)
         return value.to(like.device, like.dtype).expand_as(like)
 
+    def placed(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        return new if at is None else torch.where(at.to(old.device)[..., None], new, old)
+
     if kind != "stream":
         site = UPDATE_SITES[kind][0 if sublayer == "attn" else 1]
-        return [(hook_name(layer, site), lambda t, hook: update(t).clone())]
+        return [(hook_name(layer, site), lambda t, hook: placed(update(t).clone(), t))]
     held: dict[str, torch.Tensor] = {}
 
     def keep(tensor: torch.Tensor, hook: Any) -> None:
@@ -253,10 +261,10 @@ def replace_hooks(
 
     def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
         base = held.pop("base")
-        return base + update(base)
+        return placed(base + update(base), tensor)
 
-    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
-    return [(hook_name(layer, before), keep), (hook_name(layer, at), replace)]
+    before, site = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    return [(hook_name(layer, before), keep), (hook_name(layer, site), replace)]
 
 
 class StructureProbes:

@@ -1,7 +1,10 @@
-"""Layer contributions by zero ablation: how much does each layer (and sublayer) change the output?
+"""Layer contributions by ablation: how much does each layer (and sublayer) change the output?
 
 For each layer l, its whole update is removed (the block's output := its input), and separately
-its attention and its MLP update are zeroed. The output change is measured per token (see
+its attention and its MLP update are zeroed. The setting's ``ablation`` (or the ``ablation=``
+shorthand) replaces the removed update by its mean over the data's real tokens (``"mean"``)
+or by the update of another sequence of the batch at that position (``"resample"``) instead
+of zero (see :data:`probekit.interventions.ABLATIONS`). The output change is measured per token (see
 :data:`probekit.analyses.common.OUTPUT_MEASURES`) and reduced per ``convention`` (see
 :mod:`probekit.analyses.depth.conventions`): ``"probekit"`` (default, probekit's own choice)
 averages over all selected tokens of all prompts; ``"csordas2025"`` takes the max over the
@@ -69,11 +72,18 @@ from probekit.analyses.depth.conventions import (
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
-from probekit.interventions import InterventionSetting, ablate, check_setting
+from probekit.interventions import (
+    InterventionSetting,
+    Replacement,
+    ablate,
+    clean_updates,
+    replace_update,
+    with_ablation,
+)
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
-from probekit.words import AXES, figure_words
+from probekit.words import AXES, ablation_words, figure_words
 
 COMPONENTS = ("layer", "attn", "mlp")
 SHARE_MEASURES = ("logit_l2", "kl", "prob_l2")
@@ -117,6 +127,7 @@ class ContributionResult(Result):
             "component",
             figure_words(
                 "contributions",
+                ablation=ablation_words(self.meta.get("ablation")),
                 measure=figures.words(measure),
                 share=self.second_half_share(measure),
             ),
@@ -137,8 +148,10 @@ def contributions(
     batch_size: int | None = None,
     setting: InterventionSetting = InterventionSetting(),
     cache: Shared | None = None,
+    ablation: str | None = None,
 ) -> ContributionResult:
-    """Zero-ablate every layer and sublayer and measure the change of the output.
+    """Ablate every layer and sublayer (zero-ablate, by default) and measure the change of the
+    output.
 
     Args:
         model: a :class:`probekit.Model` or anything :func:`probekit.load` accepts.
@@ -156,12 +169,19 @@ def contributions(
             ablations use the layer's positions t or draw their own).
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis, so
             the clean traces and the whole-layer skips are shared with ``skip_effects``.
+        ablation: what a removed update is replaced by: 'zero' (default), 'mean' (its mean
+            over the data's real tokens) or 'resample' (per position the update of another
+            sequence of the batch, drawn with the setting's ``seed``). A shorthand for the
+            setting's ``ablation`` field (:class:`~probekit.interventions.InterventionSetting`),
+            which carries it everywhere else (``diagnose``); None: the setting's.
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
         >>> res = contributions(toy_model(n_layers=2), toy_tokens(), components=["layer"])
         >>> res.profile().index.tolist(), 0 <= res.summary["second_half_share"] <= 1
         ([0, 1], True)
+        >>> contributions(toy_model(n_layers=2), toy_tokens(), ablation="mean").summary["ablation"]
+        'mean'
     """
     model = load(model)
     shared = make_shared(model, cache)
@@ -170,14 +190,16 @@ def contributions(
     unknown = set(components) - set(COMPONENTS)
     if unknown:
         raise InputError(f"unknown components {sorted(unknown)}", fix=f"use {COMPONENTS}")
-    setting = check_setting(setting).resolved(model)
+    setting = with_ablation(setting, ablation).resolved(model)
     batches = model.prepare(data, batch_size)
     windows = plan_component_windows(setting, batches)
+    replacements = shared.replacements(setting, batches)
     reduction, clean_loss = _ablation_means(
-        shared, batches, windows, setting, positions, components
+        shared, batches, windows, setting, positions, components, replacements
     )
     df = _table(model, reduction, components)
     summary: dict = {"n_layers": model.n_layers, "clean_loss": clean_loss, **output_note(model)}
+    summary["ablation"] = setting.ablation
     summary.update(windows["layer"].summary())
     if "layer" in components:
         summary.update(_add_shares(df, model.n_layers, model))
@@ -217,6 +239,7 @@ def _ablation_means(
     setting: InterventionSetting,
     positions: str,
     components: Sequence[str],
+    replacements: list[Replacement],
 ) -> tuple[Reduction, float]:
     """Every output measure per (layer, component), reduced per the convention, and the
     clean loss (token mean over the selected positions). ``windows``: the positions t of
@@ -231,28 +254,56 @@ def _ablation_means(
         if shared.model.output_kind == "logits":  # no loss without a vocabulary: NaN
             side = shared.side(batch)
             clean.add("clean_loss", side.loss.view(side.shape), loss_mask(batch.labels, mask))
+        replacement = replacements[i]
+        updates = _donor_updates(shared.model, batch, replacement, components)
         for component in components:
             ts = windows[component].ts[i]
             for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
                 for layer in range(n_layers):
                     if component == "layer":
-                        values = shared.skip(batch, layer, intervene_at).measures
+                        values = shared.skip(batch, layer, intervene_at, replacement).measures
                     else:
-                        values = _sublayer_ablated(shared, batch, layer, component, intervene_at)
+                        value = replacement.update(
+                            layer, component, updates.get((layer, component))
+                        )
+                        values = _sublayer_ablated(
+                            shared, batch, layer, component, intervene_at, value
+                        )
                     key = (layer, component)
                     _add_change(reduction, shared.model, key, values, batch.labels, measure, ids)
                     step()
     return reduction, clean.mean("clean_loss")
 
 
+def _donor_updates(
+    model: Model, batch, replacement: Replacement, components: Sequence[str]
+) -> dict[tuple[int, str], torch.Tensor]:
+    """The clean sublayer updates of ``batch`` that resample ablation of the attention and
+    MLP takes from other sequences (one hooked forward); nothing for the other kinds."""
+    if replacement.kind != "resample" or set(components) <= {"layer"}:
+        return {}
+    return clean_updates(model, batch)
+
+
 def _sublayer_ablated(
-    shared: Shared, batch, layer: int, component: str, intervene_at: torch.Tensor | None
+    shared: Shared,
+    batch,
+    layer: int,
+    component: str,
+    intervene_at: torch.Tensor | None,
+    value: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The output measures with ``component`` of ``layer`` zeroed at the positions in
-    ``intervene_at`` (all: None); a forward resumed at ``layer`` inside
-    :func:`~probekit.interventions.ablate`."""
+    """The output measures with ``component`` of ``layer`` replaced by ``value`` (None: zeroed)
+    at the positions in ``intervene_at`` (all: None); a forward resumed at ``layer`` inside
+    :func:`~probekit.interventions.ablate` (zero) or
+    :func:`~probekit.interventions.replace_update`."""
     trace = shared.trace(batch)
-    with shared.precision(), ablate(shared.model, layer, component, at=intervene_at):
+    model = shared.model
+    if value is None:
+        replaced = ablate(model, layer, component, at=intervene_at)
+    else:
+        replaced = replace_update(model, layer, component, value, intervene_at)
+    with shared.precision(), replaced:
         out = shared.logits_out(trace.residuals[-1])
         logits = trace.resume(layer, out=out)
     check_outputs_finite(logits, "the outputs of an intervened forward")

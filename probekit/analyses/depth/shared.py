@@ -51,7 +51,13 @@ from probekit.analyses.common import (
 )
 from probekit.data import Batch
 from probekit.errors import InputError
-from probekit.interventions import merge
+from probekit.interventions import (
+    InterventionSetting,
+    Replacement,
+    merge,
+    plan_replacements,
+    sublayer_means,
+)
 from probekit.model import Model, Trace
 from probekit.numerics import available_memory
 from probekit.progress import step as count_variants
@@ -112,6 +118,7 @@ class Shared:
         self._logits: torch.Tensor | None = None
         self.skips: dict[tuple, SkipRecord] = {}
         self.swaps: dict[tuple, torch.Tensor] = {}
+        self._means: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
         self.runs = {"traces": 0, "skips": 0, "swaps": 0}
 
     def check_model(self, model: Model) -> None:
@@ -219,18 +226,40 @@ class Shared:
         per_variant *= 2 if self.autocast is None else 1
         return max(1, min(self.model.n_layers, int(0.5 * free // max(per_variant, 1))))
 
-    def skip(self, batch: Batch, layer: int, intervene_at: torch.Tensor | None) -> SkipRecord:
-        """The record of skipping ``layer`` at the positions in ``intervene_at`` (all: None); on a
-        miss every layer's skip of this batch and mask is computed, stacked per pass."""
+    def replacements(self, setting: InterventionSetting, batches: list[Batch]) -> list[Replacement]:
+        """Per batch, what an ablated update is replaced by under ``setting.ablation``
+        (:func:`~probekit.interventions.plan_replacements`); the mean updates of the same
+        batches are computed once per cache, so once per diagnosis."""
+        means = None
+        if setting.ablation == "mean":
+            key = _fingerprint(*(t for b in batches for t in (b.tokens, b.attention_mask)))
+            if key not in self._means:
+                self._means[key] = sublayer_means(self.model, batches)
+            means = self._means[key]
+        return plan_replacements(self.model, setting, batches, means)
+
+    def skip(
+        self,
+        batch: Batch,
+        layer: int,
+        intervene_at: torch.Tensor | None,
+        replacement: Replacement | None = None,
+    ) -> SkipRecord:
+        """The record of skipping ``layer`` at the positions in ``intervene_at`` (all: None),
+        its update replaced as ``replacement`` says (None: zero, the block returns its input);
+        on a miss every layer's skip of this batch and mask is computed, stacked per pass."""
         key = _batch_key(batch)
         mask_key = None if intervene_at is None else _fingerprint(intervene_at)
-        if (key, layer, mask_key) not in self.skips:
+        kind = "zero" if replacement is None else replacement.key
+        if (key, layer, mask_key, kind) not in self.skips:
             self._load(batch)
-            for record_layer, record in self._run_skips(intervene_at):
-                self.skips[(key, record_layer, mask_key)] = record
-        return self.skips[(key, layer, mask_key)]
+            for record_layer, record in self._run_skips(intervene_at, replacement):
+                self.skips[(key, record_layer, mask_key, kind)] = record
+        return self.skips[(key, layer, mask_key, kind)]
 
-    def _run_skips(self, intervene_at: torch.Tensor | None) -> Iterator[tuple[int, SkipRecord]]:
+    def _run_skips(
+        self, intervene_at: torch.Tensor | None, replacement: Replacement | None
+    ) -> Iterator[tuple[int, SkipRecord]]:
         trace, n = self._trace, self.model.n_layers
         assert trace is not None
         layers = list(range(n))
@@ -238,7 +267,8 @@ class Shared:
         for first in range(0, n, step):
             group = layers[first : first + step]
             residuals = [
-                merge(intervene_at, trace.residuals[s], trace.residuals[s + 1]) for s in group
+                merge(intervene_at, _skipped(trace, s, replacement), trace.residuals[s + 1])
+                for s in group
             ]
             diffs: list[dict[int, torch.Tensor]] = [{} for _ in group]
 
@@ -290,6 +320,17 @@ class Shared:
                 self.runs["swaps"] += 1
             count_variants(len(group))
         return [self.swaps[(key, tuple(o))] for o in orders]
+
+
+def _skipped(trace: Trace, layer: int, replacement: Replacement | None) -> torch.Tensor:
+    """The residual leaving block ``layer`` when its update is ablated: its input (zero), or
+    its input plus the replacing update (mean, resample)."""
+    h_in = trace.residuals[layer]
+    if replacement is None or replacement.kind == "zero":
+        return h_in
+    value = replacement.update(layer, "layer", trace.residuals[layer + 1] - h_in)
+    assert value is not None
+    return h_in + value.to(h_in.dtype)
 
 
 def make_shared(model: Model, cache: Shared | None) -> Shared:

@@ -13,6 +13,11 @@ per-token values are reduced depends on the ``convention`` of the
 - ``"csordas2025"``: the max over the measured tokens, then over the positions t, then over the
   prompts, as in the reference code (denominator clamped at 1e-6, position 0 never skipped).
 
+The setting's ``ablation`` says what the skipped block's update becomes: zero (the default:
+the block returns its input), its mean over the data's real tokens (``"mean"``) or the update
+of another sequence of the batch at that position (``"resample"``); both are meaningful for
+a whole block, so all three kinds apply.
+
 ``mode="current"`` skips the layer at every position (>= 1 with ``keep_first``);
 ``mode="future"`` skips it at positions < t only and measures at positions >= t, the paper's
 "future effects". Large values below the diagonal mean later layers build on layer s.
@@ -62,7 +67,7 @@ from probekit.analyses.depth.conventions import (
 )
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Batch, Data
-from probekit.interventions import InterventionSetting, check_setting
+from probekit.interventions import InterventionSetting, Replacement, with_ablation
 from probekit.model import Model, load
 from probekit.progress import expect, step
 from probekit.result import Result
@@ -124,6 +129,7 @@ def skip_effects(
     batch_size: int | None = None,
     setting: InterventionSetting = InterventionSetting(),
     cache: Shared | None = None,
+    ablation: str | None = None,
 ) -> SkipEffectResult:
     """Skip every layer in turn and measure the change of each later layer's update.
 
@@ -142,6 +148,11 @@ def skip_effects(
             layer's positions are the same either way.
         cache: a :class:`~probekit.analyses.depth.shared.Shared` cache of one diagnosis (the
             skips ``contributions`` ran are reused, not run again).
+        ablation: what the skipped block's update is replaced by: 'zero' (default: the block
+            returns its input), 'mean' (its input plus the block's mean update over the data's
+            real tokens) or 'resample' (its input plus, per position, the block's update in
+            another sequence of the batch, drawn with the setting's ``seed``). A shorthand for
+            the setting's ``ablation`` field; None: the setting's.
 
     Example:
         >>> from probekit.toy import toy_model, toy_tokens
@@ -153,11 +164,13 @@ def skip_effects(
     """
     model = load(model)
     shared = make_shared(model, cache)
-    setting = check_setting(setting).resolved(model)
+    setting = with_ablation(setting, ablation).resolved(model)
     batches, windows = plan_windows_of(model, data, batch_size, setting)
-    reduction = _skip_batches(shared, batches, windows, setting, positions)
+    replacements = shared.replacements(setting, batches)
+    reduction = _skip_batches(shared, batches, windows, setting, positions, replacements)
     df = _rows(reduction, model.n_layers)
     summary = {"n_layers": model.n_layers, **windows.summary(), **_scores(df, model.n_layers)}
+    summary["ablation"] = setting.ablation
     summary.update(output_note(model))
     if setting.reduction == "max":
         summary.update(_prompt_mean_scores(reduction, model.n_layers))
@@ -175,16 +188,18 @@ def _skip_batches(
     windows: Windows,
     setting: InterventionSetting,
     positions: str,
+    replacements: list[Replacement],
 ) -> Reduction:
     """Skip every layer in every batch and window; the relative changes, reduced per prompt."""
     reduction = Reduction(setting.reduction)
     first = 0
     expect(n_slots(windows) * shared.model.n_layers)  # the live line's variants
-    for batch, ts in zip(batches, windows.ts, strict=True):
+    for batch, ts, replacement in zip(batches, windows.ts, replacements, strict=True):
         ids = list(range(first, first + batch.tokens.shape[0]))
         first += len(ids)
         for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
-            _skip_all(shared, batch, reduction, setting.convention, intervene_at, measure, ids)
+            slot = (intervene_at, measure, replacement)
+            _skip_all(shared, batch, reduction, setting.convention, slot, ids)
     return reduction
 
 
@@ -193,16 +208,17 @@ def _skip_all(
     batch: Batch,
     reduction: Reduction,
     convention: str,
-    intervene_at: torch.Tensor | None,
-    measure: torch.Tensor,
+    slot: tuple[torch.Tensor | None, torch.Tensor, Replacement],
     ids: list[int],
 ) -> None:
-    """Skip each layer at the positions in ``intervene_at``; reduce the effects over ``measure``."""
+    """Skip each layer at the positions ``intervene_at`` (its update replaced as
+    ``replacement`` says); reduce the effects over ``measure``; ``slot`` holds the three."""
+    intervene_at, measure, replacement = slot
     model = shared.model
     n = model.n_layers
     clean_norms = shared.clean_norms(batch)
     for skipped in range(n):
-        record = shared.skip(batch, skipped, intervene_at)
+        record = shared.skip(batch, skipped, intervene_at, replacement)
         for layer in range(skipped + 1, n):
             change = relative_from_norms(record.diffs[layer], clean_norms[layer], convention)
             reduction.add((skipped, layer), change, measure, ids)

@@ -437,6 +437,57 @@ class TunedLens(nn.Module):
             lens.to(model.device)
         return lens
 
+    @classmethod
+    def from_tuned_lens(
+        cls, path: str | os.PathLike, model: Model, *, check_name: bool = True
+    ) -> TunedLens:
+        """Read a lens saved by the ``tuned-lens`` package (its folder of ``config.json`` and
+        ``params.pt``, 0.1 or later; :mod:`~probekit.analyses.depth.tuned_lens_files`) for
+        ``model``. Its translator of layer ``i`` reads ``hidden_states[i]``, the input of
+        block ``i``: it becomes ``translators[i]`` here, so the lens gives the package's
+        logits at every depth. Checked before anything is built: the config, then that the
+        lens was made for ``model`` (its ``num_hidden_layers`` and ``d_model``, the
+        unembedding hash the package records and, with ``check_name``, the model name:
+        :class:`InputError` naming the difference), then the tensors: read with
+        ``torch.load(weights_only=True)``, which never runs what a pickle holds (or from a
+        ``params.safetensors`` copy), exactly the package's keys, each of its shape, a
+        floating dtype and finite (:class:`CheckpointError`). The lens then records ``model``
+        (:meth:`identify`), so :meth:`save` writes it in probekit's format.
+
+        Example:
+            >>> import json, tempfile, pathlib
+            >>> from probekit.analyses.depth.tuned_lens_files import model_unembedding_hash
+            >>> from probekit.toy import toy_model
+            >>> model, folder = toy_model(n_layers=2), pathlib.Path(tempfile.mkdtemp())
+            >>> config = {"base_model_name_or_path": "", "d_model": 32, "num_hidden_layers": 2,
+            ...           "unembed_hash": model_unembedding_hash(model)}  # as the package writes
+            >>> _ = (folder / "config.json").write_text(json.dumps(config))
+            >>> params = {f"{i}.weight": torch.zeros(32, 32) for i in range(2)}
+            >>> params |= {f"{i}.bias": torch.zeros(32) for i in range(2)}
+            >>> torch.save(params, folder / "params.pt")
+            >>> lens = TunedLens.from_tuned_lens(folder, model)
+            >>> len(lens.translators), lens.fit_info["source"]
+            (2, 'tuned-lens package')
+        """
+        from probekit.analyses.depth import tuned_lens_files as files
+
+        path = Path(path)
+        config = files.read_package_config(path)
+        model = load(model)
+        check_head(model)
+        files.check_package_identity(config, model, path, check_name=check_name)
+        tensors = files.read_package_translators(path, config)
+        lens = cls(model.n_layers, model.d_model, model.d_vocab)
+        lens.load_state_dict(tensors)
+        lens.fit_info = {
+            "source": "tuned-lens package",
+            "path": str(path),
+            "tuned_lens_config": config,
+            "model": repr(model),
+            "architecture": model.architecture,
+        }
+        return lens.identify(model).to(model.device)
+
 
 def translator_loss(
     lens: TunedLens, model: Model, depth: int, residual: torch.Tensor, target: torch.Tensor
@@ -569,10 +620,23 @@ def _measure_batch(
             acc.add((depth, name), values, mask)
 
 
+def is_package_lens(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` holds a lens of the ``tuned-lens`` package (its
+    ``params.pt`` or a ``params.safetensors`` copy, and no probekit weights file)."""
+    from probekit.analyses.depth import tuned_lens_files as files
+
+    folder = Path(path)
+    found = any(os.path.lexists(folder / f) for f in (files.PARAMS_FILE, files.SAFETENSORS_FILE))
+    return found and not os.path.lexists(folder / WEIGHTS_FILE)
+
+
 def as_lens(lens: TunedLens | str | os.PathLike, model: Model) -> TunedLens:
-    """``lens`` (a :class:`TunedLens` or its folder) checked against ``model``
+    """``lens`` (a :class:`TunedLens`, its folder, or the folder of a ``tuned-lens`` package
+    lens: :meth:`TunedLens.from_tuned_lens`) checked against ``model``
     (:meth:`TunedLens.check_model`) and put on its device."""
     if isinstance(lens, str | os.PathLike):
+        if is_package_lens(lens):
+            return TunedLens.from_tuned_lens(lens, model)
         return TunedLens.load(lens, model)
     if not isinstance(lens, TunedLens):
         raise InputError(
