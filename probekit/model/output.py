@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from probekit.errors import UnsupportedModelError
 from probekit.model.headless import Headless
 from probekit.model.sites import global_hooks, hook_registries
 
@@ -64,6 +65,57 @@ class OutputHead:
         if self.scaling is not None:
             logits = logits / self.scaling
         return logits
+
+    def frozen_norm(self, architecture: str) -> FrozenNorm:
+        """The final norm (``first``) as a :class:`FrozenNorm`, for a head whose logits are
+        linear in the normed residual; else :class:`~probekit.errors.UnsupportedModelError`
+        naming the reason (soft-capped logits; a norm that is not a LayerNorm or RMSNorm with a
+        weight, e.g. Gemma's (1 + weight) RMSNorm)."""
+        if self.cap is not None:
+            raise UnsupportedModelError(
+                f"{architecture} soft-caps its logits (tanh), which is not linear",
+                fix="use activation_patching, which needs no linear head",
+            )
+        norm = getattr(self.first, "original_component", self.first)
+        kind = type(norm).__name__
+        weight = getattr(norm, "weight", None)
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+        if norm is None or weight is None or eps is None or "Norm" not in kind or "Gemma" in kind:
+            raise UnsupportedModelError(
+                f"the final norm of {architecture} ({kind}) is not a LayerNorm or RMSNorm "
+                "with a weight, so its frozen-scale linear form is unknown",
+                fix="use a model with a LayerNorm or RMSNorm final norm (GPT-2, Llama, ...)",
+            )
+        bias = getattr(norm, "bias", None)
+        return FrozenNorm(
+            centered="RMS" not in kind,
+            weight=weight.detach().double(),
+            bias=None if bias is None else bias.detach().double(),
+            eps=float(eps),
+        )
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A LayerNorm's or RMSNorm's linear form at a frozen scale: ``x -> center(x) * weight /
+    scale`` (centred for LayerNorm only), its ``bias`` apart; :meth:`OutputHead.frozen_norm`
+    reads it from a model's final norm (weights in float64)."""
+
+    centered: bool
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+
+    def scale(self, h: torch.Tensor) -> torch.Tensor:
+        """The clean run's scale per token ``[..., 1]`` of final residuals ``h``."""
+        x = h - h.mean(-1, keepdim=True) if self.centered else h
+        return (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def linear(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The norm's linear part of ``x`` at the frozen ``scale``."""
+        if self.centered:
+            x = x - x.mean(-1, keepdim=True)
+        return x * self.weight / scale
 
 
 def resolve_head(

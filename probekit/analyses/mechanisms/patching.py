@@ -59,6 +59,7 @@ from probekit.data import Batch, as_batches, task_data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.interventions import hooks
 from probekit.model import Model, Trace, load
+from probekit.model.output import FrozenNorm
 from probekit.result import Result
 from probekit.words import AXES, figure_words
 
@@ -616,30 +617,8 @@ def activation_patching(
 
 
 # ---------------------------------------------------------------- direct logit attribution
-@dataclass(frozen=True)
-class _FrozenNorm:
-    """The final norm with its scale frozen: ``x -> center(x) * weight / scale``, the bias
-    ``bias`` apart."""
-
-    centered: bool
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    eps: float
-
-    def scale(self, h: torch.Tensor) -> torch.Tensor:
-        """The clean run's scale per token ``[..., 1]`` of final residuals ``h``."""
-        x = h - h.mean(-1, keepdim=True) if self.centered else h
-        return (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-
-    def linear(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """The norm's linear part of ``x`` at the frozen ``scale``."""
-        if self.centered:
-            x = x - x.mean(-1, keepdim=True)
-        return x * self.weight / scale
-
-
-def _frozen_norm(model: Model) -> _FrozenNorm:
-    """The final norm of a pre-norm decoder as a :class:`_FrozenNorm`, else
+def _frozen_norm(model: Model) -> FrozenNorm:
+    """The final norm of a pre-norm decoder at a frozen scale, else
     :class:`UnsupportedModelError` with the reason."""
     model.require_vocabulary("direct_logit_attribution (it reads the unembedding)")
     if model.post_norm or not model.is_causal:
@@ -648,30 +627,7 @@ def _frozen_norm(model: Model) -> _FrozenNorm:
             "so the output is no sum of the layers' updates and has no direct logit attribution",
             fix="use a pre-norm decoder (GPT-2, Llama, ...), or activation_patching",
         )
-    head = model.runtime.head
-    if head.cap is not None:
-        raise UnsupportedModelError(
-            f"{model.architecture} soft-caps its logits (tanh), which is not linear",
-            fix="use activation_patching, which needs no linear head",
-        )
-    module = head.first
-    norm = getattr(module, "original_component", module)
-    kind = type(norm).__name__
-    weight = getattr(norm, "weight", None)
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-    if norm is None or weight is None or eps is None or "Norm" not in kind or "Gemma" in kind:
-        raise UnsupportedModelError(
-            f"the final norm of {model.architecture} ({kind}) is not a LayerNorm or RMSNorm "
-            "with a weight, so its frozen-scale linear form is unknown",
-            fix="use a model with a LayerNorm or RMSNorm final norm (GPT-2, Llama, ...)",
-        )
-    bias = getattr(norm, "bias", None)
-    return _FrozenNorm(
-        centered="RMS" not in kind,
-        weight=weight.detach().double(),
-        bias=None if bias is None else bias.detach().double(),
-        eps=float(eps),
-    )
+    return model.runtime.head.frozen_norm(model.architecture)
 
 
 def _direction(model: Model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -690,7 +646,7 @@ def _direction(model: Model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 def _dla_batch(
-    model: Model, batch: Batch, ids: torch.Tensor, norm: _FrozenNorm, cells: list, sums: dict
+    model: Model, batch: Batch, ids: torch.Tensor, norm: FrozenNorm, cells: list, sums: dict
 ) -> None:
     run = _record(model, batch)
     res = run.trace.residuals
