@@ -562,13 +562,18 @@ def _bootstrap(
     n_boot: int,
     seed: int,
 ) -> np.ndarray:
-    """``n_boot`` refits (rows; NaN where a refit failed), each started at the fit."""
+    """``n_boot`` refits (rows; NaN where a refit failed), each started at the fit; with
+    groups, their deviations from the fit widened by sqrt(G / (G - 1)) for the G groups."""
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n_boot):
         at, ys = _resample(depths, values, fitted, members, len(point), rng)
         rows.append(_fit_once(form, at, ys, point))
-    return np.array(rows)
+    samples = np.array(rows)
+    if members is None:
+        return samples
+    # resampling G groups spreads a mean by (G - 1) / G of its variance: widened back
+    return point + (samples - point) * math.sqrt(len(members) / (len(members) - 1))
 
 
 # --- Levine's transition -------------------------------------------------------------------
@@ -749,7 +754,8 @@ def _pair_row(
             "transition is not resolved by these seeds; train more seeds or sizes near it"
         )
         return row
-    row["sigma"] = float(np.std(found, ddof=1))
+    # resampling G seeds spreads a mean by (G - 1) / G of its variance: widened back
+    row["sigma"] = float(np.std(found, ddof=1)) * math.sqrt(n_seeds / (n_seeds - 1))
     return row
 
 
@@ -773,7 +779,8 @@ def transition_width(
     that size, natural log), ``log_width_shallow``, ``deeper_better`` (``"above"``: the deeper
     model wins above the crossing's size, as Levine's theory predicts, depth being efficient
     when L < log3(width); ``"below"``: the reverse), ``sigma`` (the standard deviation of
-    ``log_width`` over ``n_boot`` resamples of whole seeds; NaN with one seed),
+    ``log_width`` over ``n_boot`` resamples of whole seeds, widened by sqrt(G / (G - 1)) for
+    G seeds; NaN with one seed),
     ``crossed_fraction`` (the resamples with one crossing; under half makes the row NaN) and
     ``reason`` (empty when there is a crossing).
 
@@ -899,19 +906,30 @@ class TransitionFit:
         return _interval(value, _optimal(draws, depths, log_width), self.level)
 
     def describe(self) -> str:
-        """One sentence with the numbers."""
-        factor = Estimate(
-            *(math.exp(x) for x in (self.slope.value, self.slope.low, self.slope.high)), self.level
-        )
+        """One sentence with the numbers.
+
+        Example:
+            >>> print(fit_transition([6, 12, 18, 24], [4.0, 5.1, 5.9, 7.0]).describe())
+            ... # doctest: +NORMALIZE_WHITESPACE
+            the transition width grows exponentially with depth: its log by 0.163 (95% interval
+            0.133–0.194) per layer, a factor 1.18 (1.14–1.21) per layer, intercept 3.05
+            (2.55–3.55), over 4 transitions at depths 6–24; R² = 0.996, reduced χ² not defined
+            without the transitions' uncertainties
+        """
+        s = self.slope
+        factor = "–".join(_number(math.exp(x)) for x in (s.low, s.high))
+        i = self.intercept
         chi2 = (
             f"reduced χ² = {self.reduced_chi2:.3f}"
             if self.reduced_chi2 is not None
             else "reduced χ² not defined without the transitions' uncertainties"
         )
         return (
-            f"the transition log-width grows by {self.slope} per layer (the width multiplied by "
-            f"{factor}), intercept {self.intercept}, over {self.n_points} transitions at depths "
-            f"{min(self.depths):g}–{max(self.depths):g}; R² = {self.r2:.3f}, {chi2}"
+            f"the transition width grows exponentially with depth: its log by {s} per layer, "
+            f"a factor {_number(math.exp(s.value))} ({factor}) per layer, intercept "
+            f"{_number(i.value)} ({_number(i.low)}–{_number(i.high)}), over {self.n_points} "
+            f"transitions at depths {min(self.depths):g}–{max(self.depths):g}; "
+            f"R² = {self.r2:.3f}, {chi2}"
         )
 
     def to_dict(self) -> dict[str, Any]:
