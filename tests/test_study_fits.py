@@ -254,12 +254,16 @@ def test_reduced_chi2_is_about_one_when_the_sigmas_are_the_noise():
     rng = np.random.default_rng(3)
     depths = np.arange(4.0, 36.0, 4.0)
     sigmas = np.linspace(0.05, 0.2, depths.size)
-    chi2, doubled, covered, covered_ols = [], [], 0, 0
+    chi2: list[float] = []
+    doubled: list[float] = []
+    covered, covered_ols = 0, 0
     for _ in range(400):
         log_widths = SLOPE * depths + INTERCEPT + rng.normal(0, sigmas)
         fit = fit_transition(depths, log_widths, sigmas)
+        wide = fit_transition(depths, log_widths, 2 * sigmas)
+        assert fit.reduced_chi2 is not None and wide.reduced_chi2 is not None
         chi2.append(fit.reduced_chi2)
-        doubled.append(fit_transition(depths, log_widths, 2 * sigmas).reduced_chi2)
+        doubled.append(wide.reduced_chi2)
         covered += fit.slope.covers(SLOPE)
         covered_ols += fit_transition(depths, log_widths).slope.covers(SLOPE)
     assert np.mean(chi2) == pytest.approx(1.0, abs=0.1)
@@ -354,12 +358,12 @@ def test_the_optimal_depth_is_read_back_from_the_fit():
         return gpt2_parameter_count(depth, width, 4 * width, vocab_size=256, n_positions=128)
 
     n = 5e6
-    found = fit.optimal_depth(n, n_params_of=exact).value
+    optimum = fit.optimal_depth(n, n_params_of=exact).value
     depths = np.linspace(1, 64, 63001)
     widths = np.array([_width_for(exact, depth, n) for depth in depths[::100]])
     gap = np.log(widths) - fit.predict(depths[::100])
     searched = depths[::100][np.argmax(gap <= 0)]
-    assert abs(found - searched) <= 0.1
+    assert abs(optimum - searched) <= 0.1
 
 
 def _width_for(n_params_of, depth: float, n: float) -> float:
@@ -396,6 +400,7 @@ def test_the_studies_package_exports_lazily_and_is_typed():
         for node in ast.parse(source).body
         if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
         for stmt in node.body
+        if isinstance(stmt, ast.ImportFrom)
         for alias in stmt.names
     }
     assert typed == set(probekit.studies.__all__)

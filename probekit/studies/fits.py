@@ -400,7 +400,8 @@ class SaturationFit:
             )
         else:
             b = self.params["b"]
-            per_doubling = Estimate(*(math.log(2) * x for x in (b.value, b.low, b.high)), b.level)
+            ln2 = math.log(2)
+            per_doubling = Estimate(ln2 * b.value, ln2 * b.low, ln2 * b.high, b.level)
             text = (
                 f"{what} changes by {per_doubling}{unit} per doubling of depth, with no asymptote"
             )
@@ -737,7 +738,7 @@ def _pair_row(
         return row
     widths = []
     for _ in range(n_boot):
-        seeds = rng.integers(n_seeds, size=n_seeds)
+        seeds = np.asarray(rng.integers(n_seeds, size=n_seeds))
         xb, _, why = _crossing(_mean_curve(shallow, seeds), _mean_curve(deep, seeds), method)
         widths.append(math.nan if why else float(np.interp(xb, deep.log_params, deep.log_width)))
     found = np.array(widths)[np.isfinite(widths)]
