@@ -133,6 +133,10 @@ def test_values_that_do_not_level_off_are_refused_not_fitted():
     depths = np.arange(2.0, 34.0, 2.0)
     with pytest.raises(NumericalError, match="do not level off"):
         fit_saturation(depths, 0.1 + 0.01 * depths, n_boot=20)
+    fit = fit_saturation(depths, 0.1 + 0.01 * depths, form="log", n_boot=20)
+    assert fit.preferred_form == "log" and "exp" in fit.unfitted
+    assert "; the exponential form cannot be fitted: the values do not level off" in fit.describe()
+    assert fit.to_dict()["aic_exp"] is None
 
 
 def _forbidden(*args, **kwargs):

@@ -303,8 +303,9 @@ class SaturationFit:
     ``a - b exp(-L / c)``, the asymptote ``a``, the gain ``b`` from depth 0 and the depth
     scale ``c`` (layers); for ``"log"``, ``a + b ln L``. ``aic`` holds Akaike's criterion of
     both forms on the same points (lower is better; a difference under about 2 prefers
-    neither), ``r2`` the chosen form's R², ``samples`` the bootstrap refits (one row each,
-    columns in :data:`PARAMETERS` order), ``bootstrap`` what was resampled (``"seeds"``: whole
+    neither; infinite for a form that could not be fitted, with the reason in ``unfitted``),
+    ``r2`` the chosen form's R², ``samples`` the bootstrap refits (one row each, columns in
+    :data:`PARAMETERS` order), ``bootstrap`` what was resampled (``"seeds"``: whole
     curves of the groups; ``"residuals"``: the points' residuals), ``n_failed`` the resamples
     whose refit did not converge (left out of the intervals).
     """
@@ -320,6 +321,7 @@ class SaturationFit:
     n_failed: int
     level: float
     samples: np.ndarray = field(repr=False)
+    unfitted: dict[str, str] = field(default_factory=dict)
 
     @property
     def preferred_form(self) -> str:
@@ -417,12 +419,18 @@ class SaturationFit:
                     f", past the deepest depth measured ({max(self.depths):g}): an extrapolation"
                 )
         other = next(form for form in FORMS if form != self.form)
-        delta = self.aic[other] - self.aic[self.form]
-        verdict = "better" if delta > 0 else "worse"
+        if other in self.unfitted:
+            text += f"; {self.unfitted[other]}"
+        else:
+            delta = self.aic[other] - self.aic[self.form]
+            verdict = "better" if delta > 0 else "worse"
+            text += (
+                f"; the {self.form} form fits {verdict} than the {other} form by AIC "
+                f"(difference {abs(delta):.1f})"
+            )
         text += (
-            f"; the {self.form} form fits {verdict} than the {other} form by AIC "
-            f"(difference {abs(delta):.1f}), R² = {self.r2:.3f}, intervals from {self.n_boot} "
-            f"bootstrap resamples of {self.bootstrap}"
+            f", R² = {self.r2:.3f}, intervals from {self.n_boot} bootstrap resamples of "
+            f"{self.bootstrap}"
         )
         if self.n_failed:
             text += f" ({self.n_failed} refits did not converge and are left out)"
@@ -433,7 +441,10 @@ class SaturationFit:
         out: dict[str, Any] = {"form": self.form, "preferred_form": self.preferred_form}
         for name, estimate in self.params.items():
             out |= estimate.to_dict(name)
-        out |= {f"aic_{form}": value for form, value in self.aic.items()}
+        out |= {
+            f"aic_{form}": value if math.isfinite(value) else None
+            for form, value in self.aic.items()
+        }
         out |= {
             "r2": self.r2,
             "n_points": self.n_points,
@@ -503,10 +514,17 @@ def fit_saturation(
             "the values are the same at every depth: there is nothing to fit",
             fix="check the scores (a task at chance or always solved gives this)",
         )
-    fits = {name: _main_fit(name, at, ys) for name in FORMS}
-    point = fits[form]
+    point = _main_fit(form, at, ys)
     fitted = _curve(form, at, point)
-    aic = {name: _aic(ys, _curve(name, at, p), len(p)) for name, p in fits.items()}
+    aic = {form: _aic(ys, fitted, len(point))}
+    unfitted = {}
+    for other in FORMS:
+        if other != form:
+            try:
+                rival = _main_fit(other, at, ys)
+                aic[other] = _aic(ys, _curve(other, at, rival), len(rival))
+            except NumericalError as err:  # the comparison says so; the chosen form stands
+                aic[other], unfitted[other] = math.inf, err.problem
     samples = _bootstrap(form, at, ys, fitted, point, members, n_boot, seed)
     n_failed = int(np.isnan(samples).any(axis=1).sum())
     if n_failed > n_boot / 2:
@@ -531,6 +549,7 @@ def fit_saturation(
         n_failed=n_failed,
         level=float(level),
         samples=samples,
+        unfitted=unfitted,
     )
 
 
