@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,8 +224,6 @@ def _fit_once(form: str, depths: np.ndarray, values: np.ndarray, start: np.ndarr
     if form == "log":
         design = np.column_stack([np.ones_like(depths), np.log(depths)])
         return np.linalg.lstsq(design, values, rcond=None)[0]
-    import warnings
-
     from scipy.optimize import OptimizeWarning, curve_fit
 
     def model(d: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
@@ -724,6 +723,13 @@ def _crossing(
     return where[0], side, ""
 
 
+def _log_width_of(curve: _Curve, log_params: float) -> float:
+    """The depth's log-width at a size between its measured ones (NaN for NaN)."""
+    if not math.isfinite(log_params):
+        return math.nan
+    return float(np.interp(log_params, curve.log_params, curve.log_width))
+
+
 def _pair_row(
     depth: float,
     deeper: float,
@@ -736,30 +742,27 @@ def _pair_row(
     n_seeds = shallow.loss.shape[0]
     everyone = np.arange(n_seeds)
     x, side, reason = _crossing(_mean_curve(shallow, everyone), _mean_curve(deep, everyone), method)
+    log_width = _log_width_of(deep, x)
     row: dict[str, Any] = {
         "shallow_depth": depth,
         "depth": deeper,
         "log_n_params": x,
-        "n_params": math.exp(x) if math.isfinite(x) else math.nan,
-        "log_width": float(np.interp(x, deep.log_params, deep.log_width))
-        if not reason
-        else math.nan,
-        "log_width_shallow": float(np.interp(x, shallow.log_params, shallow.log_width))
-        if not reason
-        else math.nan,
+        "n_params": math.exp(x),
+        "log_width": log_width,
+        "width": math.exp(log_width),
+        "log_width_shallow": _log_width_of(shallow, x),
         "deeper_better": side,
         "sigma": math.nan,
         "crossed_fraction": math.nan,
         "reason": reason,
     }
-    row["width"] = math.exp(row["log_width"]) if not reason else math.nan
     if reason or n_seeds < 2:
         return row
     widths = []
     for _ in range(n_boot):
         seeds = np.asarray(rng.integers(n_seeds, size=n_seeds))
         xb, _, why = _crossing(_mean_curve(shallow, seeds), _mean_curve(deep, seeds), method)
-        widths.append(math.nan if why else float(np.interp(xb, deep.log_params, deep.log_width)))
+        widths.append(math.nan if why else _log_width_of(deep, xb))
     found = np.array(widths)[np.isfinite(widths)]
     row["crossed_fraction"] = found.size / n_boot
     if found.size < n_boot / 2:
