@@ -15,10 +15,10 @@ from probekit.studies import (
     SaturationFit,
     fit_saturation,
     fit_transition,
+    gpt2_blocks_parameters,
     l_star,
     transition_width,
 )
-from probekit.studies.fits import gpt2_blocks_parameters
 from probekit.training.families import gpt2_parameter_count
 
 # --- the saturating fit --------------------------------------------------------------------

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         TransitionFit,
         fit_saturation,
         fit_transition,
+        gpt2_blocks_parameters,
         l_star,
         transition_width,
     )
@@ -39,6 +40,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "TransitionFit",
         "fit_saturation",
         "fit_transition",
+        "gpt2_blocks_parameters",
         "l_star",
         "transition_width",
     ),
