@@ -9,21 +9,31 @@ there already, then, per model, takes the held-out (4,3) test sequences whose ke
 (3,4) into (4,3) with the metric logit(x-10) - logit(x-6) (composite minus symmetric answer).
 Prints the unpatched metrics, each site's grid of normalised scores (1 = the (4,3) run's value,
 0 = the (3,4) run's), and writes the inferential model's figure (``--figure``) and its
-direct logit attribution.
+direct logit attribution. Per model it also prints the logit lens' log-probability of the
+composite x-10 and of the symmetric x-6 at the last token after each depth (the token lens'
+target curves) and, with ``--targets-figure``, draws them. ``--timing`` times the resid_out
+grid against two ways by hand (interleaved, medians, CPU seconds, the load).
 
     PYTHONPATH=. python benchmarks/anchor_patching.py --figure assets/anchor_patching.png
+    PYTHONPATH=. python benchmarks/anchor_patching.py --models symmetric,inferential \
+        --targets-figure 'assets/anchor_target_curves_{name}.png' --timing
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from collections import defaultdict
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import probekit
-from probekit.demo import reference_configs
+# benchmarks.common first: it sets OMP_WAIT_POLICY before torch loads OpenMP
+from benchmarks.common import interleaved, median, runs_line, timed_cpu, uptime  # noqa: E402, I001
+import torch  # noqa: E402
+
+import probekit  # noqa: E402
+from probekit.demo import reference_configs  # noqa: E402
 
 SITES = ("resid_in", "resid_mid", "resid_out", "attn_out", "mlp_out")
 
@@ -52,73 +62,143 @@ def swapped_runs(task, key_position: int):
     return clean, corrupted, answers
 
 
-def loop_patching(model, clean, corrupted, answers) -> list[float]:
-    """The resid_out grid the plain way: one full forward per layer x position, a hook that
-    overwrites the block output with the corrupted run's (what a loop over TransformerLens
-    hooks does); the mean logit difference per cell, layer-major."""
-    [c_batch], [x_batch] = model.prepare(clean), model.prepare(corrupted)
-    keep: dict[int, torch.Tensor] = {}
-    read = [
-        (
-            model.hook_name(layer, "resid_out"),
-            lambda t, hook, layer=layer: keep.__setitem__(layer, t),
+def block_outputs(hf, tokens: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Every block's output ``[B, T, d]`` of a Hugging Face GPT-2 on ``tokens`` (forward hooks
+    on its blocks) and the logits at the last position."""
+    outs: list[torch.Tensor] = []
+    handles = [
+        block.register_forward_hook(
+            lambda m, i, o: outs.append(o[0] if isinstance(o, tuple) else o)
         )
-        for layer in range(model.n_layers)
+        for block in hf.transformer.h
     ]
-    model.forward(x_batch, read)
+    try:
+        logits = hf(tokens).logits[:, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outs, logits
+
+
+def logit_difference(logits: torch.Tensor, answers: torch.Tensor) -> float:
+    """Mean logit(composite) - logit(symmetric) over the sequences."""
     rows = torch.arange(len(answers))
+    return float((logits[rows, answers[:, 0]] - logits[rows, answers[:, 1]]).mean())
+
+
+def full_forward_patching(hf, clean, corrupted, answers) -> list[float]:
+    """The resid_out grid with one full forward per layer x position, a forward hook on the
+    block that overwrites its output at the position with the corrupted run's (what a plain
+    loop of hooks does); the mean logit difference per cell, layer-major."""
+    donor, _ = block_outputs(hf, corrupted)
     out = []
-    for layer in range(model.n_layers):
+    for layer, block in enumerate(hf.transformer.h):
         for p in range(clean.shape[1]):
 
-            def patch(t, hook, layer=layer, p=p):
-                t = t.clone()
-                t[:, p] = keep[layer][:, p]
-                return t
+            def patch(module, inputs, output, layer=layer, p=p):
+                hidden = (output[0] if isinstance(output, tuple) else output).clone()
+                hidden[:, p] = donor[layer][:, p]
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-            z = model.forward(c_batch, [(model.hook_name(layer, "resid_out"), patch)])[:, -1]
-            out.append(float((z[rows, answers[:, 0]] - z[rows, answers[:, 1]]).mean()))
+            handle = block.register_forward_hook(patch)
+            try:
+                out.append(logit_difference(hf(clean).logits[:, -1], answers))
+            finally:
+                handle.remove()
     return out
 
 
-def timing(path: Path, clean, corrupted, answers, repeats: int = 3) -> None:
-    """Best-of-``repeats`` seconds of the resid_out grid by probekit and by the plain loop
-    (each run once before, so the one-time checks of a fresh handle are not counted), and
-    their largest difference."""
+def prefix_reusing_patching(hf, clean, corrupted, answers) -> list[float]:
+    """The same grid by hand, reusing the clean prefix: both runs' block outputs are read once,
+    and each variant runs only the blocks after the patched one (a causal mask passed to
+    each block, as the model does) and the final norm and head at the last position."""
+    donor, _ = block_outputs(hf, corrupted)
+    base, _ = block_outputs(hf, clean)
+    n = clean.shape[1]
+    mask = torch.full((n, n), torch.finfo(base[0].dtype).min).triu(1)[None, None]
+    blocks = hf.transformer.h
+    out = []
+    for layer in range(len(blocks)):
+        for p in range(n):
+            hidden = base[layer].clone()
+            hidden[:, p] = donor[layer][:, p]
+            for block in blocks[layer + 1 :]:
+                hidden = block(hidden, attention_mask=mask)
+                hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+            logits = hf.lm_head(hf.transformer.ln_f(hidden[:, -1]))
+            out.append(logit_difference(logits, answers))
+    return out
+
+
+def timing(path: Path, clean, corrupted, answers, repeats: int) -> None:
+    """The resid_out grid three ways, interleaved (A B C C B A, ``repeats`` times, each way run
+    once before): probekit, a hand-written script that reuses the clean prefix (the fastest
+    way by hand) and a plain loop of full forwards; every run's wall and CPU seconds, the
+    medians, the ratios and the largest difference from probekit's numbers."""
+    from transformers import AutoModelForCausalLM
+
     model = probekit.load(path)
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    ways = {
+        "probekit": lambda: list(
+            probekit.activation_patching(model, clean, corrupted, answers=answers).df.value
+        ),
+        "by hand, clean prefix reused": lambda: prefix_reusing_patching(
+            hf, clean, corrupted, answers
+        ),
+        "by hand, full forwards": lambda: full_forward_patching(hf, clean, corrupted, answers),
+    }
+    values = {}
+    with torch.no_grad():
+        for name, way in ways.items():
+            values[name] = way()
+        print(f"uptime before: {uptime()}")
+        walls, cpus = defaultdict(list), defaultdict(list)
+        for name in interleaved(list(ways), repeats):
+            wall, cpu, _ = timed_cpu(ways[name])
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+            print(f"{name}: {wall:.3f} s wall, {cpu:.3f} s CPU", flush=True)
+        print(f"uptime after: {uptime()}")
+    print(f"resid_out grid ({len(clean)} sequences, {len(values['probekit'])} variants):")
+    for name in ways:
+        diff = max(abs(a - b) for a, b in zip(values[name], values["probekit"], strict=True))
+        print(
+            f"  {name:<30} wall {runs_line(walls[name])}; CPU median {median(cpus[name]):.3f} s;"
+            f" {median(walls[name]) / median(walls['probekit']):.2f}x probekit's wall;"
+            f" max |difference| {diff:.1e}"
+        )
 
-    def fast():
-        return list(probekit.activation_patching(model, clean, corrupted, answers=answers).df.value)
 
-    def slow():
-        with torch.no_grad():
-            return loop_patching(model, clean, corrupted, answers)
-
-    seconds = {}
-    for name, way in (("probekit", fast), ("plain loop", slow)):
-        way()
-        runs = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            values = way()
-            runs.append(time.perf_counter() - start)
-        seconds[name] = (min(runs), values)
-    diff = max(
-        abs(a - b) for a, b in zip(seconds["probekit"][1], seconds["plain loop"][1], strict=True)
-    )
-    print(
-        f"resid_out grid (best of {repeats}): probekit {seconds['probekit'][0]:.3f} s, "
-        f"plain loop {seconds['plain loop'][0]:.3f} s (max |difference| {diff:.1e})"
-    )
+def target_curves(name: str, path: Path, clean, answers, figure: Path | None) -> None:
+    """The logit lens' log-probability of the composite x-10 and of the symmetric x-6 at the
+    last token after each depth (mean over the sequences), and, with ``figure``, the token
+    lens figure of the first 16 sequences (their top tokens and the two curves)."""
+    targets = {"x-10": answers[:, 0], "x-6": answers[:, 1]}
+    res = probekit.token_lens(path, clean, targets=targets, positions="last")
+    means = res.df.groupby("depth")[["logp_x-10", "logp_x-6", "top_prob"]].mean()
+    print(f"-- {name}: mean log-probability at the last token after each depth (logit lens)")
+    print(means.round(3).to_string())
+    if figure is not None:
+        few = {key: ids[:16] for key, ids in targets.items()}
+        part = probekit.token_lens(path, clean[:16], targets=few, positions="last")
+        part.figure().write_image(figure, width=900, height=700)
+        print(f"figure written to {figure}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, default=Path("/tmp/probekit-anchor-patching"))
+    parser.add_argument("--runs", type=Path, default=Path("runs/anchor-reference"))
     parser.add_argument("--key-position", type=int, default=3)
     parser.add_argument("--models", default="inferential", help="e.g. symmetric,inferential")
     parser.add_argument("--figure", type=Path, default=None)
-    parser.add_argument("--timing", action="store_true", help="also time a plain loop")
+    parser.add_argument(
+        "--targets-figure",
+        default=None,
+        help="write each model's target-curve figure to this path, {name} replaced by its name",
+    )
+    parser.add_argument("--timing", action="store_true", help="also time two ways by hand")
+    parser.add_argument("--repeats", type=int, default=3, help="A B C C B A rounds of --timing")
     args = parser.parse_args()
     torch.set_num_threads(2)
     paths = trained_runs(args.runs, args.models.split(","))
@@ -138,12 +218,14 @@ def main() -> None:
             grid = res.grid(site).round(3)
             print(f"-- {site}: normalised score (rows: layer, columns: position)")
             print(grid.to_string())
+        out = args.targets_figure
+        target_curves(name, path, clean, answers, Path(out.format(name=name)) if out else None)
         if "0.8" in name or "inferential" in name:
             dla = probekit.direct_logit_attribution(path, clean, targets=answers)
             print("direct logit attribution of logit(x-10) - logit(x-6) at the last token:")
             print(dla.df.round(3).to_string(index=False))
             if args.timing:
-                timing(path, clean, corrupted, answers)
+                timing(path, clean, corrupted, answers, args.repeats)
             if args.figure is not None:
                 res.figure().write_image(args.figure, width=900, height=1400)
                 print(f"figure written to {args.figure}")
