@@ -128,7 +128,7 @@ def apply(family: str, first: str, second: str, x: str) -> str:
 
     Example:
         >>> apply("arithmetic", "add5", "rev", "128"), apply("case", "swap", "last3", "aBcDe")
-        ('331', 'cdE')
+        ('331', 'CdE')
     """
     f, g = FAMILIES[family][0][first], FAMILIES[family][1][second]
     return g(str(f(int(x)))) if family == "arithmetic" else g(f(x))
