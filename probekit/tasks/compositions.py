@@ -258,8 +258,8 @@ combinations, but at most 12 can be held out with every primitive still trained.
     def operations(self, family: str) -> tuple[list[str], list[str]]:
         """The first and the second operations of ``family`` this task uses, in order."""
         firsts, seconds = FAMILIES[family]
-        keep = (lambda n: True) if self.primitives is None else (lambda n: n in self.primitives)
-        return [n for n in firsts if keep(n)], [n for n in seconds if keep(n)]
+        kept = set(firsts) | set(seconds) if self.primitives is None else set(self.primitives)
+        return [n for n in firsts if n in kept], [n for n in seconds if n in kept]
 
     def combinations(self) -> list[Combination]:
         """Every (family, first, second) of the task."""
@@ -272,7 +272,8 @@ combinations, but at most 12 can be held out with every primitive still trained.
 
     def _heldout_count(self, family: str) -> int:
         firsts, seconds = self.operations(family)
-        return max(1, math.floor(float(self.heldout) * len(firsts) * len(seconds) + 0.5))
+        share = self.heldout if isinstance(self.heldout, float | int) else 0.0
+        return max(1, math.floor(share * len(firsts) * len(seconds) + 0.5))
 
     def heldout_pairs(self) -> list[Combination]:
         """The held-out combinations (never in training), in the order of :meth:`combinations`."""
@@ -302,8 +303,8 @@ combinations, but at most 12 can be held out with every primitive still trained.
         return [(family, *rest[i]) for i in sorted(picked)]
 
     def _named_heldout(self) -> list[Combination]:
-        found = []
-        for name in self.heldout:
+        found: list[Combination] = []
+        for name in self.heldout if isinstance(self.heldout, tuple) else ():
             parts = name.split() if isinstance(name, str) else []
             match = [
                 c for c in self.combinations() if len(parts) == 2 and (c[1], c[2]) == tuple(parts)
@@ -334,7 +335,8 @@ combinations, but at most 12 can be held out with every primitive still trained.
     def _numbers(self) -> tuple[list[str], list[str]]:
         """The training and the test numbers, as strings."""
         if "numbers" not in self._cache:
-            train, test = [], []
+            train: list[str] = []
+            test: list[str] = []
             for x in range(self.min_number, self.max_number + 1):
                 s = str(x)
                 (test if self.is_test_input(s) else train).append(s)
@@ -545,12 +547,12 @@ class CompositionData:
 
     # ---- the TaskData protocol -----------------------------------------------------------------
     @property
-    def tokens(self) -> torch.Tensor:  # type: ignore[override]
+    def tokens(self) -> torch.Tensor:
         """The prompts ``[n, answer_start]`` (up to and including ``"= "``)."""
         return self.sequences[:, : self.answer_start]
 
     @property
-    def targets(self) -> torch.Tensor:  # type: ignore[override]
+    def targets(self) -> torch.Tensor:
         """The first answer byte of every sequence."""
         return self.sequences[:, self.answer_start]
 
@@ -650,13 +652,17 @@ class CompositionData:
                 "composition data of different prompt widths cannot be joined",
                 fix="generate them from one CompositionTask",
             )
-        lists = ("families", "firsts", "seconds", "inputs", "outputs")
+        joined = lambda name: [x for d in parts for x in getattr(d, name)]  # noqa: E731
         return CompositionData(
             "+".join(d.split for d in parts),
             torch.cat([d.sequences for d in parts]),
             self.answer_start,
             torch.cat([d.answer_lengths for d in parts]),
-            *([x for d in parts for x in getattr(d, name)] for name in lists),
+            families=joined("families"),
+            firsts=joined("firsts"),
+            seconds=joined("seconds"),
+            inputs=joined("inputs"),
+            outputs=joined("outputs"),
             is_heldout=torch.cat([d.is_heldout for d in parts]),
         )
 
