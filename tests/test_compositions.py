@@ -16,7 +16,7 @@ from probekit.errors import ConfigError
 from probekit.lm import LMConfig
 from probekit.lm.finetune import (
     FinetuneConfig,
-    _answer_scores,
+    answer_scores,
     composition_accuracy,
     finetune_lm,
 )
@@ -276,7 +276,7 @@ def test_a_tiny_fine_tune_lowers_the_answer_loss_and_scores_as_greedy_decoding(t
     import transformers
 
     fresh = transformers.GPT2LMHeadModel(TINY_LM.hf_config(2))
-    before, _ = _answer_scores(fresh, EASY.dataset("seen"), torch.device("cpu"), "fp32")
+    before, _ = answer_scores(fresh, EASY.dataset("seen"), torch.device("cpu"), "fp32")
     run = finetune_lm(TINY_LM, tmp_path / "ft", cfg, progress=False, device="cpu")
     after = float(run.metrics.val_loss.iloc[-1])
     assert after < before - 1.0 and after < math.log(259) - 1.0

@@ -223,7 +223,7 @@ class FinetuneTrainer(LMTrainer):
     def evaluate(self) -> float:
         """Answer loss and teacher-forced exact match on both test splits; a metrics row."""
         scores = {
-            name: _answer_scores(self.model, d, self.device, self.precision)
+            name: answer_scores(self.model, d, self.device, self.precision)
             for name, d in self.tests.items()
         }
         self.rows.append(
@@ -374,7 +374,7 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _answer_scores(
+def answer_scores(
     model: Any, data: CompositionData, device: torch.device, precision: str
 ) -> tuple[float, float]:
     """Answer loss (per answer byte) and teacher-forced exact match of ``data``."""
@@ -489,6 +489,7 @@ __all__ = [
     "FinetuneConfig",
     "FinetuneRun",
     "FinetuneTrainer",
+    "answer_scores",
     "composition_accuracy",
     "finetune_config",
     "finetune_lm",
