@@ -350,3 +350,23 @@ def test_a_folder_that_is_not_an_lm_run_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="not a byte-level LM run"):
         finetune_lm(tmp_path, tmp_path / "out", FinetuneConfig(task=EASY), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_in_memory_fine_tunes_as_its_config_from_scratch(tmp_path):
+    import transformers
+    from safetensors.torch import load_file
+
+    cfg = FinetuneConfig(task=EASY, steps=4, batch_size=4, eval_every=4)
+    torch.manual_seed(cfg.seed)
+    model = transformers.GPT2LMHeadModel(TINY_LM.hf_config(2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    a = finetune_lm(model, tmp_path / "a", cfg, progress=False, device="cpu")
+    b = finetune_lm(TINY_LM, tmp_path / "b", cfg, progress=False, device="cpu")
+    x, y = (
+        load_file(str(a.final / "model.safetensors")),
+        load_file(str(b.final / "model.safetensors")),
+    )
+    assert all(torch.equal(x[k], y[k]) for k in x)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # not changed
+    with pytest.raises(ConfigError, match="byte-level GPT-2"):
+        finetune_lm(torch.nn.Linear(2, 2), tmp_path / "c", cfg, progress=False)

@@ -134,7 +134,7 @@ class FinetuneTrainer(LMTrainer):
         self,
         cfg: LMConfig,
         finetune: FinetuneConfig,
-        start: Path | None,
+        start: Path | torch.nn.Module | None,
         out: Path,
         device: torch.device,
     ) -> None:
@@ -175,7 +175,10 @@ class FinetuneTrainer(LMTrainer):
         return save_checkpoint(self.model, self.optimizer, path, self.cfg, self.state())
 
     def write_config(self) -> None:
-        start = "scratch" if self.start_from is None else str(self.start_from)
+        origin = self.start_from
+        start = (
+            "scratch" if origin is None else str(origin) if isinstance(origin, Path) else "model"
+        )
         settings = {
             "lm": asdict(self.cfg),
             "finetune": {**self.finetune.settings(), "start": start},
@@ -269,11 +272,15 @@ def _precision(cfg: LMConfig, device: torch.device) -> str:
     return resolve_precision(cfg.precision, device)
 
 
-def _start_model(cfg: LMConfig, start: Path | None, device: torch.device):
-    """The pretrained checkpoint's model, or (``start`` None) a fresh one seeded by
-    ``cfg.seed``."""
+def _start_model(cfg: LMConfig, start: Path | torch.nn.Module | None, device: torch.device):
+    """The pretrained checkpoint's model, a copy of a model in memory, or (``start`` None) a
+    fresh one seeded by ``cfg.seed``."""
+    import copy
+
     import transformers
 
+    if isinstance(start, torch.nn.Module):
+        return copy.deepcopy(start).float().to(device).train()
     if start is not None:
         model, _ = load_checkpoint(start, cfg, 0, device)  # a fresh optimizer: its moments unused
         return model
@@ -300,6 +307,28 @@ def pretrained_checkpoint(path: str | os.PathLike) -> tuple[Path, LMConfig]:
     return folder, LMConfig(**settings)
 
 
+def model_lm_config(model: Any) -> tuple[torch.nn.Module, LMConfig]:
+    """A byte-level GPT-2 in memory (a ``transformers.GPT2LMHeadModel`` or a probekit
+    ``Model`` of one) and the :class:`LMConfig` of its shape; :class:`ConfigError` for any
+    other model."""
+    hf = getattr(model, "hf_model", model)
+    config: Any = getattr(hf, "config", None)
+    if type(hf).__name__ != "GPT2LMHeadModel" or getattr(config, "vocab_size", None) != VOCAB_SIZE:
+        raise ConfigError(
+            f"cannot fine-tune a {type(hf).__name__} on the composition task: it needs a "
+            f"byte-level GPT-2 (GPT2LMHeadModel of vocabulary {VOCAB_SIZE})",
+            fix="pass a train_lm run folder, a checkpoint of one, its model, or an LMConfig",
+        )
+    shape = dict(
+        n_layers=config.n_layer,
+        d_model=config.n_embd,
+        n_heads=config.n_head,
+        d_mlp=config.n_inner,
+        seq_len=config.n_positions,
+    )
+    return hf, LMConfig(**shape)
+
+
 def finetune_config(model: LMConfig, finetune: FinetuneConfig) -> LMConfig:
     """The LM run settings of a fine-tuning: the model's, with the fine-tuning's run settings
     (a static run: the pretrained depth, no growth)."""
@@ -310,7 +339,7 @@ def finetune_config(model: LMConfig, finetune: FinetuneConfig) -> LMConfig:
 
 
 def finetune_lm(
-    start: str | os.PathLike | LMConfig,
+    start: str | os.PathLike | LMConfig | Any,
     out_dir: str | os.PathLike,
     cfg: FinetuneConfig | None = None,
     *,
@@ -321,7 +350,9 @@ def finetune_lm(
     """Fine-tune the LM ``start`` on ``cfg.task`` into the run folder ``out_dir``.
 
     ``start``: a :func:`~probekit.lm.train_lm` run folder (its ``final/``) or checkpoint
-    folder, or an :class:`LMConfig` for a fresh model (training on the task from scratch).
+    folder; a byte-level GPT-2 in memory (its ``GPT2LMHeadModel`` or a probekit ``Model`` of
+    it: copied, the caller's model is not changed); or an :class:`LMConfig` for a fresh model
+    (training on the task from scratch).
     Bad settings, a task longer than the model's context and a folder that is not an LM run
     are refused before anything is written. A killed run started again with the same
     arguments resumes from its last checkpoint (set ``cfg.save_every``); a finished one is not
@@ -329,11 +360,14 @@ def finetune_lm(
     """
     cfg = FinetuneConfig() if cfg is None else cfg
     cfg.validate()
+    origin: Path | torch.nn.Module | None
     if isinstance(start, LMConfig):
         start.validate()
-        folder, model_cfg = None, start
+        origin, model_cfg = None, start
+    elif isinstance(start, str | os.PathLike):
+        origin, model_cfg = pretrained_checkpoint(start)
     else:
-        folder, model_cfg = pretrained_checkpoint(start)
+        origin, model_cfg = model_lm_config(start)
     lm_cfg = finetune_config(model_cfg, cfg)
     lm_cfg.validate()
     if cfg.task.seq_len > lm_cfg.seq_len:
@@ -345,7 +379,7 @@ def finetune_lm(
     what = "fine-tuning an LM"
     dev = checked_device(lm_cfg, device, lm_run_bytes(lm_cfg, VOCAB_SIZE), what)
     out = Path(out_dir)
-    trainer = FinetuneTrainer(lm_cfg, cfg, folder, out, dev)
+    trainer = FinetuneTrainer(lm_cfg, cfg, origin, out, dev)
     train_in_folder(trainer, resume=resume, progress=progress)
     assert trainer.accuracy is not None, "finish() measures it"
     return FinetuneRun(
@@ -494,5 +528,6 @@ __all__ = [
     "finetune_config",
     "finetune_lm",
     "greedy_answers",
+    "model_lm_config",
     "pretrained_checkpoint",
 ]
