@@ -370,3 +370,20 @@ def test_a_model_in_memory_fine_tunes_as_its_config_from_scratch(tmp_path):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # not changed
     with pytest.raises(ConfigError, match="byte-level GPT-2"):
         finetune_lm(torch.nn.Linear(2, 2), tmp_path / "c", cfg, progress=False)
+
+
+def test_task_aware_analyzers_read_the_composition_data():
+    import transformers
+
+    import probekit
+
+    torch.manual_seed(0)
+    model = probekit.load(transformers.GPT2LMHeadModel(TINY_LM.hf_config(2)))
+    small = dataclasses.replace(EASY, n_test=12)
+    data = small.dataset("seen").concat([small.dataset("heldout")])
+    found = probekit.solution_types(model, data)
+    composed, other = found.summary["heldout_composed"], found.summary["heldout_other"]
+    assert 0 <= composed <= 1 and 0 <= other <= 1 and composed + other <= 1 + 1e-9
+    assert found.summary["solution"] == data.solution_wording().memorizing  # an untrained model
+    masked = probekit.token_masking(model, data, by="role", mode="resample")
+    assert masked.summary["most_important"] in ("first", "second", "input", "other")

@@ -476,13 +476,15 @@ WORDING = SolutionWording(
     seen_scope="test inputs",
     heldout_scope="test inputs",
     target="composed answer",
-    memorizing="ignoring the second operation",
+    memorizing="not learnt (the seen combinations' first answer bytes are mostly wrong)",
     title="First answer byte on the held-out combinations",
     explain=(
         "The figure shows, for each combination, the share of first answer bytes that are the "
         "composition's, that of the first operation alone, or neither."
     ),
-    conclusion="Solution: {solution}.",
+    conclusion="Solution: {solution}; on the held-out combinations {heldout_composed:.1%} of "
+    "first answer bytes are the composition's and {heldout_first_step:.1%} the first "
+    "operation's alone.",
 )
 """How figures and reports speak of the composition task."""
 
