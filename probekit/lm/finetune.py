@@ -57,7 +57,7 @@ from probekit.training.checkpoint import FIX, check_same_settings, read_run_conf
 from probekit.training.checks import check_optional_int
 from probekit.training.loop import RUN_SETTINGS, RunSettings, checked_device, train_in_folder
 from probekit.training.metrics import write_metrics
-from probekit.training.precision import autocast
+from probekit.training.precision import autocast, resolve_precision
 
 
 @dataclass
@@ -144,7 +144,7 @@ class FinetuneTrainer(LMTrainer):
         self.out = out
         self.plan = cfg.plan()
         self.device = device
-        self.precision = _precision(cfg, device)
+        self.precision = resolve_precision(cfg.precision, device)
         task = finetune.task
         train = task.dataset("train")
         self.train_tokens, self.train_labels = train.sequences, train.labels()
@@ -264,12 +264,6 @@ class FinetuneTrainer(LMTrainer):
         self.accuracy = composition_accuracy(self.model, data, batch_size=256)
         atomic_write_text(self.out / "accuracy.csv", self.accuracy.df.to_csv(index=False))
         atomic_write_text(self.out / "accuracy.json", json.dumps(self.accuracy.summary, indent=1))
-
-
-def _precision(cfg: LMConfig, device: torch.device) -> str:
-    from probekit.training.precision import resolve_precision
-
-    return resolve_precision(cfg.precision, device)
 
 
 def _start_model(cfg: LMConfig, start: Path | torch.nn.Module | None, device: torch.device):
