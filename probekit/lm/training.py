@@ -292,12 +292,7 @@ class LMTrainer(Trainer):
             self.scaler.scale = start + (1 - start) * ramp
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr_at(step)
-        batch = self.batch_at(step)
-        with autocast(self.device, self.precision):
-            logits = self.model(batch, attention_mask=self.causal, use_cache=False).logits
-        loss = F.cross_entropy(
-            logits[:, :-1].float().reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)
-        )
+        loss = self.batch_loss(self.batch_at(step))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -310,9 +305,22 @@ class LMTrainer(Trainer):
             self.bad_loss = torch.where(new, self.last_loss, self.bad_loss)
             finite = torch.stack([p.isfinite().all() for p in self.model.parameters()]).all()
             self.bad_weight_step, _ = first_failure(self.bad_weight_step, finite, step)
-        self.flops += 6.0 * self.model.num_parameters() * cfg.batch_size * cfg.seq_len
+        self.flops += 6.0 * self.model.num_parameters() * self.tokens_per_step()
         self.step += 1
         return loss
+
+    def batch_loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """The training loss of a prepared batch: next-token cross-entropy at every position
+        (a trainer on other batches, e.g. with a loss mask, supplies its own)."""
+        with autocast(self.device, self.precision):
+            logits = self.model(batch, attention_mask=self.causal, use_cache=False).logits
+        return F.cross_entropy(
+            logits[:, :-1].float().reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)
+        )
+
+    def tokens_per_step(self) -> int:
+        """Tokens one step trains on (the FLOPs count: 6 x parameters x tokens)."""
+        return self.cfg.batch_size * self.cfg.seq_len
 
     def check(self) -> None:
         """The sync point: raise :class:`NumericalError` if a loss or an update since the
