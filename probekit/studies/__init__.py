@@ -5,7 +5,9 @@ al. 2020): the fits their numbers come from, public so a notebook can fit its ow
   and the depth at which one more layer stops paying;
 - :func:`transition_width` and :func:`fit_transition`: where a deeper model of the same size
   stops losing to a shallower one, and the straight line of that width (in log) against depth;
-- :func:`l_star`: the claim L* = (2/3) log2(N), as a formula to test, not a fact.
+- :func:`l_star`: the claim L* = (2/3) log2(N), as a formula to test, not a fact;
+- :func:`depth_width` and :func:`width_transition`: the two studies as runs (a folder that
+  resumes, local or on Ray), their members' tables and results.
 
 Names are imported from their modules on first use.
 
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 from probekit.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.studies.depth_width import DepthWidthStudy, depth_width  # noqa: F401
     from probekit.studies.fits import (  # noqa: F401
         Estimate,
         SaturationFit,
@@ -32,6 +35,8 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         l_star,
         transition_width,
     )
+    from probekit.studies.runner import Study  # noqa: F401
+    from probekit.studies.transition import TransitionStudy, width_transition  # noqa: F401
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "fits": (
@@ -44,6 +49,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "l_star",
         "transition_width",
     ),
+    # --- the study runs ---
+    "depth_width": ("DepthWidthStudy", "depth_width"),
+    "runner": ("Study",),
+    "transition": ("TransitionStudy", "width_transition"),
 }
 
 _WHERE = {
