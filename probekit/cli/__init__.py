@@ -80,6 +80,10 @@ def _add_trainer_parsers(sub: argparse._SubParsersAction) -> None:
         return
     add_train_parser(sub)
     add_sweep_parser(sub)
+    # --- the depth against width studies ---
+    from probekit.cli.study import add_study_parser
+
+    add_study_parser(sub)
 
 
 def _command(argv: Sequence[str]) -> str | None:

@@ -97,6 +97,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 TRAINER_HELP = {
     "train": "train a GPT-2-style model on the anchor-function task",
     "sweep": "sweep gamma x weight decay x depth x seeds; phase diagrams",
+    # --- the depth against width studies ---
+    "study": "depth against width: Petty's depth-width study, Levine's width transition",
 }
 """The one-line help of the trainer's subcommands: ``probekit --help`` lists them with it
 without importing the trainer (and torch)."""

@@ -1,0 +1,194 @@
+"""The two studies as runs (probekit.studies.depth_width, .transition, .runner): dry runs and
+validation without training, tiny end-to-end studies, resume after a member fails, a changed
+config refused, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probekit.cli import main
+from probekit.errors import ConfigError, ProbekitError
+from probekit.lm import training as lm_training
+from probekit.studies import depth_width, width_transition
+from probekit.studies.depth_width import COLUMNS as DW_COLUMNS
+from probekit.studies.transition import COLUMNS as TR_COLUMNS
+from probekit.tasks.compositions import CompositionTask
+
+TASK = CompositionTask(max_number=99, max_letters=4, n_train=200, n_test=40)
+TINY = dict(budgets=[30_000], depths=[1, 2, 3], seeds=[0], steps=20, finetune_steps=20)
+
+
+def tiny_depth_width(out: Path, **kw):
+    return depth_width(out, **{**TINY, "task": TASK, "progress": False, **kw})
+
+
+def tiny_transition(out: Path, **kw):
+    args = dict(depths=[1, 2, 3], widths=[16, 32], seeds=[0], steps=20, progress=False)
+    return width_transition(out, **{**args, **kw})
+
+
+# ---- dry runs and validation: no training -------------------------------------------------------
+def test_the_cpu_dry_run_prints_the_members_and_the_cost(tmp_path: Path, capsys) -> None:
+    study = depth_width(tmp_path / "s", scale="cpu", dry_run=True)
+    printed = capsys.readouterr().out
+    assert "b300000-L8-s2" in printed and "training FLOPs: about" in printed
+    assert not (tmp_path / "s").exists()  # nothing written
+    assert study.members.empty and list(study.members.columns) == DW_COLUMNS
+    # parameter-matched within 1%, the width shrinking with depth
+    assert (abs(study.plan.n_params / study.plan.budget - 1) < 0.01).all()
+    widths = study.plan.drop_duplicates("depth").d_model.tolist()
+    assert widths == sorted(widths, reverse=True)
+
+
+def test_the_paper_dry_runs_give_gpu_hours(capsys) -> None:
+    depth_width("unused", scale="paper", dry_run=True)
+    width_transition("unused", scale="paper", dry_run=True)
+    printed = capsys.readouterr().out
+    assert printed.count("GPU-hours") == 2
+    assert "b374000000-L36-s2" in printed and "L48-w2048-s0" in printed
+
+
+def test_the_model_counts_are_the_trainers(tmp_path: Path) -> None:
+    """The planned parameter counts are the trained models' own (the FLOPs use them)."""
+    import transformers
+
+    from probekit.lm import LMConfig
+
+    plan = tiny_transition(tmp_path, dry_run=True).plan
+    for row in plan.itertuples():
+        cfg = LMConfig(
+            n_layers=row.depth, d_model=row.width, d_mlp=row.d_mlp, n_heads=row.n_heads, seq_len=64
+        )
+        model = transformers.GPT2LMHeadModel(cfg.hf_config(row.depth))
+        assert model.num_parameters() == row.n_params
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(depths=[1, 2]), "at least 3"),
+        (dict(budgets=[1_000]), "exceeds the budget"),
+        (dict(budgets=[3_000], depths=[1, 2, 40]), "rounds to 0"),
+        (dict(budgets=[0]), "positive integers"),
+        (dict(seeds=[]), "seeds"),
+        (dict(scale="gpu"), "unknown scale"),
+        (dict(task="anchor"), "not supported"),
+    ],
+)
+def test_bad_studies_are_one_error_before_any_work(tmp_path: Path, kw, words) -> None:
+    with pytest.raises(ConfigError, match=words):
+        tiny_depth_width(tmp_path / "s", **kw)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_bad_grid_is_one_error_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="at least|3\\+"):
+        tiny_transition(tmp_path / "t", depths=[1, 2])
+    with pytest.raises(ConfigError, match="multiple of the head width"):
+        tiny_transition(tmp_path / "t", widths=[24])
+    assert not (tmp_path / "t").exists()
+
+
+# ---- tiny runs ----------------------------------------------------------------------------------
+def _count_trainings(monkeypatch, fail_at: int | None = None) -> list[str]:
+    """Count train_lm calls (and raise inside the ``fail_at``-th)."""
+    calls: list[str] = []
+    real = lm_training.train_lm
+
+    def counted(cfg, out, *args, **kwargs):
+        calls.append(str(out))
+        if fail_at is not None and len(calls) == fail_at:
+            raise RuntimeError("killed inside a member")
+        return real(cfg, out, *args, **kwargs)
+
+    monkeypatch.setattr(lm_training, "train_lm", counted)
+    return calls
+
+
+@pytest.mark.slow
+def test_a_tiny_depth_width_study_resumes_without_retraining(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "s"
+    calls = _count_trainings(monkeypatch, fail_at=2)
+    with pytest.raises(ProbekitError, match="1 member"):
+        tiny_depth_width(out)
+    assert (out / "members" / "b30000-L1-s0" / "member.json").is_file()
+    assert not (out / "members" / "b30000-L2-s0" / "member.json").exists()
+    assert (out / "members" / "b30000-L3-s0" / "member.json").is_file()  # the others go on
+    monkeypatch.undo()
+    calls = _count_trainings(monkeypatch)  # no failure now
+    study = tiny_depth_width(out)
+    # only the failed member is trained again; the finished ones are not
+    assert [Path(c).parent.name for c in calls] == ["b30000-L2-s0"]
+    table = pd.read_csv(out / "members.csv")
+    assert list(table.columns) == DW_COLUMNS and len(table) == 3
+    assert table.depth.tolist() == [1, 2, 3]
+    assert (table.acc_seen.between(0, 1)).all() and (table.lm_val_loss > 0).all()
+    assert (table.pretrain_flops > 0).all() and (table.finetune_flops > 0).all()
+    pd.testing.assert_frame_equal(study.members, table, check_dtype=False)
+    assert json.loads((out / "study.json").read_text())["study"] == "depth-width"
+    # a changed config in the same folder is refused, before any training
+    calls.clear()
+    with pytest.raises(ConfigError, match="other settings.*seeds"):
+        tiny_depth_width(out, seeds=[0, 1])
+    assert calls == []
+
+
+@pytest.mark.slow
+def test_a_tiny_transition_grid_runs_and_is_not_retrained(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "t"
+    tiny_transition(out)
+    table = pd.read_csv(out / "members.csv")
+    assert list(table.columns) == TR_COLUMNS and len(table) == 6
+    assert (table.lm_val_loss > 0).all() and (table.d_mlp == 4 * table.width).all()
+    calls = _count_trainings(monkeypatch)
+    again = tiny_transition(out)
+    assert calls == [] and len(again.members) == 6
+    with pytest.raises(ConfigError, match="other settings"):
+        tiny_transition(out, steps=21)
+
+
+def test_from_scratch_skips_pretraining(tmp_path: Path, monkeypatch) -> None:
+    calls = _count_trainings(monkeypatch)
+    study = tiny_depth_width(
+        tmp_path / "s", budgets=[20_000], steps=2, finetune_steps=2, from_scratch=True
+    )
+    assert calls == []
+    assert study.members.lm_val_loss.isna().all() and (study.members.pretrain_flops == 0).all()
+    assert (study.members.finetune_flops > 0).all()
+
+
+# ---- the command line ---------------------------------------------------------------------------
+def test_the_cli_dry_run(capsys) -> None:
+    assert main(["study", "depth-width", "--out", "s", "--scale", "paper", "--dry-run"]) == 0
+    assert "GPU-hours" in capsys.readouterr().out
+    assert main(["study", "transition", "--out", "t", "--scale", "cpu", "--dry-run"]) == 0
+    assert "L6-w128-s1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["depth-width", "--depths", "1,2"], "at least 3"),
+        (["depth-width", "--budgets", "1000"], "exceeds the budget"),
+        (["transition", "--widths", "24"], "multiple of the head width"),
+        (["transition", "--address", "1.2.3.4:6379"], "--executor ray"),
+    ],
+)
+def test_the_cli_refuses_bad_studies_in_one_line(tmp_path: Path, capsys, argv, words) -> None:
+    out = tmp_path / "s"
+    assert main(["study", *argv, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_the_cli_runs_a_tiny_transition(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "t"
+    argv = ["study", "transition", "--out", str(out), "--depths", "1,2,3", "--widths", "16"]
+    assert main([*argv, "--steps", "3", "--quiet"]) == 0
+    assert len(pd.read_csv(out / "members.csv")) == 3
+    assert "members.csv" in capsys.readouterr().out
