@@ -192,3 +192,25 @@ def test_the_cli_runs_a_tiny_transition(tmp_path: Path, capsys) -> None:
     assert main([*argv, "--steps", "3", "--quiet"]) == 0
     assert len(pd.read_csv(out / "members.csv")) == 3
     assert "members.csv" in capsys.readouterr().out
+
+
+# ---- Ray ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_study_on_ray_equals_the_local_executor(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each Ray task runs (one CPU each)
+    try:
+        local = tiny_transition(tmp_path / "local", widths=[16], steps=10)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            remote = tiny_transition(tmp_path / "ray", widths=[16], steps=10, executor="ray")
+        finally:
+            ray.shutdown()
+    finally:
+        torch.set_num_threads(threads)
+    same = ["depth", "width", "n_params", "seed", "lm_val_loss", "pretrain_flops"]
+    pd.testing.assert_frame_equal(local.members[same], remote.members[same], check_exact=True)
+    assert (tmp_path / "ray" / "members" / "L3-w16-s0" / "member.json").is_file()

@@ -46,6 +46,7 @@ def study_command(args: argparse.Namespace) -> int:
         progress=not args.quiet or args.dry_run,
         dry_run=args.dry_run,
     )
+    study: studies.Study
     if args.study == "depth-width":
         study = studies.depth_width(
             args.out,

@@ -233,7 +233,7 @@ def depth_width(
         progress=progress,
     )
     raise_failures(study.failed, out)
-    return write_results(study, "depth_width_result")  # type: ignore[return-value]
+    return write_results(study, "depth_width_result")
 
 
 def _config(
@@ -303,7 +303,8 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
             )
             ft_tokens = ft_cfg.steps * ft_cfg.batch_size * task.seq_len
             n = int(shape.n_params)
-            row = {
+            pretrain_flops, finetune_flops = 6.0 * n * tokens, 6.0 * n * ft_tokens
+            row: dict[str, Any] = {
                 "name": f"b{shape.budget}-L{shape.depth}-s{seed}",
                 "budget": int(shape.budget),
                 "depth": int(shape.depth),
@@ -313,10 +314,10 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
                 "n_params": n,
                 "seed": int(seed),
                 "tokens": tokens,
-                "pretrain_flops": 6.0 * n * tokens,
-                "finetune_flops": 6.0 * n * ft_tokens,
+                "pretrain_flops": pretrain_flops,
+                "finetune_flops": finetune_flops,
+                "flops": pretrain_flops + finetune_flops,
             }
-            row["flops"] = row["pretrain_flops"] + row["finetune_flops"]
             rows.append(row)
             jobs.append(
                 {
@@ -373,7 +374,6 @@ def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
     ft = dict(job["finetune"])
     ft_cfg = FinetuneConfig(**{**ft, "task": CompositionTask.from_dict(ft["task"])})
     device = job["device"]
-    seconds = 0.0
     if job["from_scratch"]:
         start: Any = lm_cfg
         val_loss, pretrain_flops = math.nan, 0.0
@@ -381,9 +381,7 @@ def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
         pre = _training.train_lm(lm_cfg, folder / "pretrain", progress=False, device=device)
         start = folder / "pretrain"
         val_loss, pretrain_flops = float(pre.metrics.val_loss.iloc[-1]), float(pre.flops)
-        seconds += float(pre.metrics.seconds.iloc[-1])
     run = _finetune.finetune_lm(start, folder / "finetune", ft_cfg, progress=False, device=device)
-    seconds += float(run.metrics.seconds.iloc[-1])
     summary = run.accuracy.summary
     return {
         "lm_val_loss": val_loss,
@@ -392,7 +390,6 @@ def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
         "acc_heldout": float(summary["heldout_accuracy"]),
         "pretrain_flops": pretrain_flops,
         "finetune_flops": float(run.flops),
-        "seconds": seconds,
     }
 
 

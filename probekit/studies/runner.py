@@ -21,18 +21,19 @@ else from :data:`CPU_FLOPS_PER_SECOND`); after each member, the time left at the
 Example:
     >>> plan = pd.DataFrame({"name": ["a", "b"], "flops": [2e12, 4e12]})
     >>> print(plan_cost(plan, rate=1e10))
-    2 members, 6.00e+12 training FLOPs: about 10 min on this CPU at 1.0e+10 FLOP/s (measured here)
+    2 members, 6.00e+12 training FLOPs: about 10 min at 1.0e+10 FLOP/s (measured here)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -49,6 +50,10 @@ CPU_FLOPS_PER_SECOND = 2.0e10
 """Training FLOPs per second of the byte-level LMs of ``--scale cpu`` (0.2-1M parameters) on
 the 2-core machine, measured (100 steps of a 300k-parameter member at depths 1, 4 and 8 took
 6-10 s for 1.8e11 FLOPs): the estimate before any member has finished."""
+
+MEMBER_SECONDS = 3.0
+"""A member's time besides its training steps on the 2-core machine (reading the corpus,
+building the model, the final evaluation), measured: added per member to the estimate."""
 
 GPU_FLOPS_PER_SECOND = 2.0e14
 """The sustained training throughput assumed for ``--scale paper`` on one GPU: 200 TFLOP/s,
@@ -95,13 +100,24 @@ def check_study_folder(out: Path, kind: str, config: dict[str, Any]) -> None:
 
 
 def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
-    """The settings that differ between two study files, in words."""
+    """The settings that differ between two study files, in words (nested ones dotted)."""
     if saved.get("study") != wanted["study"]:
         return f"it is a {saved.get('study')} study, not a {wanted['study']} study"
-    old, new = saved.get("config") or {}, wanted["config"]
+    old, new = _flat(saved.get("config") or {}), _flat(wanted["config"])
     names = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     shown = "; ".join(f"{k}: {old.get(k)!r:.60} there, {new.get(k)!r:.60} now" for k in names[:3])
     return shown + (f"; and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"lm": {"steps": 30}}`` as ``{"lm.steps": 30}``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def finished_row(out: Path, name: str) -> dict[str, Any] | None:
@@ -126,9 +142,11 @@ class MemberTask:
 
 
 def run_member(task: MemberTask) -> dict[str, Any]:
-    """Train one member and write its ``member.json`` (atomically, last)."""
+    """Train one member and write its ``member.json`` (atomically, last); ``seconds`` is the
+    wall-clock time of this call (a resumed member's: from its resume)."""
+    started = time.perf_counter()
     measured = task.train(task.folder, task.job)
-    row = {**task.planned, **measured}
+    row = {**task.planned, **measured, "seconds": time.perf_counter() - started}
     atomic_write_text(task.folder / MEMBER_FILE, json.dumps(row, indent=1))
     return row
 
@@ -143,9 +161,13 @@ def plan_cost(plan: pd.DataFrame, device: str = "cpu", rate: float | None = None
             f"{head}: about {hours:,.0f} GPU-hours at {GPU_FLOPS_PER_SECOND:.0e} FLOP/s per GPU "
             "(assumed: about 20% of an H100's dense bf16 peak)"
         )
-    where = "the rate measured on a 2-core machine" if rate is None else "measured here"
-    rate = CPU_FLOPS_PER_SECOND if rate is None else rate
-    return f"{head}: about {_duration(flops / rate)} on this CPU at {rate:.1e} FLOP/s ({where})"
+    if rate is None:
+        seconds = flops / CPU_FLOPS_PER_SECOND + MEMBER_SECONDS * len(plan)
+        return (
+            f"{head}: about {_duration(seconds)} on this CPU at {CPU_FLOPS_PER_SECOND:.1e} "
+            f"FLOP/s and {MEMBER_SECONDS:g} s per member (measured on a 2-core machine)"
+        )
+    return f"{head}: about {_duration(flops / rate)} at {rate:.1e} FLOP/s (measured here)"
 
 
 def _duration(seconds: float) -> str:
@@ -258,13 +280,16 @@ class _Clock:
             log(f"member {name} finished in {float(row.get('seconds', 0)):.0f} s; {left} left")
 
 
-def write_results(study: Study, build: str) -> Study:
+S = TypeVar("S", bound=Study)
+
+
+def write_results(study: S, build: str) -> S:
     """Build the result (``probekit.studies.results.<build>``), write ``OUT/summary.json``
     and ``OUT/index.html``. Without the results module, only the tables are written."""
-    try:
-        from probekit.studies import results
-    except ImportError:
-        return study
+    if importlib.util.find_spec("probekit.studies.results") is None:
+        return study  # the results module is not there: the tables only
+    from probekit.studies import results
+
     if study.members.empty:
         return study
     result = getattr(results, build)(study.members, study.meta)

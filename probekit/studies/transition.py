@@ -176,7 +176,7 @@ def width_transition(
         progress=progress,
     )
     raise_failures(study.failed, out)
-    return write_results(study, "transition_result")  # type: ignore[return-value]
+    return write_results(study, "transition_result")
 
 
 def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -241,7 +241,6 @@ def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
     return {
         "lm_val_loss": float(run.metrics.val_loss.iloc[-1]),
         "pretrain_flops": float(run.flops),
-        "seconds": float(run.metrics.seconds.iloc[-1]),
     }
 
 
