@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.errors import ConfigError
+from probekit.executor import check_executor
 from probekit.lm import finetune as _finetune
 from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
@@ -221,6 +222,7 @@ def depth_width(
         if progress:
             print_plan(plan, DRY_RUN_COLUMNS, plan_cost(plan, device=preset["device"]))
         return study
+    check_executor(executor, out if executor == "ray" else None)  # before any work
     check_study_folder(out, "depth-width", config)
     study.members, study.failed = run_members(
         out,

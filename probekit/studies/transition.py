@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from probekit.errors import ConfigError
+from probekit.executor import check_executor
 from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
 from probekit.lm.corpus import VOCAB_SIZE
@@ -164,6 +165,7 @@ def width_transition(
         if progress:
             print_plan(plan, DRY_RUN_COLUMNS, plan_cost(plan, device=preset["device"]))
         return study
+    check_executor(executor, out if executor == "ray" else None)  # before any work
     check_study_folder(out, "transition", config)
     study.members, study.failed = run_members(
         out,
