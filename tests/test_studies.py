@@ -4,6 +4,7 @@ config refused, the CLI."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -144,6 +145,9 @@ def test_a_tiny_transition_grid_runs_and_is_not_retrained(tmp_path: Path, monkey
     table = pd.read_csv(out / "members.csv")
     assert list(table.columns) == TR_COLUMNS and len(table) == 6
     assert (table.lm_val_loss > 0).all() and (table.d_mlp == 4 * table.width).all()
+    # the result's summary and page follow the tables when the results module is there
+    built = importlib.util.find_spec("probekit.studies.results") is not None
+    assert (out / "summary.json").is_file() == built == (out / "index.html").is_file()
     calls = _count_trainings(monkeypatch)
     again = tiny_transition(out)
     assert calls == [] and len(again.members) == 6
