@@ -218,3 +218,35 @@ def test_a_study_on_ray_equals_the_local_executor(tmp_path: Path) -> None:
     same = ["depth", "width", "n_params", "seed", "lm_val_loss", "pretrain_flops"]
     pd.testing.assert_frame_equal(local.members[same], remote.members[same], check_exact=True)
     assert (tmp_path / "ray" / "members" / "L3-w16-s0" / "member.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_study_resumes_without_retraining(tmp_path: Path) -> None:
+    """A real kill (SIGKILL) after the first member: the rerun keeps its member.json and
+    trains the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "t"
+    argv = [sys.executable, "-m", "probekit", "study", "transition", "--out", str(out)]
+    argv += ["--depths", "1,2,3", "--widths", "16", "--steps", "300", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    first = out / "members" / "L1-w16-s0" / "member.json"
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not first.is_file() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert first.is_file() and proc.poll() is None, "the study ended before the kill"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    written = first.stat().st_mtime_ns
+    assert not (out / "members.csv").exists()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert first.stat().st_mtime_ns == written  # the finished member was not trained again
+    assert len(pd.read_csv(out / "members.csv")) == 3

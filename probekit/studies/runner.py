@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from probekit.errors import ConfigError, ProbekitError
+from probekit.errors import ConfigError, ProbekitError, ProbekitWarning
 from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
 
@@ -285,14 +286,25 @@ S = TypeVar("S", bound=Study)
 
 def write_results(study: S, build: str) -> S:
     """Build the result (``probekit.studies.results.<build>``), write ``OUT/summary.json``
-    and ``OUT/index.html``. Without the results module, only the tables are written."""
+    and ``OUT/index.html``. Without the results module, only the tables are written; a result
+    the builder refuses (a :class:`ProbekitError`, e.g. a fit of values that do not change) is
+    a :class:`ProbekitWarning`, the tables kept."""
     if importlib.util.find_spec("probekit.studies.results") is None:
         return study  # the results module is not there: the tables only
     from probekit.studies import results
 
     if study.members.empty:
         return study
-    result = getattr(results, build)(study.members, study.meta)
+    try:
+        result = getattr(results, build)(study.members, study.meta)
+    except ProbekitError as err:  # e.g. a fit refused: the trained members are kept
+        warnings.warn(
+            f"the members of {study.out} are trained and tabled ({MEMBERS_CSV}), but their "
+            f"result could not be built: {err}",
+            ProbekitWarning,
+            stacklevel=3,
+        )
+        return study
     study.result = result
     atomic_write_text(study.out / SUMMARY_FILE, json.dumps(_json_safe(result.summary), indent=1))
     study.page = results.write_study_page(result, study.out)
