@@ -166,6 +166,16 @@ def test_from_scratch_skips_pretraining(tmp_path: Path, monkeypatch) -> None:
 
 
 # ---- the command line ---------------------------------------------------------------------------
+def test_threads_go_before_or_after_the_study_name() -> None:
+    from probekit.cli import build_parser
+
+    parser = build_parser("study")
+    after = ["study", "transition", "--out", "t", "--threads", "2"]
+    before = ["study", "--threads", "3", "transition", "--out", "t"]
+    assert parser.parse_args(after).threads == 2 and parser.parse_args(before).threads == 3
+    assert parser.parse_args(["study", "transition", "--out", "t"]).threads is None
+
+
 def test_the_cli_dry_run(capsys) -> None:
     assert main(["study", "depth-width", "--out", "s", "--scale", "paper", "--dry-run"]) == 0
     assert "GPU-hours" in capsys.readouterr().out

@@ -151,6 +151,13 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         "expected cost, and exit without training",
     )
     add_quiet(p, help="no progress bars or time estimates")
+    p.add_argument(  # also here, after the study's name (`probekit study --threads N` too)
+        "--threads",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="CPU threads for torch (default: torch's own choice; results repeat exactly only "
+        "at the same thread count)",
+    )
 
 
 __all__ = ["add_study_parser", "study_command"]
