@@ -190,6 +190,7 @@ def test_the_cli_dry_run(capsys) -> None:
         (["depth-width", "--budgets", "1000"], "exceeds the budget"),
         (["transition", "--widths", "24"], "multiple of the head width"),
         (["transition", "--address", "1.2.3.4:6379"], "--executor ray"),
+        (["transition", "--device", "tpu"], "tpu"),
     ],
 )
 def test_the_cli_refuses_bad_studies_in_one_line(tmp_path: Path, capsys, argv, words) -> None:

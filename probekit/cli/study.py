@@ -24,6 +24,7 @@ from probekit.cli.common import (
     add_executor,
     add_out,
     add_quiet,
+    check_device,
     check_executor_flags,
 )
 from probekit.cli.train_flags import parse_ints
@@ -35,6 +36,8 @@ def study_command(args: argparse.Namespace) -> int:
 
     if not args.dry_run:
         check_executor_flags(args)
+        if args.device not in (None, "auto"):
+            check_device(args.device)
     common: dict[str, Any] = dict(
         scale=args.scale,
         seeds=args.seeds,

@@ -215,7 +215,8 @@ def depth_width(
     preset = _preset(scale)
     config = _config(preset, budgets, depths, seeds, steps, finetune_steps, corpus, task)
     config["from_scratch"] = bool(from_scratch)
-    plan, jobs = _plan(config, device or ("cpu" if preset["device"] == "cpu" else "auto"))
+    device = device or ("cpu" if preset["device"] == "cpu" else "auto")
+    plan, jobs = _plan(config, device)
     out = Path(out)
     study = DepthWidthStudy(out, plan, pd.DataFrame(columns=COLUMNS), config)
     if dry_run:
@@ -232,6 +233,7 @@ def depth_width(
         COLUMNS,
         executor=executor,
         ray_address=ray_address,
+        device=device,
         progress=progress,
     )
     raise_failures(study.failed, out)

@@ -188,11 +188,13 @@ def run_members(
     *,
     executor: str = "local",
     ray_address: str | None = None,
+    device: str = "cpu",
     progress: bool = True,
 ) -> tuple[pd.DataFrame, dict[str, str]]:
     """Train the unfinished members of ``plan`` (one row each, with ``name`` and ``flops``;
     ``jobs[i]`` is row i's job) and return the members table (``columns``, finished members
-    in plan order) and the failed members' errors. Writes ``OUT/members.csv``."""
+    in plan order) and the failed members' errors. Writes ``OUT/members.csv``. ``device``:
+    what a Ray task asks for (a GPU for ``"cuda"``, or ``"auto"`` on a cluster with GPUs)."""
     check_executor(executor, out if executor == "ray" else None)
     rows: dict[str, dict[str, Any]] = {}
     todo: list[int] = []
@@ -225,6 +227,7 @@ def run_members(
         tasks,
         executor=executor,
         ray_address=ray_address,
+        device=device,
         on_done=done,
         progress=progress,
         desc="members",

@@ -158,7 +158,8 @@ def width_transition(
     }
     if not config["seeds"] or any(not isinstance(s, int) or s < 0 for s in config["seeds"]):
         raise ConfigError(f"seeds {config['seeds']} must be integers >= 0", fix="e.g. 0,1")
-    plan, jobs = _plan(config, device or ("cpu" if preset["device"] == "cpu" else "auto"))
+    device = device or ("cpu" if preset["device"] == "cpu" else "auto")
+    plan, jobs = _plan(config, device)
     out = Path(out)
     study = TransitionStudy(out, plan, pd.DataFrame(columns=COLUMNS), config)
     if dry_run:
@@ -175,6 +176,7 @@ def width_transition(
         COLUMNS,
         executor=executor,
         ray_address=ray_address,
+        device=device,
         progress=progress,
     )
     raise_failures(study.failed, out)
