@@ -4,9 +4,10 @@
 of any checkpoint probekit can load; ``probekit demo`` (:mod:`probekit.cli.demo`) trains and
 reports the two reference models; ``probekit train`` and ``probekit sweep``
 (:mod:`probekit.cli.train`, :mod:`probekit.cli.sweep`, their shared settings flags in
-:mod:`probekit.cli.train_flags`) run the anchor-function trainer. The parser style and the flags
-every subcommand shares are in :mod:`probekit.cli.common`. Every problem with the input prints
-one line (``probekit: error: ...``) and exits with status 2.
+:mod:`probekit.cli.train_flags`) run the anchor-function trainer; ``probekit study
+depth-width|transition`` (:mod:`probekit.cli.study`) runs the depth-against-width studies. The
+parser style and the flags every subcommand shares are in :mod:`probekit.cli.common`. Every
+problem with the input prints one line (``probekit: error: ...``) and exits with status 2.
 
 From a shell: ``probekit diagnose runs/anchor --out report/`` (a run folder stands for its
 checkpoint), ``probekit demo``, ``probekit train --out runs/a``, ``probekit sweep ...``.
