@@ -77,7 +77,7 @@ def test_the_model_counts_are_the_trainers(tmp_path: Path) -> None:
         (dict(budgets=[0]), "positive integers"),
         (dict(seeds=[]), "seeds"),
         (dict(scale="gpu"), "unknown scale"),
-        (dict(task="anchor"), "not supported"),
+        (dict(task="anchors"), "unknown task"),
     ],
 )
 def test_bad_studies_are_one_error_before_any_work(tmp_path: Path, kw, words) -> None:
@@ -163,6 +163,22 @@ def test_from_scratch_skips_pretraining(tmp_path: Path, monkeypatch) -> None:
     assert calls == []
     assert study.members.lm_val_loss.isna().all() and (study.members.pretrain_flops == 0).all()
     assert (study.members.finetune_flops > 0).all()
+
+
+def test_the_anchor_task_trains_each_member_from_scratch(tmp_path: Path, monkeypatch) -> None:
+    from probekit.anchor import AnchorTask
+
+    calls = _count_trainings(monkeypatch)
+    task = AnchorTask(n_train=256, n_test=64)
+    study = tiny_depth_width(tmp_path / "s", task=task, finetune_steps=4)
+    assert calls == []  # no byte-level pretraining
+    table = pd.read_csv(tmp_path / "s" / "members.csv")
+    assert list(table.columns) == DW_COLUMNS and table.depth.tolist() == [1, 2, 3]
+    assert table.lm_val_loss.isna().all() and (table.pretrain_flops == 0).all()
+    assert table.acc_seen.between(0, 1).all() and table.acc_heldout.between(0, 1).all()
+    # parameter-matched with the anchor model's own count (vocabulary 201, untied)
+    assert (abs(study.plan.n_params / 30_000 - 1) < 0.01).all()
+    assert (tmp_path / "s" / "members" / "b30000-L2-s0" / "anchor").is_dir()
 
 
 # ---- the command line ---------------------------------------------------------------------------

@@ -56,6 +56,7 @@ def study_command(args: argparse.Namespace) -> int:
             budgets=args.budgets,
             depths=args.depths,
             finetune_steps=args.finetune_steps,
+            task="anchor" if args.task == "anchor" else None,
             from_scratch=args.from_scratch,
             **common,
         )
@@ -95,6 +96,14 @@ def add_study_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_depths(dw)
     dw.add_argument("--finetune-steps", type=int, default=None, help="fine-tuning steps per member")
+    dw.add_argument(
+        "--task",
+        choices=["composition", "anchor"],
+        default="composition",
+        help="what the members are fine-tuned on: the composition task (Petty-style "
+        "compositions of primitive operations), or the anchor-function task (trained on from "
+        "scratch: its tokens are not bytes)",
+    )
     dw.add_argument(
         "--from-scratch",
         action="store_true",

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from probekit.anchor import AnchorTask, TrainConfig
 from probekit.errors import ConfigError
 from probekit.executor import check_executor
 from probekit.lm import finetune as _finetune
@@ -46,6 +47,7 @@ from probekit.studies.runner import (
 )
 from probekit.tasks.compositions import CompositionTask
 from probekit.training.families import depth_family
+from probekit.training.models import ModelConfig
 
 COLUMNS = [
     "budget",
@@ -149,9 +151,9 @@ def _depths_per_budget(
     return out
 
 
-def _check_widths(budget: int, depths: Sequence[int], n_heads: int, seq_len: int) -> None:
-    """Refuse a depth whose width (a multiple of the heads) would round to 0."""
-    emb = VOCAB_SIZE + seq_len  # tied embeddings and the positions
+def _check_widths(budget: int, depths: Sequence[int], n_heads: int, emb: int) -> None:
+    """Refuse a depth whose width (a multiple of the heads) would round to 0 (``emb``: the
+    embedding parameters per unit of width)."""
     for depth in depths:
         a, b = 12 * depth, emb + 13 * depth + 2
         exact = (-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a)
@@ -164,20 +166,27 @@ def _check_widths(budget: int, depths: Sequence[int], n_heads: int, seq_len: int
 
 
 def family_table(
-    budgets: Sequence[int], depths: Mapping[int, Sequence[int]], n_heads: int, seq_len: int
+    budgets: Sequence[int],
+    depths: Mapping[int, Sequence[int]],
+    n_heads: int,
+    seq_len: int,
+    vocab_size: int = VOCAB_SIZE,
+    tie_embeddings: bool = True,
 ) -> pd.DataFrame:
-    """The members' shapes: one row per budget x depth (exact parameter counts, within 1%)."""
+    """The members' shapes: one row per budget x depth (exact parameter counts, within 1%;
+    by default the byte-level LM's: vocabulary 259, tied embeddings)."""
     frames = []
+    emb = vocab_size * (1 if tie_embeddings else 2) + seq_len
     for budget in budgets:
-        _check_widths(budget, depths[budget], n_heads, seq_len)
+        _check_widths(budget, depths[budget], n_heads, emb)
         fam = depth_family(
             budget,
             depths[budget],
             style=STYLE,
             n_heads=n_heads,
-            vocab_size=VOCAB_SIZE,
+            vocab_size=vocab_size,
             n_positions=seq_len,
-            tie_embeddings=True,
+            tie_embeddings=tie_embeddings,
         )
         frames.append(fam.df.assign(budget=int(budget)))
     df = pd.concat(frames, ignore_index=True)
@@ -214,7 +223,8 @@ def depth_width(
     """
     preset = _preset(scale)
     config = _config(preset, budgets, depths, seeds, steps, finetune_steps, corpus, task)
-    config["from_scratch"] = bool(from_scratch)
+    # the anchor task's tokens are not bytes: its members train on it from scratch
+    config["from_scratch"] = bool(from_scratch) or config["task_kind"] == "anchor"
     device = device or ("cpu" if preset["device"] == "cpu" else "auto")
     plan, jobs = _plan(config, device)
     out = Path(out)
@@ -264,6 +274,7 @@ def _config(
     finetune = dict(preset["finetune"])
     if finetune_steps is not None:
         finetune["steps"] = finetune_steps
+    the_task = _task(task, preset)
     return {
         "budgets": budgets,
         "depths": {str(b): d for b, d in per_budget.items()},
@@ -273,21 +284,27 @@ def _config(
         "lm_extra": dict(preset.get("lm_extra", {})),
         "tokens_per_parameter": preset.get("tokens_per_parameter"),
         "finetune": finetune,
-        "task": _task(task, preset).to_dict(),
+        "task": the_task.to_dict(),
+        "task_kind": "anchor" if isinstance(the_task, AnchorTask) else "composition",
         "corpus": corpus,
     }
 
 
-def _task(task: CompositionTask | str | None, preset: dict[str, Any]) -> CompositionTask:
+def _task(
+    task: CompositionTask | AnchorTask | str | None, preset: dict[str, Any]
+) -> CompositionTask | AnchorTask:
     if task is None:
         task = CompositionTask(**preset["task"])
     if isinstance(task, str):
+        if task != "anchor":
+            raise ConfigError(
+                f"unknown task {task!r}", fix="pass a CompositionTask, an AnchorTask or 'anchor'"
+            )
+        task = AnchorTask()
+    if not isinstance(task, CompositionTask | AnchorTask):
         raise ConfigError(
-            f"task {task!r} is not supported by the depth-width study yet",
-            fix="pass a CompositionTask (the anchor-function task is not a byte-level task)",
+            f"task {task!r:.60} is not a CompositionTask or an AnchorTask", fix="pass one"
         )
-    if not isinstance(task, CompositionTask):
-        raise ConfigError(f"task {task!r:.60} is not a CompositionTask", fix="pass one")
     task.validate()
     return task
 
@@ -296,6 +313,8 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
     """One planned row and one job per member; the runs' settings are checked here."""
     lm = config["lm"]
     depths = {int(b): d for b, d in config["depths"].items()}
+    if config["task_kind"] == "anchor":
+        return _anchor_plan(config, depths, device)
     shapes = family_table(config["budgets"], depths, lm["n_heads"], lm["seq_len"])
     task = CompositionTask.from_dict(config["task"])
     rows, jobs = [], []
@@ -310,13 +329,7 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
             pretrain_flops, finetune_flops = 6.0 * n * tokens, 6.0 * n * ft_tokens
             row: dict[str, Any] = {
                 "name": f"b{shape.budget}-L{shape.depth}-s{seed}",
-                "budget": int(shape.budget),
-                "depth": int(shape.depth),
-                "d_model": int(shape.d_model),
-                "d_mlp": int(shape.d_mlp),
-                "n_heads": int(shape.n_heads),
-                "n_params": n,
-                "seed": int(seed),
+                **_shape_row(shape, seed),
                 "tokens": tokens,
                 "pretrain_flops": pretrain_flops,
                 "finetune_flops": finetune_flops,
@@ -332,6 +345,75 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
                 }
             )
     return pd.DataFrame(rows), jobs
+
+
+def _anchor_plan(
+    config: dict[str, Any], depths: dict[int, list[int]], device: str
+) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The plan on the anchor-function task: each member trained on it from scratch with the
+    anchor trainer (its vocabulary and positions, untied embeddings), the fine-tuning
+    settings as its run settings."""
+    task = AnchorTask.from_dict(config["task"])
+    base = ModelConfig(vocab_size=task.vocab_size, n_positions=task.seq_len)
+    shapes = family_table(
+        config["budgets"],
+        depths,
+        config["lm"]["n_heads"],
+        base.n_positions,
+        vocab_size=base.vocab_size,
+        tie_embeddings=False,
+    )
+    ft = config["finetune"]
+    rows, jobs = [], []
+    for shape in shapes.itertuples():
+        model = replace(
+            base,
+            n_layers=int(shape.depth),
+            d_model=int(shape.d_model),
+            d_mlp=int(shape.d_mlp),
+            n_heads=int(shape.n_heads),
+        )
+        for seed in config["seeds"]:
+            every = min(ft["eval_every"], ft["steps"])
+            run = TrainConfig(
+                model=model,
+                task=task,
+                steps=ft["steps"],
+                batch_size=ft["batch_size"],
+                lr=ft["lr"],
+                eval_every=every,
+                checkpoint_every=every,
+                seed=int(seed),
+                device=device,
+            )
+            run.validate()
+            n = int(shape.n_params)
+            flops = 6.0 * n * run.steps * run.batch_size * task.seq_len
+            rows.append(
+                {
+                    "name": f"b{shape.budget}-L{shape.depth}-s{seed}",
+                    **_shape_row(shape, seed),
+                    "tokens": 0,
+                    "pretrain_flops": 0.0,
+                    "finetune_flops": flops,
+                    "flops": flops,
+                }
+            )
+            jobs.append({"anchor": run.to_dict()})
+    return pd.DataFrame(rows), jobs
+
+
+def _shape_row(shape: Any, seed: int) -> dict[str, Any]:
+    """A member's shape, as JSON types."""
+    return {
+        "budget": int(shape.budget),
+        "depth": int(shape.depth),
+        "d_model": int(shape.d_model),
+        "d_mlp": int(shape.d_mlp),
+        "n_heads": int(shape.n_heads),
+        "n_params": int(shape.n_params),
+        "seed": int(seed),
+    }
 
 
 def _run_configs(
@@ -374,6 +456,8 @@ def _run_configs(
 
 def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
     """Pretrain (unless from scratch), fine-tune and score one member in ``folder``."""
+    if "anchor" in job:
+        return _train_anchor_member(folder, job["anchor"])
     lm_cfg = LMConfig(**job["lm"])
     ft = dict(job["finetune"])
     ft_cfg = FinetuneConfig(**{**ft, "task": CompositionTask.from_dict(ft["task"])})
@@ -394,6 +478,24 @@ def train_member(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
         "acc_heldout": float(summary["heldout_accuracy"]),
         "pretrain_flops": pretrain_flops,
         "finetune_flops": float(run.flops),
+    }
+
+
+def _train_anchor_member(folder: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Train one member on the anchor-function task from scratch: ``acc_seen`` is the test
+    data's accuracy (seen anchor pairs, unseen keys), ``acc_heldout`` the share of the
+    held-out pair answered by composing its anchors (the inferential solution)."""
+    from probekit.anchor import training as anchor_training
+
+    cfg = TrainConfig.from_dict(settings)
+    run = anchor_training.train(cfg, folder / "anchor", progress=False)
+    final = run.final
+    return {
+        "lm_val_loss": math.nan,
+        "lm_perplexity": math.nan,
+        "acc_seen": float(final["test_data_acc"]),
+        "acc_heldout": float(final["test_task_inferential"]),
+        "pretrain_flops": 0.0,
     }
 
 
