@@ -203,7 +203,7 @@ def depth_width(
     steps: int | None = None,
     finetune_steps: int | None = None,
     corpus: str | None = None,
-    task: CompositionTask | str | None = None,
+    task: CompositionTask | AnchorTask | str | None = None,
     from_scratch: bool = False,
     executor: str = "local",
     ray_address: str | None = None,
@@ -215,6 +215,8 @@ def depth_width(
     parameter-matched byte-level GPT-2 pretrained on the corpus (``corpus``: a folder of
     ``.py`` files, default the standard library), fine-tuned on ``task`` (default the
     composition task with the scale's inputs; ``from_scratch``: no pretraining), scored.
+    ``task="anchor"`` (or an :class:`~probekit.anchor.AnchorTask`): each member is trained on
+    the anchor-function task from scratch instead (the second choice).
 
     ``scale``: ``"cpu"``, ``"paper"`` (never trained here: its ``dry_run`` prints the cost)
     or None; the other arguments override the scale's settings. ``steps``: pretraining steps,
@@ -258,7 +260,7 @@ def _config(
     steps: int | None,
     finetune_steps: int | None,
     corpus: str | None,
-    task: CompositionTask | str | None,
+    task: CompositionTask | AnchorTask | str | None,
 ) -> dict[str, Any]:
     """The study's settings as JSON types (what ``study.json`` holds), checked."""
     budgets = list(preset["budgets"] if budgets is None else budgets)
