@@ -708,8 +708,8 @@ FIGURES.update(
             "y_accuracy": "accuracy (%)",
             "y_perplexity": "LM validation perplexity",
             "budget": "budget {budget} parameters",
-            "fit": "fit, budget {budget}: {words}",
-            "no_fit": "no fit, budget {budget}: {reason}",
+            "fit": "fit of {what}: {words}",
+            "no_fit": "no fit of {what}: {reason}",
             "equal_perplexity": "Held-out accuracy against LM validation loss, coloured by "
             "depth: {words}",
             "loss": "LM validation loss (nats per token)",

@@ -179,7 +179,7 @@ def test_a_failed_fit_is_recorded_with_its_reason_not_a_number():
     assert entry["l_star_holds"] is None and "not checked" in entry["l_star_sentence"]
     assert any("no fit" in s for s in result.summary["sentences"])
     fig = result.figure()
-    lines = [t for t in fig.data if t.mode == "lines" and t.xaxis == "x"]
+    lines = [t for t in fig.data if t.mode == "lines" and t.fill != "toself" and t.xaxis == "x"]
     assert lines and all(tuple(t.x) == (None,) for t in lines)  # the reason in the legend, no line
     assert any("no fit" in t.name for t in lines)
 
@@ -216,7 +216,7 @@ def test_several_budgets_get_their_own_fit_colour_and_intercept():
     fig = result.figure()
     names = [t.name for t in fig.data if t.showlegend is not False and t.name]
     assert "budget 1.0M parameters" in names and "budget 4.0M parameters" in names
-    colors = {t.marker.color for t in fig.data if t.mode == "markers"}
+    colors = {t.line.color for t in fig.data if t.mode == "markers"}
     assert len(colors) == 2
 
 
@@ -307,8 +307,11 @@ def test_the_figures_have_integer_depth_axes_words_and_a_log_size_axis(saturatin
     titles = [a.text for a in depth.layout.annotations]
     words = FIGURES["depth_width_study"]
     assert titles == [words["heldout"], words["seen"], words["perplexity"]]
-    fits = [t.name for t in depth.data if t.mode == "lines"]
-    assert fits and all(n.startswith("fit, budget 1.0M: a − b·exp(−L/c)") for n in fits)
+    fits = [
+        t.name.replace("<br>", " ") for t in depth.data if t.mode == "lines" and t.fill != "toself"
+    ]
+    assert fits and all(n.startswith("fit of ") and "a − b·exp(−L/c)" in n for n in fits)
+    assert any(n.startswith("fit of held-out combinations, budget 1.0M:") for n in fits)
     assert any("points from depth" in n for n in fits)
     bands = [t for t in depth.data if t.fill == "toself"]
     assert len(bands) == 3

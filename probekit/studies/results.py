@@ -446,6 +446,7 @@ def _band(x: Any, low: Any, high: Any, color: str, group: str) -> go.Scatter:
     return go.Scatter(
         x=xs,
         y=ys,
+        mode="lines",
         fill="toself",
         fillcolor=_faint(color),
         line={"width": 0},
@@ -519,7 +520,8 @@ class DepthWidthResult(Result):
                     go.Scatter(
                         x=part.depth,
                         y=scale * part["mean"],
-                        mode="markers",
+                        mode="markers" if measure.startswith("acc") else "lines+markers",
+                        line={"color": color},
                         marker={"color": color, "size": 8},
                         name=label,
                         legendgroup=label,
@@ -531,7 +533,9 @@ class DepthWidthResult(Result):
                 fits = {"acc_heldout": "saturation", "acc_seen": "seen_saturation"}
                 if measure in fits:
                     entry = self.summary[fits[measure]][_key(budget)]
-                    fig.add_trace(self._fit_trace(entry, budget, color, deepest), row=1, col=col)
+                    what = figure_words(words, panels[col - 1][1])
+                    trace = self._fit_trace(entry, f"{what}, budget {size_words(budget)}", color)
+                    fig.add_trace(trace, row=1, col=col)
         for col in (1, 2, 3):
             fig.update_xaxes(title_text=SETTINGS["depth"], rangemode="tozero", row=1, col=col)
             figures.integer_axis(fig, "x", n=deepest + 1, row=1, col=col)
@@ -541,41 +545,33 @@ class DepthWidthResult(Result):
         level = f"{100 * float(self.summary.get('level', 0.95)):g}%"
         return figures.base_layout(fig, figure_words(words, level=level), width=1200, height=480)
 
-    def _fit_trace(
-        self, entry: dict[str, Any], budget: float, color: str, deepest: int
-    ) -> go.Scatter:
-        """The fit's line with its numbers in the legend, or (failed fit) a legend entry with
-        the reason and no line."""
-        budget_words = size_words(float(budget))
+    def _fit_trace(self, entry: dict[str, Any], what: str, color: str) -> go.Scatter:
+        """The fit's line over the depths measured with its numbers in the legend, or (a failed
+        fit) a legend entry with the reason and no line."""
         if entry.get("reason"):
+            name = figure_words("depth_width_study", "no_fit", what=what, reason=entry["reason"])
             return go.Scatter(
                 x=[None],
                 y=[None],
                 mode="lines",
                 line={"color": color, "dash": "dot"},
-                name=figures.wrap(
-                    figure_words(
-                        "depth_width_study", "no_fit", budget=budget_words, reason=entry["reason"]
-                    ),
-                    110,
-                ),
+                name=figures.wrap(name, 110),
             )
-        depths = np.linspace(min(1.0, float(self.df.depth.min())), deepest, 200)
-        sat = _estimate(entry, "saturation_depth")
+        depths = np.linspace(float(self.df.depth.min()), float(self.df.depth.max()), 200)
         if entry["form"] == "exp":
             head = f"a − b·exp(−L/c), saturates at {_span(_estimate(entry, 'a'))}%"
         else:
             head = "a + b·ln L, no asymptote"
         text = (
             f"{head}; one more layer adds < {100 * self.summary['threshold']:g} points from depth "
-            f"{_span(sat)}; R² = {entry['r2']:.3f}"
+            f"{_span(_estimate(entry, 'saturation_depth'))}; R² = {entry['r2']:.3f}"
         )
         return go.Scatter(
             x=depths,
             y=_fit_line(entry, depths),
             mode="lines",
             line={"color": color},
-            name=figure_words("depth_width_study", "fit", budget=budget_words, words=text),
+            name=figures.wrap(figure_words("depth_width_study", "fit", what=what, words=text), 130),
         )
 
     def _equal_perplexity_figure(self) -> go.Figure:
