@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probekit.errors import InputError
+from probekit.errors import ConfigError, InputError
 from probekit.result import Result
 from probekit.studies import (
     DepthWidthResult,
@@ -395,6 +395,9 @@ def test_bad_depth_width_tables_are_refused_naming_the_problem():
     with pytest.raises(InputError, match="not a pandas DataFrame"):
         depth_width_result(good.to_dict())
     assert set(DEPTH_WIDTH_COLUMNS) == set(good.columns)
+    for meta in ({"threshold": 5}, {"n_boot": 3}, {"level": 95}, {"seed": -1}):
+        with pytest.raises(ConfigError, match=next(iter(meta))):
+            depth_width_result(good, meta)
 
 
 def test_bad_transition_tables_are_refused_naming_the_problem():

@@ -49,9 +49,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probekit import figures
-from probekit.errors import InputError, NumericalError
+from probekit.errors import ConfigError, InputError, NumericalError
 from probekit.result import Result, json_ready
 from probekit.studies.fits import (
+    MIN_BOOT,
     PARAMETERS,
     Estimate,
     _curve,
@@ -122,9 +123,29 @@ def _key(budget: float) -> str:
 
 
 def _settings(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """:data:`DEFAULTS` updated by ``meta``, checked (:class:`~probekit.errors.ConfigError`)."""
     if meta is not None and not isinstance(meta, dict):
         raise InputError(f"meta is a {type(meta).__name__}, not a dict", fix="pass a dict or {}")
-    return {**DEFAULTS, **(meta or {})}
+    settings = {**DEFAULTS, **(meta or {})}
+    threshold, level = settings["threshold"], settings["level"]
+    if not _real(threshold) or not 0 < threshold < 1:
+        raise ConfigError(
+            f"threshold = {threshold!r} is not a fraction of accuracy in (0, 1)",
+            fix="pass e.g. 0.005 (half a point)",
+        )
+    if not _real(level) or not 0 < level < 1:
+        raise ConfigError(f"level = {level!r} is not in (0, 1)", fix="pass e.g. 0.95")
+    for name, low in (("n_boot", MIN_BOOT), ("seed", 0)):
+        value = settings[name]
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise ConfigError(
+                f"{name} = {value!r} is not an integer >= {low}", fix=f"pass {name} >= {low}"
+            )
+    return settings
+
+
+def _real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def _checked_table(
@@ -155,7 +176,8 @@ def _checked_table(
                 f"value(s), first at depth {row['depth']}, seed {row['seed']}",
                 fix="rerun or drop the failed members before building the result",
             )
-        table[column] = values
+        if not pd.api.types.is_integer_dtype(table[column]):  # whole numbers stay whole
+            table[column] = values
     depths = table["depth"].to_numpy()
     if (depths < 1).any() or not np.all(depths == np.round(depths)):
         raise InputError(
@@ -402,13 +424,14 @@ def depth_width_result(
     table = _checked_table(
         members,
         DEPTH_WIDTH_COLUMNS,
-        ("budget", "depth", "lm_val_loss", "lm_perplexity", "acc_seen", "acc_heldout"),
+        ("budget", "depth", "seed", "lm_val_loss", "lm_perplexity", "acc_seen", "acc_heldout"),
         "depth-width",
     )
     _check_accuracies(table)
     _check_duplicates(table, ["budget", "depth", "seed"], "depth-width")
     _check_depth_counts(table, "budget", "depth-width members table")
     saturation, seen, sentences = {}, {}, []
+    budgets = sorted(table.budget.unique().tolist())
     for budget, part in table.groupby("budget", sort=True):
         name = f"budget {size_words(float(budget))}: held-out accuracy"
         entry = _saturation_entry(part, "acc_heldout", settings, name)
@@ -422,7 +445,7 @@ def depth_width_result(
     summary = {
         "n_members": len(table),
         "n_seeds": int(table.seed.nunique()),
-        "budgets": [float(b) for b in sorted(table.budget.unique())],
+        "budgets": [int(b) if float(b).is_integer() else float(b) for b in budgets],
         "threshold": float(settings["threshold"]),
         "level": float(settings["level"]),
         "sentences": [*sentences, equal["sentence"]],
@@ -775,7 +798,7 @@ def transition_result(
     table = _checked_table(
         members,
         TRANSITION_COLUMNS,
-        ("depth", "width", "n_params", "lm_val_loss"),
+        ("depth", "width", "n_params", "seed", "lm_val_loss"),
         "transition",
     )
     _check_duplicates(table, ["depth", "width", "seed"], "transition")
