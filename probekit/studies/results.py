@@ -702,7 +702,7 @@ def _pair_sentence(row: Any) -> str:
     if row.reason:
         return f"{pair}: no transition ({row.reason})"
     where = "above" if row.deeper_better == "above" else "below"
-    spread = "" if not math.isfinite(row.sigma) else f" ± {row.sigma:.2f}"
+    spread = "" if not math.isfinite(row.sigma) else f" ± {_number(row.sigma)}"
     return (
         f"{pair}: the deeper model is better {where} {size_words(row.n_params)} parameters, "
         f"where its width is {row.width:.0f} (ln width {row.log_width:.2f}{spread})"
