@@ -701,7 +701,9 @@ FIGURES.update(
     {
         "depth_width_study": {
             "title": "Depth at a fixed parameter budget: accuracy and perplexity against depth "
-            "(mean over seeds, {level} bootstrap bands over seeds)",
+            "({bands})",
+            "bands": "mean over {n} seeds, {level} bootstrap bands over seeds",
+            "one_seed": "one seed: no interval",
             "heldout": "held-out combinations",
             "seen": "seen combinations",
             "perplexity": "language modelling",
@@ -717,8 +719,7 @@ FIGURES.update(
             "at_depth": "regression at depth {depth}, budget {budget}",
         },
         "transition_study": {
-            "title": "LM validation loss against parameter count, one line per depth (mean over "
-            "seeds, {level} bootstrap bands over seeds)",
+            "title": "LM validation loss against parameter count, one line per depth ({bands})",
             "x": "parameters (count, log scale)",
             "y": "LM validation loss (nats per token)",
             "depth": "depth {depth} layers",

@@ -412,3 +412,15 @@ def test_bad_transition_tables_are_refused_naming_the_problem():
         transition_result(bad)
     with pytest.raises(InputError, match="page takes a study result"):
         write_study_page(good, "/tmp/nowhere")  # type: ignore[arg-type]
+
+
+def test_one_seed_gives_fits_without_bands_and_says_so():
+    result = depth_width_result(petty_members(seeds=1, depth_effect=None), BOOT)
+    entry = result.summary["saturation"]["1000000"]
+    assert entry["reason"] == "" and entry["bootstrap"] == "residuals"
+    assert result.depth_summary()[["low", "high"]].isna().all().all()
+    assert "one seed: no interval" in result.figure().layout.title.text
+    levine = transition_result(levine_members(seeds=1), BOOT)
+    fit = levine.summary["transition_fit"]
+    assert fit["weighted"] is False and fit["reduced_chi2"] is None
+    assert "reduced χ² not defined" in fit["sentence"]

@@ -479,6 +479,15 @@ def _band(x: Any, low: Any, high: Any, color: str, group: str) -> go.Scatter:
     )
 
 
+def _bands(result: Result) -> str:
+    """What a figure's points and bands are, in words (one seed has no interval)."""
+    n = int(result.df.seed.nunique())
+    if n < 2:
+        return figure_words("depth_width_study", "one_seed")
+    level = f"{100 * float(result.summary.get('level', 0.95)):g}%"
+    return figure_words("depth_width_study", "bands", n=n, level=level)
+
+
 def _faint(color: str, alpha: float = 0.18) -> str:
     red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({red},{green},{blue},{alpha})"
@@ -565,8 +574,8 @@ class DepthWidthResult(Result):
         fig.update_yaxes(title_text=figure_words(words, "y_accuracy"), row=1, col=1)
         fig.update_yaxes(title_text=figure_words(words, "y_accuracy"), row=1, col=2)
         fig.update_yaxes(title_text=figure_words(words, "y_perplexity"), row=1, col=3)
-        level = f"{100 * float(self.summary.get('level', 0.95)):g}%"
-        return figures.base_layout(fig, figure_words(words, level=level), width=1200, height=480)
+        title = figure_words(words, bands=_bands(self))
+        return figures.base_layout(fig, title, width=1200, height=480)
 
     def _fit_trace(self, entry: dict[str, Any], what: str, color: str) -> go.Scatter:
         """The fit's line over the depths measured with its numbers in the legend, or (a failed
@@ -893,10 +902,9 @@ class TransitionResult(Result):
             crossed = crossed[crossed.reason == ""]
         if len(crossed):
             fig.add_trace(self._transition_points(crossed, aggregates))
-        level = f"{100 * float(self.summary.get('level', 0.95)):g}%"
         fig = figures.base_layout(
             fig,
-            figure_words(words, level=level),
+            figure_words(words, bands=_bands(self)),
             figure_words(words, "x"),
             figure_words(words, "y"),
             width=1000,
