@@ -424,3 +424,13 @@ def test_one_seed_gives_fits_without_bands_and_says_so():
     fit = levine.summary["transition_fit"]
     assert fit["weighted"] is False and fit["reduced_chi2"] is None
     assert "reduced χ² not defined" in fit["sentence"]
+
+
+def test_a_caller_s_configuration_is_kept_as_meta_and_saves(tmp_path):
+    from pathlib import Path
+
+    meta = {"budgets": [1_000_000], "depths": {1_000_000: [1, 2]}, "corpus": Path("/x"), **BOOT}
+    result = depth_width_result(petty_members(seeds=2, depth_effect=None), meta)
+    assert result.meta["corpus"] == "/x" and result.meta["depths"] == {"1000000": [1, 2]}
+    assert result.meta["threshold"] == 0.005 and result.meta["n_boot"] == 200
+    assert Result.load(result.save(tmp_path / "r.json")).meta == result.meta

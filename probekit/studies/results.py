@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from collections.abc import Callable
@@ -142,6 +143,12 @@ def _settings(meta: dict[str, Any] | None) -> dict[str, Any]:
                 f"{name} = {value!r} is not an integer >= {low}", fix=f"pass {name} >= {low}"
             )
     return settings
+
+
+def _meta(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings as the result's ``meta``: JSON values (anything else as its text), so the
+    result saves whatever the caller's configuration holds."""
+    return json.loads(json.dumps(json_ready(settings), default=str))
 
 
 def _real(value: Any) -> bool:
@@ -453,7 +460,7 @@ def depth_width_result(
         "seen_saturation": seen,
         "equal_perplexity": equal,
     }
-    return DepthWidthResult(table, json_ready(summary), json_ready(settings))
+    return DepthWidthResult(table, json_ready(summary), _meta(settings))
 
 
 def _fit_line(entry: dict[str, Any], depths: np.ndarray) -> np.ndarray:
@@ -836,7 +843,7 @@ def transition_result(
         "transition_fit": entry,
         "optimal_depths": optimal,
     }
-    return TransitionResult(table, json_ready(summary), json_ready(settings))
+    return TransitionResult(table, json_ready(summary), _meta(settings))
 
 
 class TransitionResult(Result):
