@@ -434,3 +434,11 @@ def test_a_caller_s_configuration_is_kept_as_meta_and_saves(tmp_path):
     assert result.meta["corpus"] == "/x" and result.meta["depths"] == {"1000000": [1, 2]}
     assert result.meta["threshold"] == 0.005 and result.meta["n_boot"] == 200
     assert Result.load(result.save(tmp_path / "r.json")).meta == result.meta
+
+
+def test_a_table_of_objects_reads_as_numbers_with_whole_counts():
+    members = petty_members(seeds=2, depth_effect=None).astype(object)
+    result = depth_width_result(members, BOOT)
+    assert result.df.depth.dtype == np.int64 and result.df.budget.dtype == np.int64
+    assert result.df.acc_heldout.dtype == float
+    assert result.depth_summary().depth.dtype == np.int64

@@ -77,6 +77,9 @@ TRANSITION_COLUMNS = (
 )  # fmt: skip
 """The columns of a transition (Levine) members table, one row per member."""
 
+WHOLE = ("budget", "depth", "seed", "width", "n_params")
+"""Columns of counts, kept as integers when every value is whole (e.g. from an object column)."""
+
 MEASURES = ("acc_heldout", "acc_seen", "lm_perplexity", "lm_val_loss")
 """What :meth:`DepthWidthResult.depth_summary` aggregates per budget and depth."""
 
@@ -183,8 +186,10 @@ def _checked_table(
                 f"value(s), first at depth {row['depth']}, seed {row['seed']}",
                 fix="rerun or drop the failed members before building the result",
             )
-        if not pd.api.types.is_integer_dtype(table[column]):  # whole numbers stay whole
-            table[column] = values
+        if pd.api.types.is_integer_dtype(table[column]):
+            continue
+        whole = column in WHOLE and bool(np.all(values == np.round(values)))
+        table[column] = values.astype(np.int64) if whole else values  # counts stay whole
     depths = table["depth"].to_numpy()
     if (depths < 1).any() or not np.all(depths == np.round(depths)):
         raise InputError(
