@@ -442,3 +442,20 @@ def test_a_table_of_objects_reads_as_numbers_with_whole_counts():
     assert result.df.depth.dtype == np.int64 and result.df.budget.dtype == np.int64
     assert result.df.acc_heldout.dtype == float
     assert result.depth_summary().depth.dtype == np.int64
+
+
+def test_members_trained_from_scratch_have_no_perplexity_and_say_so(tmp_path):
+    members = petty_members(seeds=2, depth_effect=None)
+    members[["lm_val_loss", "lm_perplexity"]] = math.nan  # no pretraining
+    result = depth_width_result(members, BOOT)
+    entry = result.summary["equal_perplexity"]
+    assert entry["deeper_better"] is None and "from scratch" in entry["reason"]
+    assert result.summary["saturation"]["1000000"]["reason"] == ""
+    assert set(result.depth_summary().measure) == {"acc_heldout", "acc_seen"}
+    title = result.figure("equal_perplexity").layout.title.text.replace("<br>", " ")
+    assert "equal perplexity: not measured" in title
+    write_study_page(result, tmp_path)
+    partly = petty_members(seeds=2, depth_effect=None)
+    partly.loc[0, "lm_val_loss"] = math.nan
+    with pytest.raises(InputError, match="'lm_val_loss'"):
+        depth_width_result(partly, BOOT)

@@ -332,6 +332,29 @@ def _l_star_check(budget: float, part: pd.DataFrame, entry: dict[str, Any]) -> d
     return check
 
 
+LM_MEASURES = ("lm_val_loss", "lm_perplexity")
+"""The language model's scores of a member: missing in every row when the members were trained
+on the task from scratch (no pretraining)."""
+
+
+def _pretrained(members: Any) -> bool:
+    """Whether the members were pretrained: not every LM score is missing (a table without the
+    columns is refused later, naming them)."""
+    if not isinstance(members, pd.DataFrame) or not set(LM_MEASURES) <= set(members.columns):
+        return True
+    scores = members.loc[:, list(LM_MEASURES)].apply(pd.to_numeric, errors="coerce")
+    return not scores.isna().all().all()
+
+
+def _not_pretrained() -> dict[str, Any]:
+    reason = (
+        "no language model was pretrained (the members were trained on the task from scratch): "
+        "there is no perplexity to hold equal"
+    )
+    sentence = f"held-out accuracy at equal perplexity: not measured ({reason})"
+    return {"reason": reason, "deeper_better": None, "sentence": sentence}
+
+
 def _design(table: pd.DataFrame, budgets: list[float]) -> np.ndarray:
     """Columns: depth, LM validation loss, one intercept per budget."""
     ones = [(table.budget.to_numpy() == b).astype(float) for b in budgets]
@@ -433,10 +456,18 @@ def depth_width_result(
     depths at a budget, repeated members. A fit that fails is recorded with its ``reason``.
     """
     settings = _settings(meta)
+    pretrained = _pretrained(members)
     table = _checked_table(
         members,
         DEPTH_WIDTH_COLUMNS,
-        ("budget", "depth", "seed", "lm_val_loss", "lm_perplexity", "acc_seen", "acc_heldout"),
+        (
+            "budget",
+            "depth",
+            "seed",
+            "acc_seen",
+            "acc_heldout",
+            *(LM_MEASURES if pretrained else ()),
+        ),
         "depth-width",
     )
     _check_accuracies(table)
@@ -453,7 +484,7 @@ def depth_width_result(
             part, "acc_seen", settings, f"budget {size_words(float(budget))}: seen accuracy"
         )
         sentences += [entry["sentence"], entry["l_star_sentence"], seen[_key(budget)]["sentence"]]
-    equal = _equal_perplexity(table, settings)
+    equal = _equal_perplexity(table, settings) if pretrained else _not_pretrained()
     summary = {
         "n_members": len(table),
         "n_seeds": int(table.seed.nunique()),
@@ -519,7 +550,8 @@ class DepthWidthResult(Result):
     def depth_summary(self) -> pd.DataFrame:
         """One row per budget, depth and measure (:data:`MEASURES`): ``n_seeds``, ``mean``,
         ``low``, ``high`` (the bootstrap interval of the mean over seeds)."""
-        return _aggregate(self.df, ["budget", "depth"], MEASURES, _settings(self.meta))
+        measured = tuple(m for m in MEASURES if self.df[m].notna().any())
+        return _aggregate(self.df, ["budget", "depth"], measured, _settings(self.meta))
 
     def figure(self, which: str = "depth") -> go.Figure:
         """``"depth"``: held-out and seen accuracy (%) and LM perplexity against depth, one
