@@ -177,6 +177,9 @@ def test_a_failed_fit_is_recorded_with_its_reason_not_a_number():
     entry = result.summary["saturation"]["1000000"]
     assert entry["reason"] and "saturation_depth" not in entry
     assert entry["l_star_holds"] is None and "not checked" in entry["l_star_sentence"]
+    assert entry["best_depth"] is None and "no depth is best" in entry["l_star_sentence"]
+    equal = result.summary["equal_perplexity"]
+    assert equal["deeper_better"] is None and "nothing to regress" in equal["reason"]
     assert any("no fit" in s for s in result.summary["sentences"])
     fig = result.figure()
     lines = [t for t in fig.data if t.mode == "lines" and t.fill != "toself" and t.xaxis == "x"]
@@ -271,7 +274,10 @@ def test_pairs_that_do_not_cross_keep_their_reason_and_the_fit_says_why():
     members = members[members.depth <= 6]  # 3 depths: 2 transitions, no line with an error
     result = transition_result(members, BOOT)
     fit = result.summary["transition_fit"]
-    assert fit["reason"] and "at least 3" in fit["reason"] and "slope" not in fit
+    assert fit["reason"] == (
+        "2 of 2 pairs of adjacent depths crossed: a line with an error needs at least 3 transitions"
+    )
+    assert "slope" not in fit
     assert any("no fit" in s for s in result.summary["sentences"])
     assert all(row["reason"] for row in result.summary["optimal_depths"])
     fig = result.figure("transition")

@@ -302,12 +302,17 @@ def _l_star_check(budget: float, part: pd.DataFrame, entry: dict[str, Any]) -> d
     """L* = (2/3) log2(budget) beside the fitted saturation depth and the best measured depth,
     and whether the claim holds: L* inside the saturation depth's interval."""
     means = part.groupby("depth").acc_heldout.mean()
-    best = int(means.idxmax())
+    tied = bool(means.max() == means.min())
+    best = None if tied else int(means.idxmax())
     claim = l_star(budget)
     head = f"at N = {size_words(budget)}, L* = (2/3) log2(N) = {claim:.1f}"
     check: dict[str, Any] = {"l_star": claim, "best_depth": best}
     check["best_heldout_accuracy"] = float(means.max())
-    said = f"the best measured depth was {best} ({100 * means.max():.1f}% held-out)"
+    said = (
+        f"held-out accuracy is {100 * means.max():.1f}% at every depth measured: no depth is best"
+        if tied
+        else f"the best measured depth was {best} ({100 * means.max():.1f}% held-out)"
+    )
     if entry.get("reason"):
         check["l_star_holds"] = None
         check["l_star_sentence"] = (
@@ -377,6 +382,9 @@ def _equal_perplexity(table: pd.DataFrame, settings: dict[str, Any]) -> dict[str
         " (one a per budget)" if len(budgets) > 1 else ""
     )
     entry: dict[str, Any] = {"model": model, "n_members": len(table)}
+    if np.ptp(y) == 0:
+        reason = f"held-out accuracy is {y[0]:.3g}% for every member: there is nothing to regress"
+        return entry | {"reason": reason, "deeper_better": None, "sentence": f"{model}: {reason}"}
     beta = _least_squares(design, y) if len(y) > design.shape[1] + 1 else None
     if beta is None:
         reason = (
@@ -766,6 +774,12 @@ def _transition_fit(transitions: pd.DataFrame, level: float) -> tuple[Any, dict[
     """The fit of the crossed transitions' log-width against depth (weighted when every one
     has a spread), and its summary entry (or the reason there is none)."""
     crossed = transitions[(transitions.reason == "") & np.isfinite(transitions.log_width)]
+    if len(crossed) < 3:
+        reason = (
+            f"{len(crossed)} of {len(transitions)} pairs of adjacent depths crossed: a line with "
+            "an error needs at least 3 transitions"
+        )
+        return None, {"reason": reason, "sentence": f"transition line: no fit ({reason})"}
     sigmas = crossed.sigma.to_numpy(float)
     weighted = len(crossed) > 0 and bool(np.isfinite(sigmas).all() and (sigmas > 0).all())
     try:
@@ -808,12 +822,12 @@ def _optimal_depths(
             said = f"no optimal depth ({row['reason']})"
         else:
             depth = _estimate(row | {"level": level}, "optimal_depth")
-            said = f"optimal depth {_span(depth)} read from the fit"
-        counted = "exactly" if error < 1e-6 else f"within {100 * error:.2g}%"
-        sentences.append(
-            f"a model of {size_words(size)} parameters: {said} (sizes counted as the grid's "
-            f"models are counted, {counted})"
-        )
+            counted = "exactly" if error < 1e-6 else f"within {100 * error:.2g}%"
+            said = (
+                f"optimal depth {_span(depth)} read from the fit (sizes counted as the grid's "
+                f"models are counted, {counted})"
+            )
+        sentences.append(f"a model of {size_words(size)} parameters: {said}")
         rows.append(row)
     return rows, sentences
 
