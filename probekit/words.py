@@ -722,7 +722,7 @@ FIGURES.update(
             "title": "LM validation loss against parameter count, one line per depth ({bands})",
             "x": "parameters (count, log scale)",
             "y": "LM validation loss (nats per token)",
-            "depth": "depth {depth} layers",
+            "depth": "depth {depth}",
             "transition": "transition: the deeper model overtakes the shallower one",
             "width_title": "Transition width against depth: {words}",
             "width_y": "transition width, ln(width of the deeper model)",

@@ -327,7 +327,7 @@ def test_the_figures_have_integer_depth_axes_words_and_a_log_size_axis(saturatin
     loss = transition.figure()
     assert loss.layout.xaxis.type == "log" and loss.layout.xaxis.exponentformat == "power"
     legend = {t.name for t in loss.data if t.showlegend is not False}
-    assert {f"depth {d} layers" for d in LEVINE_DEPTHS} <= legend
+    assert {f"depth {d}" for d in LEVINE_DEPTHS} <= legend
     assert FIGURES["transition_study"]["transition"] in legend
     width = transition.figure("transition")
     assert _integer_depth_axes(width) == 1

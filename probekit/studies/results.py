@@ -316,7 +316,7 @@ def _l_star_check(budget: float, part: pd.DataFrame, entry: dict[str, Any]) -> d
     if entry.get("reason"):
         check["l_star_holds"] = None
         check["l_star_sentence"] = (
-            f"{head}; the saturating fit failed ({entry['reason']}); {said}: the claim is not "
+            f"{head}; the saturating fit failed ({entry['reason']}); {said}; the claim is not "
             "checked without the fit"
         )
         return check
