@@ -623,8 +623,13 @@ class DepthWidthResult(Result):
         for col in (1, 2, 3):
             fig.update_xaxes(title_text=SETTINGS["depth"], rangemode="tozero", row=1, col=col)
             figures.integer_axis(fig, "x", n=deepest + 1, row=1, col=col)
-        fig.update_yaxes(title_text=figure_words(words, "y_accuracy"), row=1, col=1)
-        fig.update_yaxes(title_text=figure_words(words, "y_accuracy"), row=1, col=2)
+        for col in (1, 2):  # accuracies are never negative, even when all are 0
+            fig.update_yaxes(
+                title_text=figure_words(words, "y_accuracy"),
+                rangemode="nonnegative",
+                row=1,
+                col=col,
+            )
         fig.update_yaxes(title_text=figure_words(words, "y_perplexity"), row=1, col=3)
         title = figure_words(words, bands=_bands(self))
         return figures.base_layout(fig, title, width=1200, height=480)
