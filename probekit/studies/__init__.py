@@ -5,7 +5,9 @@ al. 2020): the fits their numbers come from, public so a notebook can fit its ow
   and the depth at which one more layer stops paying;
 - :func:`transition_width` and :func:`fit_transition`: where a deeper model of the same size
   stops losing to a shallower one, and the straight line of that width (in log) against depth;
-- :func:`l_star`: the claim L* = (2/3) log2(N), as a formula to test, not a fact.
+- :func:`l_star`: the claim L* = (2/3) log2(N), as a formula to test, not a fact;
+- :func:`depth_width_result`, :func:`transition_result` and :func:`write_study_page`: a study's
+  numbers, sentences, figures and page from its members table.
 
 Names are imported from their modules on first use.
 
@@ -33,6 +35,15 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         transition_width,
     )
 
+    # --- study results, figures and page ---
+    from probekit.studies.results import (  # noqa: F401
+        DepthWidthResult,
+        TransitionResult,
+        depth_width_result,
+        transition_result,
+        write_study_page,
+    )
+
 _MODULES: dict[str, tuple[str, ...]] = {
     "fits": (
         "Estimate",
@@ -43,6 +54,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "gpt2_blocks_parameters",
         "l_star",
         "transition_width",
+    ),
+    # --- study results, figures and page ---
+    "results": (
+        "DepthWidthResult",
+        "TransitionResult",
+        "depth_width_result",
+        "transition_result",
+        "write_study_page",
     ),
 }
 
