@@ -73,6 +73,9 @@ RESULT_MODULES: dict[str, str] = {
     # --- activation patching and direct logit attribution ---
     "activation_patching": "probekit.analyses.mechanisms.patching",
     "direct_logit_attribution": "probekit.analyses.mechanisms.patching",
+    # --- depth-against-width study results ---
+    "depth_width_study": "probekit.studies.results",
+    "transition_study": "probekit.studies.results",
 }
 """Every kind of result probekit writes -> the module that defines its class. :meth:`Result.load`
 imports that module when the kind is not registered yet, so a file loads in a fresh process

@@ -694,3 +694,64 @@ def similarity_words(measure: str, debiased: bool = True) -> dict[str, Any]:
 
 
 __all__ += ["similarity_words"]
+
+
+# --- depth-against-width study results ---
+FIGURES.update(
+    {
+        "depth_width_study": {
+            "title": "Depth at a fixed parameter budget: accuracy and perplexity against depth "
+            "({bands})",
+            "bands": "mean over {n} seeds, {level} bootstrap bands over seeds",
+            "one_seed": "one seed: no interval",
+            "heldout": "held-out combinations",
+            "seen": "seen combinations",
+            "perplexity": "language modelling",
+            "y_accuracy": "accuracy (%)",
+            "y_perplexity": "LM validation perplexity",
+            "budget": "budget {budget} parameters",
+            "fit": "fit of {what}: {words}",
+            "no_fit": "no fit of {what}: {reason}",
+            "equal_perplexity": "Held-out accuracy against LM validation loss, coloured by "
+            "depth: {words}",
+            "loss": "LM validation loss (nats per token)",
+            "depth_colorbar": "depth<br>(layers)",
+            "at_depth": "regression at depth {depth}, budget {budget}",
+        },
+        "transition_study": {
+            "title": "LM validation loss against parameter count, one line per depth ({bands})",
+            "x": "parameters (count, log scale)",
+            "y": "LM validation loss (nats per token)",
+            "depth": "depth {depth}",
+            "transition": "transition: the deeper model overtakes the shallower one",
+            "width_title": "Transition width against depth: {words}",
+            "width_y": "transition width, ln(width of the deeper model)",
+            "width_points": "transition between adjacent depths (± its seed spread)",
+            "fit": "fit: {words}",
+            "no_fit": "no fit: {reason}",
+        },
+    }
+)
+LABELS.update(
+    {
+        "sentences": "what the study found",
+        "budgets": "parameter budgets",
+        "saturation": "saturating fit of held-out accuracy against depth, per budget",
+        "seen_saturation": "saturating fit of seen accuracy against depth, per budget",
+        "equal_perplexity": "held-out accuracy at equal perplexity (regression on depth and loss)",
+        "transitions": "transitions between adjacent depths",
+        "transition_fit": "fit of the transition log-width against depth",
+        "optimal_depths": "optimal depth per size, read from the fit",
+        "n_members": "members",
+        "n_seeds": "seeds",
+        "level": "interval level",
+    }
+)
+KIND_LABELS.update(
+    {
+        ("depth_width_study", "threshold"): (
+            "gain of one more layer below which accuracy counts as saturated (fraction)"
+        ),
+    }
+)
+# --- end depth-against-width study results ---

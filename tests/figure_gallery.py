@@ -72,7 +72,26 @@ def results(n_layers: int, tmp: Path) -> dict[str, Callable[[], go.Figure]]:
     lenses = out["logit_lens"], out["tuned_lens"]
     draw["compare_lenses"] = lambda: compare_lenses(*lenses, names=["logit lens", "tuned lens"])
     draw["compare_timeline"] = _compare_timeline
+    draw |= _study_figures()  # depth-against-width study results
     return draw
+
+
+# --- depth-against-width study results ---
+def _study_figures() -> dict[str, Callable[[], go.Figure]]:
+    """The study results' figures, from the planted members tables of their tests."""
+    from probekit.studies import depth_width_result, transition_result
+    from tests.test_study_results import levine_members, petty_members
+
+    petty = depth_width_result(
+        petty_members(budgets=(1_000_000, 4_000_000), depth_effect=None), {"n_boot": 100}
+    )
+    levine = transition_result(levine_members(), {"n_boot": 100})
+    return {
+        "depth_width_study": petty.figure,
+        "depth_width_equal_perplexity": lambda: petty.figure("equal_perplexity"),
+        "transition_study": levine.figure,
+        "transition_width_line": lambda: levine.figure("transition"),
+    }
 
 
 def _compare_timeline() -> go.Figure:

@@ -89,9 +89,9 @@ def test_contributions_match_the_reference(arch, kind):
                     )
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_skip_effects_match_the_reference(kind):
-    arch = "llama"
+def test_skip_effects_match_the_reference(arch, kind):
     model, plain, tokens, mask = _setup(arch)
     res = probekit.skip_effects(model, (tokens, mask), ablation=kind)
     assert res.summary["ablation"] == kind and res.meta["ablation"] == kind

@@ -33,9 +33,9 @@ def test_a_piped_diagnosis_writes_one_plain_line_per_phase(checkpoint, tmp_path,
     captured = capsys.readouterr()
     _plain(captured.out + captured.err)
     lines = captured.err.splitlines()
-    assert len(lines) <= 10, lines  # six analyses, the diagnosis, a warning or two
+    assert len(lines) <= 10, lines  # seven analyses, the diagnosis, a warning
     assert any(line.startswith("contributions: ") and "block passes" in line for line in lines)
-    assert any(line.startswith("diagnose: 6/6 analyses") for line in lines)
+    assert any(line.startswith("diagnose: 7/7 analyses") for line in lines)
 
 
 def test_quiet_prints_only_where_the_report_is(checkpoint, tmp_path, capsys):

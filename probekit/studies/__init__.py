@@ -7,7 +7,9 @@ al. 2020): the fits their numbers come from, public so a notebook can fit its ow
   stops losing to a shallower one, and the straight line of that width (in log) against depth;
 - :func:`l_star`: the claim L* = (2/3) log2(N), as a formula to test, not a fact;
 - :func:`depth_width` and :func:`width_transition`: the two studies as runs (a folder that
-  resumes, local or on Ray), their members' tables and results.
+  resumes, local or on Ray), their members' tables and results;
+- :func:`depth_width_result`, :func:`transition_result` and :func:`write_study_page`: a study's
+  numbers, sentences, figures and page from its members table.
 
 Names are imported from their modules on first use.
 
@@ -35,6 +37,15 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
         l_star,
         transition_width,
     )
+
+    # --- study results, figures and page ---
+    from probekit.studies.results import (  # noqa: F401
+        DepthWidthResult,
+        TransitionResult,
+        depth_width_result,
+        transition_result,
+        write_study_page,
+    )
     from probekit.studies.runner import Study  # noqa: F401
     from probekit.studies.transition import TransitionStudy, width_transition  # noqa: F401
 
@@ -53,6 +64,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "depth_width": ("DepthWidthStudy", "depth_width"),
     "runner": ("Study",),
     "transition": ("TransitionStudy", "width_transition"),
+    # --- study results, figures and page ---
+    "results": (
+        "DepthWidthResult",
+        "TransitionResult",
+        "depth_width_result",
+        "transition_result",
+        "write_study_page",
+    ),
 }
 
 _WHERE = {
