@@ -4,7 +4,6 @@ config refused, the CLI."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -130,6 +129,9 @@ def test_a_tiny_depth_width_study_resumes_without_retraining(tmp_path: Path, mon
     assert (table.acc_seen.between(0, 1)).all() and (table.lm_val_loss > 0).all()
     assert (table.pretrain_flops > 0).all() and (table.finetune_flops > 0).all()
     pd.testing.assert_frame_equal(study.members, table, check_dtype=False)
+    assert type(study.result).__name__ == "DepthWidthResult" and study.page == out / "index.html"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_members"] == 3 and summary["sentences"]
     assert json.loads((out / "study.json").read_text())["study"] == "depth-width"
     # a changed config in the same folder is refused, before any training
     calls.clear()
@@ -145,9 +147,9 @@ def test_a_tiny_transition_grid_runs_and_is_not_retrained(tmp_path: Path, monkey
     table = pd.read_csv(out / "members.csv")
     assert list(table.columns) == TR_COLUMNS and len(table) == 6
     assert (table.lm_val_loss > 0).all() and (table.d_mlp == 4 * table.width).all()
-    # the result's summary and page follow the tables when the results module is there
-    built = importlib.util.find_spec("probekit.studies.results") is not None
-    assert (out / "summary.json").is_file() == built == (out / "index.html").is_file()
+    # the result's summary, page and tables follow the members'
+    for name in ("summary.json", "index.html", "depth_summary.csv", "transitions.csv"):
+        assert (out / name).is_file(), name
     calls = _count_trainings(monkeypatch)
     again = tiny_transition(out)
     assert calls == [] and len(again.members) == 6

@@ -120,7 +120,7 @@ DEFAULTS: dict[str, Any] = {
 
 class DepthWidthStudy(Study):
     """:func:`depth_width`'s study: ``plan``, ``members`` (:data:`COLUMNS`), ``meta``,
-    ``result`` (a ``DepthWidthResult``, when the results module is installed)."""
+    ``result`` (a :class:`~probekit.studies.results.DepthWidthResult`), ``page``."""
 
 
 def _preset(scale: str | None) -> dict[str, Any]:

@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import time
@@ -64,9 +63,9 @@ about 20% of an H100's dense bf16 peak (an assumption, not a measurement)."""
 @dataclass
 class Study:
     """A study's folder and tables: ``plan`` (every member, as planned: shape, tokens, FLOPs),
-    ``members`` (the finished members' table, empty after a dry run), ``meta`` (the config)
-    and ``result`` (the results' :class:`~probekit.result.Result`, or None when the result
-    builders are not installed or the run was a dry run)."""
+    ``members`` (the finished members' table, empty after a dry run), ``meta`` (the config),
+    ``result`` (the study's :class:`~probekit.result.Result` from
+    :mod:`probekit.studies.results`; None after a dry run) and ``page`` (``OUT/index.html``)."""
 
     out: Path
     plan: pd.DataFrame
@@ -289,11 +288,9 @@ S = TypeVar("S", bound=Study)
 
 def write_results(study: S, build: str) -> S:
     """Build the result (``probekit.studies.results.<build>``), write ``OUT/summary.json``
-    and ``OUT/index.html``. Without the results module, only the tables are written; a result
-    the builder refuses (a :class:`ProbekitError`, e.g. a fit of values that do not change) is
-    a :class:`ProbekitWarning`, the tables kept."""
-    if importlib.util.find_spec("probekit.studies.results") is None:
-        return study  # the results module is not there: the tables only
+    and ``OUT/index.html`` (with ``OUT/depth_summary.csv``, and ``OUT/transitions.csv`` for a
+    transition study); a table the builder refuses (a :class:`ProbekitError`) is a
+    :class:`ProbekitWarning`, the members' tables kept."""
     from probekit.studies import results
 
     if study.members.empty:

@@ -93,7 +93,7 @@ DEFAULTS: dict[str, Any] = {
 
 class TransitionStudy(Study):
     """:func:`width_transition`'s study: ``plan``, ``members`` (:data:`COLUMNS`), ``meta``,
-    ``result`` (a ``TransitionResult``, when the results module is installed)."""
+    ``result`` (a :class:`~probekit.studies.results.TransitionResult`), ``page``."""
 
 
 def _positive_ints(name: str, values: Sequence[int], example: str, least: int = 1) -> list[int]:
