@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from probekit.data import TaskData
-from probekit.errors import ConfigError
+from probekit.errors import CheckpointError, ConfigError
 from probekit.lm import LMConfig
 from probekit.lm.finetune import (
     FinetuneConfig,
@@ -323,6 +323,14 @@ def test_fine_tuning_a_pretrained_run_resumes_bit_identical_after_a_kill(tmp_pat
     other = FinetuneConfig(task=dataclasses.replace(EASY, seed=1), **_run(cfg))
     with pytest.raises(ConfigError, match="seed"):
         finetune_lm(tmp_path / "pre", tmp_path / "cut", other, progress=False, device="cpu")
+    # a fine-tuning cut short is not resumed from other starting weights of the same shape
+    other_pre = dataclasses.replace(pre, seed=pre.seed + 1)
+    train_lm(other_pre, tmp_path / "pre2", progress=False, device="cpu")
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(lm_finetune.FinetuneTrainer, "after_step", after_step)
+        finetune_lm(tmp_path / "pre", tmp_path / "cut2", cfg, progress=False, device="cpu")
+    with pytest.raises(CheckpointError, match="other starting weights"):
+        finetune_lm(tmp_path / "pre2", tmp_path / "cut2", cfg, progress=False, device="cpu")
 
 
 def _run(cfg: FinetuneConfig) -> dict:

@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -150,6 +151,7 @@ class FinetuneTrainer(LMTrainer):
         self.train_tokens, self.train_labels = train.sequences, train.labels()
         self.tests = {"seen": task.dataset("seen"), "heldout": task.dataset("heldout")}
         self.model = _start_model(cfg, start, device)
+        self.start_weights = weights_fingerprint(self.model)
         self.optimizer = adamw(self.model, cfg)
         self.stages: dict[int, int] = {}
         self.scaler = None
@@ -169,7 +171,12 @@ class FinetuneTrainer(LMTrainer):
         self.accuracy: CompositionAccuracy | None = None
 
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "flops": self.flops, "finetune": self.finetune.settings()}
+        return {
+            "step": self.step,
+            "flops": self.flops,
+            "finetune": self.finetune.settings(),
+            "start_weights": self.start_weights,
+        }
 
     def save(self, path: Path) -> Path:
         return save_checkpoint(self.model, self.optimizer, path, self.cfg, self.state())
@@ -195,6 +202,13 @@ class FinetuneTrainer(LMTrainer):
             ) from err
         saved = state.get("finetune") if isinstance(state, dict) else None
         check_same_settings(folder, saved, self.finetune.settings())
+        started = state.get("start_weights") if isinstance(state, dict) else None
+        if started is not None and started != self.start_weights:
+            raise CheckpointError(
+                f"{folder} fine-tunes other starting weights (fingerprint {started}) than the "
+                f"ones given now ({self.start_weights}): resuming would mix two fine-tunings",
+                fix="start from the weights this run was fine-tuned from, or use a new out_dir",
+            )
         super()._resume_from(folder, step)
 
     def prepare(self, stop: int) -> None:
@@ -264,6 +278,25 @@ class FinetuneTrainer(LMTrainer):
         self.accuracy = composition_accuracy(self.model, data, batch_size=256)
         atomic_write_text(self.out / "accuracy.csv", self.accuracy.df.to_csv(index=False))
         atomic_write_text(self.out / "accuracy.json", json.dumps(self.accuracy.summary, indent=1))
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """The first 16 hex digits of the SHA-256 of a model's weights (names and float32 values,
+    in name order): what a fine-tuning records of the weights it started from, so a resume
+    from other starting weights is refused.
+
+    Example:
+        >>> a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+        >>> print(weights_fingerprint(a) == weights_fingerprint(a))
+        True
+        >>> print(weights_fingerprint(a) == weights_fingerprint(b))
+        False
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _start_model(cfg: LMConfig, start: Path | torch.nn.Module | None, device: torch.device):
