@@ -1,4 +1,4 @@
-"""The two studies as runs (probekit.studies.depth_width, .transition, .runner): dry runs and
+"""The two studies as runs (probekit.studies.depth_vs_width, .transition, .runner): dry runs and
 validation without training, tiny end-to-end studies, resume after a member fails, a changed
 config refused, the CLI."""
 
@@ -14,7 +14,7 @@ from probekit.cli import main
 from probekit.errors import ConfigError, ProbekitError
 from probekit.lm import training as lm_training
 from probekit.studies import depth_width, width_transition
-from probekit.studies.depth_width import COLUMNS as DW_COLUMNS
+from probekit.studies.depth_vs_width import COLUMNS as DW_COLUMNS
 from probekit.studies.transition import COLUMNS as TR_COLUMNS
 from probekit.tasks.compositions import CompositionTask
 

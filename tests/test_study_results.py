@@ -25,7 +25,7 @@ from probekit.studies import (
     transition_result,
     write_study_page,
 )
-from probekit.studies.results import DEPTH_WIDTH_COLUMNS, _equal_perplexity, _settings, size_words
+from probekit.studies.results import DEPTH_WIDTH_COLUMNS, size_words
 
 # --- planted tables --------------------------------------------------------------------------
 
@@ -191,7 +191,7 @@ def test_equal_perplexity_recovers_a_planted_positive_depth_effect():
     covered = 0
     for draw in range(8):
         members = petty_members(depth_effect=0.01, loss_effect=-0.2, noise=0.01, draw=draw)
-        entry = _equal_perplexity(members, _settings(BOOT))
+        entry = depth_width_result(members, BOOT).summary["equal_perplexity"]
         assert entry["reason"] == "" and entry["b_low"] > 0 and entry["deeper_better"] is True
         assert entry["sentence"].startswith("deeper is better at equal perplexity:")
         covered += entry["b_low"] <= 1.0 <= entry["b_high"]  # 0.01 per layer is 1 point

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from probekit.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
-    from probekit.studies.depth_width import DepthWidthStudy, depth_width  # noqa: F401
+    from probekit.studies.depth_vs_width import DepthWidthStudy, depth_width  # noqa: F401
     from probekit.studies.fits import (  # noqa: F401
         Estimate,
         SaturationFit,
@@ -61,7 +61,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "transition_width",
     ),
     # --- the study runs ---
-    "depth_width": ("DepthWidthStudy", "depth_width"),
+    "depth_vs_width": ("DepthWidthStudy", "depth_width"),
     "runner": ("Study",),
     "transition": ("TransitionStudy", "width_transition"),
     # --- study results, figures and page ---

@@ -1,4 +1,4 @@
-"""The study runner, one home for both studies (:mod:`~probekit.studies.depth_width`,
+"""The study runner, one home for both studies (:mod:`~probekit.studies.depth_vs_width`,
 :mod:`~probekit.studies.transition`): a study folder of member runs that resumes after a kill.
 
 A study folder::
