@@ -700,9 +700,8 @@ __all__ += ["similarity_words"]
 FIGURES.update(
     {
         "depth_width_study": {
-            "title": "Depth at a fixed parameter budget: accuracy and perplexity against depth "
-            "({bands})",
-            "bands": "mean over {n} seeds, {level} bootstrap bands over seeds",
+            "title": "Depth at a fixed parameter budget ({bands})",
+            "bands": "mean of {n} seeds, {level} bootstrap bands over seeds",
             "one_seed": "one seed: no interval",
             "heldout": "held-out combinations",
             "seen": "seen combinations",
