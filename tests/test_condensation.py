@@ -167,12 +167,12 @@ def test_bad_input_names_problem_and_fix():
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_weight_analyses_leave_model_untouched(arch):
     from tests.conftest import sample_tokens
-    from tests.test_hygiene import _assert_same, _snapshot
+    from tests.test_hygiene import assert_model_unchanged, model_snapshot
 
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     condensation(model)
     spectra(model)
     condensation_timeline([model, model])
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))

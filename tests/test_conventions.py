@@ -51,7 +51,7 @@ CSORDAS = InterventionSetting(convention="csordas2025")
 FUTURE = InterventionSetting(mode="future")
 
 
-def _setup(arch, lengths):
+def model_twin_and_prompts(arch, lengths):
     hf = _hf(arch)
     data, prompts = _data(lengths)
     return probekit.load(hf), twin(hf), data, prompts
@@ -65,7 +65,7 @@ def _matrix(res, n=4):
 @pytest.mark.parametrize("mode", ["current", "future"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_skip_effects_match_the_reference(arch, mode, lengths):
-    model, plain, data, prompts = _setup(arch, lengths)
+    model, plain, data, prompts = model_twin_and_prompts(arch, lengths)
     res = probekit.skip_effects(
         model, data, setting=InterventionSetting("csordas2025", mode), batch_size=3
     )
@@ -90,7 +90,7 @@ def test_skip_effects_match_the_reference(arch, mode, lengths):
 
 
 def test_answer_start_matches_the_reference():
-    model, plain, data, prompts = _setup("llama", VARIABLE)
+    model, plain, data, prompts = model_twin_and_prompts("llama", VARIABLE)
     starts = [20, 11, 5, 3]
     res = probekit.skip_effects(
         model, data, setting=InterventionSetting("csordas2025", "future", answer_start=starts)
@@ -110,7 +110,7 @@ def test_answer_start_matches_the_reference():
     [("gpt2", "future", VARIABLE), ("llama", "current", EQUAL), ("llama", "future", VARIABLE)],
 )
 def test_contributions_match_the_reference(arch, mode, lengths):
-    model, plain, data, prompts = _setup(arch, lengths)
+    model, plain, data, prompts = model_twin_and_prompts(arch, lengths)
     res = probekit.contributions(model, data, setting=InterventionSetting("csordas2025", mode))
     for component, part in (("layer", "layer"), ("attn", "attention"), ("mlp", "mlp")):
         _, out_max = ref.csordas_max_over_prompts(ref.csordas_effects(plain, prompts, mode, part))
@@ -121,7 +121,7 @@ def test_contributions_match_the_reference(arch, mode, lengths):
 @pytest.mark.parametrize("lengths", [EQUAL, VARIABLE], ids=["equal", "variable"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_logit_lens_averages_per_prompt(arch, lengths):
-    model, plain, data, prompts = _setup(arch, lengths)
+    model, plain, data, prompts = model_twin_and_prompts(arch, lengths)
     res = probekit.logit_lens(model, data, setting=CSORDAS, batch_size=2)
     kl, overlap = ref.csordas_logit_lens(plain, arch, prompts)
     got = res.df.pivot(index="depth", columns="measure", values="value")
@@ -134,7 +134,7 @@ def test_logit_lens_averages_per_prompt(arch, lengths):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_residual_update_cosine_matches_plain_hooks(arch):
-    model, plain, data, prompts = _setup(arch, VARIABLE)
+    model, plain, data, prompts = model_twin_and_prompts(arch, VARIABLE)
     res = probekit.residual_stats(model, data)
     want = ref.csordas_update_cosine(plain, prompts).numpy()
     got = res.table()["cos_update_in"].to_numpy()
@@ -164,7 +164,7 @@ def test_residual_stats_match_the_reference(embed_scale):
 
 
 def test_keep_first_leaves_position_zero_untouched(monkeypatch):
-    model, _, data, _ = _setup("llama", VARIABLE)
+    model, _, data, _ = model_twin_and_prompts("llama", VARIABLE)
     [batch] = model.prepare(data)
     trace = model.trace(batch)
     mask = torch.ones_like(batch.tokens, dtype=torch.bool)
@@ -199,7 +199,7 @@ def test_keep_first_default_follows_the_tokenizer():
 
     assert interventions.adds_bos(Tok(True)) and not interventions.adds_bos(Tok(False))
     assert not interventions.adds_bos(None)
-    model, _, data, _ = _setup("gpt2", EQUAL)
+    model, _, data, _ = model_twin_and_prompts("gpt2", EQUAL)
     assert model.tokenizer is None
     a = probekit.skip_effects(model, data).df.value.to_numpy()
     b = probekit.skip_effects(model, data, setting=InterventionSetting(keep_first=False))
@@ -210,7 +210,7 @@ def test_keep_first_default_follows_the_tokenizer():
 
 
 def test_short_prompts_are_counted_or_refused():
-    model, _, _, _ = _setup("gpt2", EQUAL)
+    model, _, _, _ = model_twin_and_prompts("gpt2", EQUAL)
     (tokens, mask), _ = _data((12, 9))
     with pytest.raises(InputError, match="long enough"):
         probekit.skip_effects(model, (tokens, mask), setting=FUTURE)
@@ -235,7 +235,7 @@ def test_short_prompts_are_counted_or_refused():
     ],
 )
 def test_new_arguments_are_validated(kwargs):
-    model, _, data, _ = _setup("gpt2", (30, 20))
+    model, _, data, _ = model_twin_and_prompts("gpt2", (30, 20))
     with pytest.raises(InputError):
         probekit.skip_effects(model, data, setting=InterventionSetting(**kwargs))
     if set(kwargs) == {"convention"}:
@@ -245,7 +245,7 @@ def test_new_arguments_are_validated(kwargs):
 
 
 def test_future_mode_probekit_convention_is_seeded():
-    model, _, data, _ = _setup("gpt2", (30, 30, 25))
+    model, _, data, _ = model_twin_and_prompts("gpt2", (30, 30, 25))
     setting = InterventionSetting(mode="future", seed=1)
     a = probekit.skip_effects(model, data, setting=setting)
     b = probekit.skip_effects(model, data, setting=setting, batch_size=1)
@@ -255,10 +255,10 @@ def test_future_mode_probekit_convention_is_seeded():
 
 
 def test_future_ablations_restore_the_model_after_an_exception(monkeypatch):
-    from tests.test_hygiene import _assert_same, _snapshot, fail_midway
+    from tests.test_hygiene import assert_model_unchanged, fail_midway, model_snapshot
 
-    model, _, (tokens, mask), _ = _setup("gpt2", VARIABLE)
-    before = _snapshot(model, tokens, mask)
+    model, _, (tokens, mask), _ = model_twin_and_prompts("gpt2", VARIABLE)
+    before = model_snapshot(model, tokens, mask)
     fail_midway(monkeypatch, at=3)
     with pytest.raises(RuntimeError, match="injected failure"):
         probekit.contributions(  # fails inside a resumed forward with masked ablation hooks
@@ -268,4 +268,4 @@ def test_future_ablations_restore_the_model_after_an_exception(monkeypatch):
             setting=InterventionSetting("csordas2025", "future"),
         )
     monkeypatch.undo()
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))

@@ -28,7 +28,7 @@ def _hook_count(model) -> int:
     return total
 
 
-def _snapshot(model, tokens, mask):
+def model_snapshot(model, tokens, mask):
     logits = model.logits(tokens, mask)  # first: the bridge wires its own permanent hooks lazily
     return {
         "hooks": _hook_count(model),
@@ -66,7 +66,7 @@ def fail_midway(monkeypatch, at: int) -> None:
     monkeypatch.setattr(Trace, "run_module", failing_call)
 
 
-def _assert_same(before, after):
+def assert_model_unchanged(before, after):
     assert after["hooks"] == before["hooks"]
     assert after["order"] == before["order"]
     assert after["grads"] == before["grads"]
@@ -81,9 +81,9 @@ def _assert_same(before, after):
 def test_analyzer_leaves_model_untouched(name, arch):
     model = probekit.load(make_hf(arch))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     ANALYZERS[name](model, (tokens, mask))
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))
 
 
 @pytest.mark.parametrize("name", sorted(ANALYZERS))
@@ -91,9 +91,9 @@ def test_analyzer_restores_model_after_exception(name, monkeypatch):
     """Inject a failure in the middle of the analysis (inside hooks and resumed forwards)."""
     model = probekit.load(make_hf("gpt2"))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     fail_midway(monkeypatch, at=3)
     with pytest.raises(RuntimeError, match="injected failure"):
         ANALYZERS[name](model, (tokens, mask))
     monkeypatch.undo()
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))

@@ -16,7 +16,7 @@ from probekit.result import Result
 from probekit.toy import toy_hf_model
 from tests import reference as ref
 from tests.conftest import hf_config
-from tests.test_left_padding import _encoded
+from tests.test_left_padding import padded_texts
 
 TOL = 1e-6
 
@@ -93,7 +93,7 @@ def test_two_models_of_one_vocabulary_give_the_cross_matrix(measure):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_left_padding_gives_the_numbers_of_right_padding(arch):
     model = probekit.load(toy_hf_model(arch, n_layers=2, d_model=16))
-    left, right = _encoded("left"), _encoded("right")
+    left, right = padded_texts("left"), padded_texts("right")
     assert not torch.equal(left["attention_mask"], right["attention_mask"])
     for measure in ("cka", "cosine"):
         a = probekit.layer_similarity(model, left, measure=measure)

@@ -227,6 +227,24 @@ def test_tests_reach_probekit_through_public_names_only():
     assert not found, f"tests reach private probekit names (give them a public one): {found}"
 
 
+def test_tests_share_only_public_helpers():
+    """A helper one test module imports from another is public on purpose (no ``_`` name)."""
+    found = {
+        path.name: names
+        for path in sorted(TESTS.glob("*.py"))
+        if (
+            names := [
+                f"{node.lineno}: {alias.name}"
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests")
+                for alias in node.names
+                if _private(alias.name)
+            ]
+        )
+    }
+    assert not found, f"tests import private helpers of other tests: {found}"
+
+
 def _top_level_imports(path: Path) -> set[str]:
     """Modules a file imports when it is imported (not inside functions)."""
     names = set()

@@ -14,7 +14,7 @@ from probekit.toy import toy_hf_model
 TEXTS = ["w3 w7 w1 w9 w4 w2", "w5 w5 w8", "w2 w6 w1 w3"]
 
 
-def _tokenizer(side: str) -> PreTrainedTokenizerFast:
+def padded_tokenizer(side: str) -> PreTrainedTokenizerFast:
     vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i + 2 for i in range(10)}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -23,13 +23,13 @@ def _tokenizer(side: str) -> PreTrainedTokenizerFast:
     )
 
 
-def _encoded(side: str) -> dict:
-    return dict(_tokenizer(side)(TEXTS, padding=True, return_tensors="pt"))
+def padded_texts(side: str) -> dict:
+    return dict(padded_tokenizer(side)(TEXTS, padding=True, return_tensors="pt"))
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_left_padding_gives_the_numbers_of_right_padding(arch):
-    left, right = _encoded("left"), _encoded("right")
+    left, right = padded_texts("left"), padded_texts("right")
     assert not torch.equal(left["attention_mask"], right["attention_mask"])  # really left
     model = probekit.load(toy_hf_model(arch, n_layers=3))
     for analyzer in (probekit.contributions, probekit.residual_stats, probekit.logit_lens):

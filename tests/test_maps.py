@@ -16,7 +16,7 @@ from probekit.anchor import AnchorTask
 from probekit.errors import InputError
 from probekit.result import Result
 from tests.conftest import make_hf, sample_tokens, twin
-from tests.test_hygiene import _assert_same, _snapshot
+from tests.test_hygiene import assert_model_unchanged, model_snapshot
 
 
 def _anchor_hf(seed=0):
@@ -168,7 +168,7 @@ def test_bad_input_names_problem_and_fix():
 def test_maps_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     hidden_state_map(model, (tokens, mask), sites=("resid_out", "attn_out"))
     embedding_map(model)
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))

@@ -15,7 +15,7 @@ from probekit.errors import InputError, UnsupportedModelError
 from probekit.interventions import knock_out
 from probekit.result import Result
 from tests.conftest import anchor_gpt2, hf_blocks, make_hf, sample_tokens, twin
-from tests.test_hygiene import _assert_same, _snapshot, fail_midway
+from tests.test_hygiene import assert_model_unchanged, fail_midway, model_snapshot
 
 DECODERS = ("gpt2", "llama")
 
@@ -303,18 +303,18 @@ ANALYZERS = {
 def test_analyzer_leaves_model_untouched(name, arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens, mask = sample_tokens(pad=name != "information_flow")
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     ANALYZERS[name](model, (tokens, mask))
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))
 
 
 @pytest.mark.parametrize("name", ["token_masking", "attention_knockout"])
 def test_analyzer_restores_model_after_exception(name, monkeypatch):
     model = probekit.load(make_hf("gpt2", n_layers=2))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     fail_midway(monkeypatch, at=15)  # inside the knockout hooks
     with pytest.raises(RuntimeError, match="injected failure"):
         ANALYZERS[name](model, (tokens, mask))
     monkeypatch.undo()
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))

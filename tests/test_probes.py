@@ -13,7 +13,7 @@ from probekit.anchor import AnchorTask
 from probekit.errors import InputError
 from probekit.result import Result
 from tests.conftest import VOCAB, make_hf, twin
-from tests.test_hygiene import _assert_same, _snapshot
+from tests.test_hygiene import assert_model_unchanged, model_snapshot
 
 
 def _tokens(n=240, length=6, seed=3):
@@ -148,9 +148,9 @@ def test_bad_input_names_problem_and_fix(gpt2):
 def test_probes_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens = _tokens(n=40)
-    before = _snapshot(model, tokens, None)
+    before = model_snapshot(model, tokens, None)
     linear_probes(model, tokens, labels={"x": tokens[:, 0] % 2}, positions="last", probe="ridge")
-    _assert_same(before, _snapshot(model, tokens, None))
+    assert_model_unchanged(before, model_snapshot(model, tokens, None))
 
 
 def _blas_threads() -> set[int]:

@@ -14,7 +14,7 @@ import probekit
 from probekit.errors import InputError
 from probekit.interventions import InterventionSetting
 from tests import reference as ref
-from tests.test_conventions import VARIABLE, _setup
+from tests.test_conventions import VARIABLE, model_twin_and_prompts
 
 TOL = 1e-6
 LENGTHS = (30, 30, 21, 13, 9)  # n_future=1 picks 2 of 3 positions in the longest: draws matter
@@ -38,7 +38,7 @@ def _drawn(prompts, seed=123, n=1) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def llama():
-    return _setup("llama", LENGTHS)
+    return model_twin_and_prompts("llama", LENGTHS)
 
 
 def test_redrawn_positions_equal_the_reference_run(llama):
@@ -103,7 +103,7 @@ def test_shared_positions_reuse_the_layers_draws(llama):
     ids=["lists", "arrays"],
 )
 def test_several_answer_starts_equal_the_reference(starts):
-    model, plain, data, prompts = _setup("llama", VARIABLE)
+    model, plain, data, prompts = model_twin_and_prompts("llama", VARIABLE)
     plain_starts = [np.asarray(t).reshape(-1).tolist() for t in starts]
     given = InterventionSetting("csordas2025", "future", answer_start=starts)
     res = probekit.skip_effects(model, data, setting=given, batch_size=3)
@@ -144,7 +144,7 @@ def test_several_answer_starts_equal_the_reference(starts):
     ],
 )
 def test_positions_arguments_are_validated(kwargs):
-    model, _, data, _ = _setup("gpt2", (30, 20))
+    model, _, data, _ = model_twin_and_prompts("gpt2", (30, 20))
     kwargs = {"mode": "future", "convention": "csordas2025", **kwargs}
     with pytest.raises(InputError) as err:
         setting = InterventionSetting(**kwargs)

@@ -19,7 +19,7 @@ from probekit.errors import InputError, UnsupportedModelError
 from probekit.result import Result
 from tests import reference as ref
 from tests.conftest import hf_config, make_hf, sample_tokens, twin
-from tests.test_left_padding import _encoded
+from tests.test_left_padding import padded_texts
 
 RTOL, ATOL = 1e-4, 1e-6
 COLUMNS = ("top_prob", "entropy", "cross_entropy", "kl_final")
@@ -90,7 +90,7 @@ def test_tuned_lens_rows_equal_the_plain_reference_at_both_sites(arch):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_left_padding_gives_the_rows_of_right_padding(arch):
-    left, right = _encoded("left"), _encoded("right")
+    left, right = padded_texts("left"), padded_texts("right")
     model = probekit.load(make_hf(arch, n_layers=2))
     sites = ("resid_out", "resid_mid")
     a = probekit.token_lens(model, left, sites=sites)
@@ -201,11 +201,11 @@ def test_figure_save_load_and_the_chosen_sequence(tmp_path):
 
 
 def test_tokens_are_decoded_through_the_tokenizer():
-    from tests.test_left_padding import _tokenizer
+    from tests.test_left_padding import padded_tokenizer
 
     model = probekit.load(make_hf("gpt2", n_layers=2))
-    model.bridge.tokenizer = _tokenizer("right")
-    res = probekit.token_lens(model, _encoded("right"), positions="last")
+    model.bridge.tokenizer = padded_tokenizer("right")
+    res = probekit.token_lens(model, padded_texts("right"), positions="last")
     assert set(res.df.token) <= {"w2", "w3", "w8"}  # each text's last word
     assert res.df.top_token.map(lambda s: isinstance(s, str) and s != "").all()
 

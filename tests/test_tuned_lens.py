@@ -304,23 +304,23 @@ def _fit_and_read(model, data):
 
 
 def test_fit_and_read_leave_the_model_untouched(arch):
-    from tests.test_hygiene import _assert_same, _snapshot
+    from tests.test_hygiene import assert_model_unchanged, model_snapshot
 
     model = probekit.load(make_hf(arch))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     _fit_and_read(model, (tokens, mask))
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))
 
 
 @pytest.mark.parametrize("where", ["fit", "read"])
 def test_the_model_is_untouched_after_a_failure_midway(where, monkeypatch):
     from probekit.analyses.depth import tuned_lens as module
-    from tests.test_hygiene import _assert_same, _snapshot, fail_midway
+    from tests.test_hygiene import assert_model_unchanged, fail_midway, model_snapshot
 
     model = probekit.load(make_hf("gpt2"))
     tokens, mask = sample_tokens()
-    before = _snapshot(model, tokens, mask)
+    before = model_snapshot(model, tokens, mask)
     lens = TunedLens.zeros(model)
     if where == "fit":
         calls = {"n": 0}
@@ -341,4 +341,4 @@ def test_the_model_is_untouched_after_a_failure_midway(where, monkeypatch):
         else:
             tuned_lens(model, (tokens, mask), lens=lens)
     monkeypatch.undo()
-    _assert_same(before, _snapshot(model, tokens, mask))
+    assert_model_unchanged(before, model_snapshot(model, tokens, mask))
