@@ -30,21 +30,12 @@ import pandas as pd
 
 from probekit.anchor import AnchorTask, TrainConfig
 from probekit.errors import ConfigError
-from probekit.executor import check_executor
 from probekit.lm import finetune as _finetune
 from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
 from probekit.lm.corpus import VOCAB_SIZE
 from probekit.lm.finetune import FinetuneConfig
-from probekit.studies.runner import (
-    Study,
-    check_study_folder,
-    plan_cost,
-    print_plan,
-    raise_failures,
-    run_members,
-    write_results,
-)
+from probekit.studies.runner import Study, carry_out, member_steps, preset_of, resumable
 from probekit.tasks.compositions import CompositionTask
 from probekit.training.families import depth_family
 from probekit.training.models import ModelConfig
@@ -121,14 +112,6 @@ DEFAULTS: dict[str, Any] = {
 class DepthWidthStudy(Study):
     """:func:`depth_width`'s study: ``plan``, ``members`` (:data:`COLUMNS`), ``meta``,
     ``result`` (a :class:`~probekit.studies.results.DepthWidthResult`), ``page``."""
-
-
-def _preset(scale: str | None) -> dict[str, Any]:
-    if scale is None:
-        return DEFAULTS
-    if scale not in PRESETS:
-        raise ConfigError(f"unknown scale {scale!r}", fix="use 'cpu' or 'paper' (or None)")
-    return PRESETS[scale]
 
 
 def _depths_per_budget(
@@ -223,33 +206,28 @@ def depth_width(
     ``finetune_steps``: fine-tuning steps. Bad budgets and depths are one
     :class:`ConfigError` before any work. A killed study run again resumes.
     """
-    preset = _preset(scale)
+    preset = preset_of(scale, PRESETS, DEFAULTS)
     config = _config(preset, budgets, depths, seeds, steps, finetune_steps, corpus, task)
     # the anchor task's tokens are not bytes: its members train on it from scratch
     config["from_scratch"] = bool(from_scratch) or config["task_kind"] == "anchor"
     device = device or ("cpu" if preset["device"] == "cpu" else "auto")
     plan, jobs = _plan(config, device)
-    out = Path(out)
-    study = DepthWidthStudy(out, plan, pd.DataFrame(columns=COLUMNS), config)
-    if dry_run:
-        if progress:
-            print_plan(plan, DRY_RUN_COLUMNS, plan_cost(plan, device=preset["device"]))
-        return study
-    check_executor(executor, out if executor == "ray" else None)  # before any work
-    check_study_folder(out, "depth-width", config)
-    study.members, study.failed = run_members(
-        out,
-        plan,
+    study = DepthWidthStudy(Path(out), plan, pd.DataFrame(columns=COLUMNS), config)
+    return carry_out(
+        study,
+        "depth-width",
         jobs,
         train_member,
-        COLUMNS,
+        columns=COLUMNS,
+        dry_run_columns=DRY_RUN_COLUMNS,
+        build="depth_width_result",
+        plan_device=preset["device"],
+        device=device,
         executor=executor,
         ray_address=ray_address,
-        device=device,
         progress=progress,
+        dry_run=dry_run,
     )
-    raise_failures(study.failed, out)
-    return write_results(study, "depth_width_result")
 
 
 def _config(
@@ -423,29 +401,21 @@ def _run_configs(
 ) -> tuple[LMConfig, FinetuneConfig]:
     """The member's pretraining and fine-tuning settings (checked: a ConfigError here)."""
     lm = dict(config["lm"])
-    steps = lm.pop("steps")
-    if steps is None:  # the paper's scale: tokens per parameter
-        tokens = config["tokens_per_parameter"] * int(shape.n_params)
-        steps = max(1, round(tokens / (lm["batch_size"] * lm["seq_len"])))
+    steps = member_steps(lm, int(shape.n_params), config["tokens_per_parameter"])
+    del lm["steps"]
     lm_cfg = LMConfig(
         n_layers=int(shape.depth),
         d_model=int(shape.d_model),
         d_mlp=int(shape.d_mlp),
         seed=int(seed),
-        steps=int(steps),
+        steps=steps,
         corpus_root=config["corpus"],
         **lm,
         **config["lm_extra"],
     )
-    lm_cfg = replace(lm_cfg, eval_every=min(lm_cfg.eval_every, lm_cfg.steps))
-    lm_cfg = replace(lm_cfg, save_every=lm_cfg.eval_every if lm_cfg.eval_every < steps else None)
+    lm_cfg = resumable(lm_cfg)
     lm_cfg.validate()
-    ft = dict(config["finetune"])
-    ft_cfg = FinetuneConfig(task=task, seed=int(seed), **ft)
-    ft_cfg = replace(ft_cfg, eval_every=min(ft_cfg.eval_every, ft_cfg.steps))
-    ft_cfg = replace(
-        ft_cfg, save_every=ft_cfg.eval_every if ft_cfg.eval_every < ft_cfg.steps else None
-    )
+    ft_cfg = resumable(FinetuneConfig(task=task, seed=int(seed), **config["finetune"]))
     ft_cfg.validate()
     if task.seq_len > lm_cfg.seq_len:
         raise ConfigError(

@@ -30,8 +30,8 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,8 @@ import pandas as pd
 from probekit.errors import ConfigError, ProbekitError, ProbekitWarning
 from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
+from probekit.lm.config import LMConfig
+from probekit.lm.finetune import FinetuneConfig
 
 STUDY_FILE = "study.json"
 MEMBER_FILE = "member.json"
@@ -284,6 +286,76 @@ class _Clock:
 
 
 S = TypeVar("S", bound=Study)
+C = TypeVar("C", LMConfig, FinetuneConfig)
+
+
+def preset_of(scale: str | None, presets: Mapping[str, Any], defaults: Any) -> Any:
+    """The settings of ``scale`` (one of ``presets``; None: ``defaults``), else a
+    :class:`ConfigError`."""
+    if scale is None:
+        return defaults
+    if scale not in presets:
+        raise ConfigError(f"unknown scale {scale!r}", fix="use 'cpu' or 'paper' (or None)")
+    return presets[scale]
+
+
+def member_steps(lm: dict[str, Any], n_params: int, tokens_per_parameter: float | None) -> int:
+    """A member's training steps: ``lm["steps"]``, or (None: the paper's scale) the steps that
+    give ``tokens_per_parameter`` tokens per parameter (at least 1)."""
+    if lm["steps"] is not None:
+        return int(lm["steps"])
+    assert tokens_per_parameter is not None, "a preset without steps gives tokens per parameter"
+    tokens = tokens_per_parameter * n_params
+    return max(1, round(tokens / (lm["batch_size"] * lm["seq_len"])))
+
+
+def resumable(cfg: C) -> C:
+    """A member run's settings (an ``LMConfig`` or ``FinetuneConfig``) evaluating at most
+    every ``steps`` and saving a checkpoint at every evaluation before the last, so a killed
+    member resumes from its last evaluation."""
+    cfg = replace(cfg, eval_every=min(cfg.eval_every, cfg.steps))
+    return replace(cfg, save_every=cfg.eval_every if cfg.eval_every < cfg.steps else None)
+
+
+def carry_out(
+    study: S,
+    kind: str,
+    jobs: list[dict[str, Any]],
+    train: Callable[[Path, dict[str, Any]], dict[str, Any]],
+    *,
+    columns: Sequence[str],
+    dry_run_columns: Sequence[str],
+    build: str,
+    plan_device: str,
+    device: str,
+    executor: str,
+    ray_address: str | None,
+    progress: bool,
+    dry_run: bool,
+) -> S:
+    """A planned study's course: with ``dry_run``, print the plan and its cost (on
+    ``plan_device``'s rate) and return; else check the executor and the study folder before
+    any work, run the members (``train`` each), raise the failures as one error, and write the
+    result (``build``: :func:`write_results`)."""
+    if dry_run:
+        if progress:
+            print_plan(study.plan, dry_run_columns, plan_cost(study.plan, device=plan_device))
+        return study
+    check_executor(executor, study.out if executor == "ray" else None)  # before any work
+    check_study_folder(study.out, kind, study.meta)
+    study.members, study.failed = run_members(
+        study.out,
+        study.plan,
+        jobs,
+        train,
+        columns,
+        executor=executor,
+        ray_address=ray_address,
+        device=device,
+        progress=progress,
+    )
+    raise_failures(study.failed, study.out)
+    return write_results(study, build)
 
 
 def write_results(study: S, build: str) -> S:
@@ -354,11 +426,15 @@ __all__ = [
     "SUMMARY_FILE",
     "MemberTask",
     "Study",
+    "carry_out",
     "check_study_folder",
     "finished_row",
+    "member_steps",
     "plan_cost",
+    "preset_of",
     "print_plan",
     "raise_failures",
+    "resumable",
     "run_member",
     "run_members",
     "write_results",

@@ -18,26 +18,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from probekit.errors import ConfigError
-from probekit.executor import check_executor
 from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
 from probekit.lm.corpus import VOCAB_SIZE
-from probekit.studies.runner import (
-    Study,
-    check_study_folder,
-    plan_cost,
-    print_plan,
-    raise_failures,
-    run_members,
-    write_results,
-)
+from probekit.studies.runner import Study, carry_out, member_steps, preset_of, resumable
 from probekit.training.families import gpt2_parameter_count
 
 COLUMNS = [
@@ -138,9 +129,7 @@ def width_transition(
     widths that are not multiples of the head width are one :class:`ConfigError` before
     any work. A killed study run again resumes.
     """
-    if scale is not None and scale not in PRESETS:
-        raise ConfigError(f"unknown scale {scale!r}", fix="use 'cpu' or 'paper' (or None)")
-    preset = DEFAULTS if scale is None else PRESETS[scale]
+    preset = preset_of(scale, PRESETS, DEFAULTS)
     lm = dict(preset["lm"])
     if steps is not None:
         lm["steps"] = steps
@@ -160,27 +149,22 @@ def width_transition(
         raise ConfigError(f"seeds {config['seeds']} must be integers >= 0", fix="e.g. 0,1")
     device = device or ("cpu" if preset["device"] == "cpu" else "auto")
     plan, jobs = _plan(config, device)
-    out = Path(out)
-    study = TransitionStudy(out, plan, pd.DataFrame(columns=COLUMNS), config)
-    if dry_run:
-        if progress:
-            print_plan(plan, DRY_RUN_COLUMNS, plan_cost(plan, device=preset["device"]))
-        return study
-    check_executor(executor, out if executor == "ray" else None)  # before any work
-    check_study_folder(out, "transition", config)
-    study.members, study.failed = run_members(
-        out,
-        plan,
+    study = TransitionStudy(Path(out), plan, pd.DataFrame(columns=COLUMNS), config)
+    return carry_out(
+        study,
+        "transition",
         jobs,
         train_member,
-        COLUMNS,
+        columns=COLUMNS,
+        dry_run_columns=DRY_RUN_COLUMNS,
+        build="transition_result",
+        plan_device=preset["device"],
+        device=device,
         executor=executor,
         ray_address=ray_address,
-        device=device,
         progress=progress,
+        dry_run=dry_run,
     )
-    raise_failures(study.failed, out)
-    return write_results(study, "transition_result")
 
 
 def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
@@ -214,12 +198,9 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
 def _lm_config(config: dict[str, Any], depth: int, width: int, seed: int) -> LMConfig:
     """One member's LM run settings (checked: a ConfigError here)."""
     lm = dict(config["lm"])
-    steps = lm.pop("steps")
-    if steps is None:  # the paper's scale: tokens per parameter
-        n = gpt2_parameter_count(depth, width, 4 * width, VOCAB_SIZE, lm["seq_len"], True)
-        steps = max(
-            1, round(config["tokens_per_parameter"] * n / (lm["batch_size"] * lm["seq_len"]))
-        )
+    n = gpt2_parameter_count(depth, width, 4 * width, VOCAB_SIZE, lm["seq_len"], True)
+    steps = member_steps(lm, n, config["tokens_per_parameter"])
+    del lm["steps"]
     cfg = LMConfig(
         n_layers=depth,
         d_model=width,
@@ -231,8 +212,7 @@ def _lm_config(config: dict[str, Any], depth: int, width: int, seed: int) -> LMC
         **lm,
         **config["lm_extra"],
     )
-    cfg = replace(cfg, eval_every=min(cfg.eval_every, cfg.steps))
-    cfg = replace(cfg, save_every=cfg.eval_every if cfg.eval_every < cfg.steps else None)
+    cfg = resumable(cfg)
     cfg.validate()
     return cfg
 
