@@ -55,11 +55,11 @@ MIN_BOOT = 20
 # --- numbers in words ----------------------------------------------------------------------
 
 
-def _number(value: float) -> str:
+def as_text(value: float) -> str:
     """A number for a sentence: 3 significant digits, thousands written out.
 
     Example:
-        >>> _number(68.7856), _number(0.0123456), _number(123456.7)
+        >>> as_text(68.7856), as_text(0.0123456), as_text(123456.7)
         ('68.8', '0.0123', '123,457')
     """
     if not math.isfinite(value):
@@ -91,8 +91,8 @@ class Estimate:
         return bool(self.low <= value <= self.high)
 
     def __str__(self) -> str:
-        span = f"{_number(self.low)}–{_number(self.high)}"
-        return f"{_number(self.value)} ({_percent(self.level)} interval {span})"
+        span = f"{as_text(self.low)}–{as_text(self.high)}"
+        return f"{as_text(self.value)} ({_percent(self.level)} interval {span})"
 
     def to_dict(self, name: str) -> dict[str, float]:
         """``{name: value, name_low: low, name_high: high}``."""
@@ -173,7 +173,7 @@ def _check_depths(depths: np.ndarray, need: int) -> None:
 # --- the saturating fit --------------------------------------------------------------------
 
 
-def _curve(form: str, depths: np.ndarray, params: np.ndarray) -> np.ndarray:
+def form_values(form: str, depths: np.ndarray, params: np.ndarray) -> np.ndarray:
     """The form's values at ``depths``; ``params`` one row (or a matrix of rows)."""
     p = np.asarray(params, dtype=float)
     if p.ndim == 2:
@@ -208,7 +208,7 @@ def _exp_start(depths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, str]
     if best == len(scales) - 1:
         why = (
             f"the values do not level off within the depths measured (the best depth scale is "
-            f"past {_number(high)} layers, a straight line over the data): no asymptote can be read"
+            f"past {as_text(high)} layers, a straight line over the data): no asymptote can be read"
         )
     elif best == 0:
         why = "the values are already level from the shallowest depth: there is no rise to fit"
@@ -338,7 +338,7 @@ class SaturationFit:
 
     def predict(self, depths: Any) -> np.ndarray:
         """The fitted score at ``depths``."""
-        return _curve(self.form, np.asarray(depths, dtype=float), self._point())
+        return form_values(self.form, np.asarray(depths, dtype=float), self._point())
 
     def gain(self, depths: Any) -> np.ndarray:
         """The fitted gain of one more layer, ``f(L + 1) - f(L)``, at ``depths``."""
@@ -395,9 +395,9 @@ class SaturationFit:
         if self.form == "exp":
             a, c = self.params["a"], self.params["c"]
             text = (
-                f"{what} saturates at {_number(a.value)}{unit} ({level} interval "
-                f"{_number(a.low)}–{_number(a.high)}{unit}), approached on a depth scale of "
-                f"{_number(c.value)} layers ({_number(c.low)}–{_number(c.high)})"
+                f"{what} saturates at {as_text(a.value)}{unit} ({level} interval "
+                f"{as_text(a.low)}–{as_text(a.high)}{unit}), approached on a depth scale of "
+                f"{as_text(c.value)} layers ({as_text(c.low)}–{as_text(c.high)})"
             )
         else:
             b = self.params["b"]
@@ -408,7 +408,7 @@ class SaturationFit:
             )
         if threshold is not None:
             depth = self.saturation_depth(threshold)
-            step = f"{_number(threshold)} points" if unit == "%" else f"{_number(threshold)}{unit}"
+            step = f"{as_text(threshold)} points" if unit == "%" else f"{as_text(threshold)}{unit}"
             text += (
                 f"; one more layer adds less than {step} from depth {depth.value:.1f} "
                 f"({depth.low:.1f}–{depth.high:.1f})"
@@ -514,14 +514,14 @@ def fit_saturation(
             fix="check the scores (a task at chance or always solved gives this)",
         )
     point = _main_fit(form, at, ys)
-    fitted = _curve(form, at, point)
+    fitted = form_values(form, at, point)
     aic = {form: _aic(ys, fitted, len(point))}
     unfitted = {}
     for other in FORMS:
         if other != form:
             try:
                 rival = _main_fit(other, at, ys)
-                aic[other] = _aic(ys, _curve(other, at, rival), len(rival))
+                aic[other] = _aic(ys, form_values(other, at, rival), len(rival))
             except NumericalError as err:  # the comparison says so; the chosen form stands
                 aic[other], unfitted[other] = math.inf, err.problem
     samples = _bootstrap(form, at, ys, fitted, point, members, n_boot, seed)
@@ -607,18 +607,24 @@ class _Curve:
     loss: np.ndarray  # seeds x sizes, NaN where a seed lacks a size
 
 
-def _check_grid(grid: Any) -> pd.DataFrame:
-    if not isinstance(grid, pd.DataFrame):
-        raise InputError(
-            f"grid is a {type(grid).__name__}, not a pandas DataFrame",
-            fix=f"pass a table with columns {list(GRID_COLUMNS)} (and optionally seed)",
-        )
-    missing = [column for column in GRID_COLUMNS if column not in grid.columns]
+def check_columns(table: Any, columns: Sequence[str], name: str, fix: str) -> None:
+    """Refuse (:class:`InputError`, ``fix`` its fix) a ``table`` that is not a pandas
+    DataFrame or lacks one of ``columns``; ``name`` names it in the message ("grid", "the
+    transition members table")."""
+    if not isinstance(table, pd.DataFrame):
+        raise InputError(f"{name} is a {type(table).__name__}, not a pandas DataFrame", fix=fix)
+    missing = [column for column in columns if column not in table.columns]
     if missing:
-        raise InputError(
-            f"grid lacks the column(s) {missing}",
-            fix=f"pass one row per member with {list(GRID_COLUMNS)} (and optionally seed)",
-        )
+        raise InputError(f"{name} lacks the column(s) {missing}", fix=fix)
+
+
+def _check_grid(grid: Any) -> pd.DataFrame:
+    check_columns(
+        grid,
+        GRID_COLUMNS,
+        "grid",
+        fix=f"pass one row per member with {list(GRID_COLUMNS)} (and optionally seed)",
+    )
     table = grid.loc[:, [*GRID_COLUMNS, *(["seed"] if "seed" in grid.columns else [])]].copy()
     if "seed" not in table.columns:
         table["seed"] = 0
@@ -922,7 +928,7 @@ class TransitionFit:
         if not math.isfinite(value):
             raise NumericalError(
                 f"no depth from 1 to {depths[-1]:g} has its transition width at the width of a "
-                f"model of {_number(n_params)} parameters",
+                f"model of {as_text(n_params)} parameters",
                 fix="ask for a size nearer the grid's, or check n_params_of",
             )
         draws = np.random.default_rng(seed).multivariate_normal(point[0], self.cov, size=n_draws)
@@ -940,7 +946,7 @@ class TransitionFit:
             without the transitions' uncertainties
         """
         s = self.slope
-        factor = "–".join(_number(math.exp(x)) for x in (s.low, s.high))
+        factor = "–".join(as_text(math.exp(x)) for x in (s.low, s.high))
         i = self.intercept
         chi2 = (
             f"reduced χ² = {self.reduced_chi2:.3f}"
@@ -949,8 +955,8 @@ class TransitionFit:
         )
         return (
             f"the transition width grows exponentially with depth: its log by {s} per layer, "
-            f"a factor {_number(math.exp(s.value))} ({factor}) per layer, intercept "
-            f"{_number(i.value)} ({_number(i.low)}–{_number(i.high)}), over {self.n_points} "
+            f"a factor {as_text(math.exp(s.value))} ({factor}) per layer, intercept "
+            f"{as_text(i.value)} ({as_text(i.low)}–{as_text(i.high)}), over {self.n_points} "
             f"transitions at depths {min(self.depths):g}–{max(self.depths):g}; "
             f"R² = {self.r2:.3f}, {chi2}"
         )

@@ -56,10 +56,11 @@ from probekit.studies.fits import (
     MIN_BOOT,
     PARAMETERS,
     Estimate,
-    _curve,
-    _number,
+    as_text,
+    check_columns,
     fit_saturation,
     fit_transition,
+    form_values,
     l_star,
     transition_width,
 )
@@ -162,17 +163,8 @@ def _checked_table(
     members: Any, columns: tuple[str, ...], finite: tuple[str, ...], what: str
 ) -> pd.DataFrame:
     """``members`` with every column of ``columns``, the ``finite`` ones as finite floats."""
-    if not isinstance(members, pd.DataFrame):
-        raise InputError(
-            f"the {what} members table is a {type(members).__name__}, not a pandas DataFrame",
-            fix=f"pass one row per member with the columns {list(columns)}",
-        )
-    missing = [c for c in columns if c not in members.columns]
-    if missing:
-        raise InputError(
-            f"the {what} members table lacks the column(s) {missing}",
-            fix=f"pass one row per member with the columns {list(columns)}",
-        )
+    fix = f"pass one row per member with the columns {list(columns)}"
+    check_columns(members, columns, f"the {what} members table", fix)
     if members.empty:
         raise InputError(f"the {what} members table has no rows", fix="train the members first")
     table = members.reset_index(drop=True).copy()
@@ -431,7 +423,7 @@ def _interval_of(value: float, samples: np.ndarray, level: float, name: str) -> 
 def _equal_perplexity_sentence(b: Estimate, c: Estimate, r2: float, n: int, model: str) -> str:
     numbers = (
         f"at equal LM validation loss one more layer changes held-out accuracy by {b} points "
-        f"(c = {_number(c.value)} points per nat of loss, R² = {r2:.2f}; {model}, over {n} "
+        f"(c = {as_text(c.value)} points per nat of loss, R² = {r2:.2f}; {model}, over {n} "
         "members, members resampled within each budget)"
     )
     if b.low > 0:
@@ -510,7 +502,7 @@ def depth_width_result(
 def _fit_line(entry: dict[str, Any], depths: np.ndarray) -> np.ndarray:
     """The saturating fit recorded in ``entry`` at ``depths``."""
     form = entry["form"]
-    return _curve(form, depths, np.array([entry[name] for name in PARAMETERS[form]]))
+    return form_values(form, depths, np.array([entry[name] for name in PARAMETERS[form]]))
 
 
 def _band(x: Any, low: Any, high: Any, color: str, group: str) -> go.Scatter:
@@ -768,7 +760,7 @@ def _pair_sentence(row: Any) -> str:
     if row.reason:
         return f"{pair}: no transition ({row.reason})"
     where = "above" if row.deeper_better == "above" else "below"
-    spread = "" if not math.isfinite(row.sigma) else f" ± {_number(row.sigma)}"
+    spread = "" if not math.isfinite(row.sigma) else f" ± {as_text(row.sigma)}"
     return (
         f"{pair}: the deeper model is better {where} {size_words(row.n_params)} parameters, "
         f"where its width is {row.width:.0f} (ln width {row.log_width:.2f}{spread})"
