@@ -23,6 +23,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from probekit.errors import ConfigError, InputError, ProbekitWarning
@@ -361,6 +362,170 @@ from 1 to 1048576.
             )
 
 
+# --- the estimate of a diagnosis's time and memory, before the weights load ---
+
+
+def add_estimate(parser: Flags) -> None:
+    """``--estimate``: print the expected time and peak memory of the work and exit before
+    the weights load (:func:`estimate_diagnosis`)."""
+    parser.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the expected time and peak memory (from the model's config, the planned "
+        "block passes and heads, and a short timing of one block and one head here) and exit "
+        "without loading the weights",
+    )
+
+
+def weight_dtypes(stored: str, dtype: str) -> tuple[str, str]:
+    """The dtype the weights are kept in memory in and the dtype each block computes in, for
+    weights stored in ``stored`` loaded with ``--dtype`` ``dtype`` (``"stored"``: as stored):
+    today both are the loaded dtype."""
+    loaded = stored if dtype == "stored" else dtype
+    return loaded, loaded
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate_diagnosis` found: one summary line, the detail lines (``--estimate``
+    prints them), the expected seconds (None: not timed), the peak memory in bytes, the free
+    memory (None: unknown) and what to do when the peak does not fit."""
+
+    summary: str
+    lines: list[str]
+    seconds: float | None
+    peak: int
+    free: int | None
+    remedies: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return self.free is None or self.peak <= self.free
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def _count(n: float) -> str:
+    """A parameter count in words: 494M, 8.03B."""
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+
+
+TIMED_FLOPS = 1e10
+"""A diagnosis with less arithmetic than this takes seconds: its estimate times nothing (a
+block and a head are timed only for more, or when ``--estimate`` asks)."""
+
+
+def estimate_diagnosis(
+    folder: str,
+    *,
+    n_sequences: int,
+    seq_len: int,
+    batch_size: int | None = None,
+    dtype: str = "stored",
+    device: str | None = None,
+    timed: bool | None = None,
+    timings: dict | None = None,
+    **plan: Any,
+) -> Estimate:
+    """The expected time and peak memory of diagnosing the checkpoint in ``folder`` on
+    ``n_sequences`` x ``seq_len`` tokens, from its config and safetensors headers alone
+    (:mod:`probekit.model.estimate`): the planned block passes and heads per analysis, their
+    FLOPs and one block pass and one head timed here (``timed``; None: when the work has
+    :data:`TIMED_FLOPS` or more; the timings kept in ``timings`` by shape, for several
+    checkpoints of one shape). ``plan`` goes to
+    :func:`~probekit.model.estimate.diagnosis_plan` (``pairs``, ``similarity``,
+    ``token_lens``)."""
+    from probekit.model import estimate as est
+    from probekit.numerics import available_memory
+
+    shapes, stored, config = est.read_shapes(folder)
+    context = config.get("max_position_embeddings") or config.get("n_positions") or seq_len
+    seq_len = min(seq_len, int(context))
+    work = est.workload(shapes, n_sequences, seq_len, batch_size, **plan)
+    storage, compute = weight_dtypes(stored, dtype)
+    where = device or "cpu"
+    peak = est.peak_bytes(work, storage, compute, load_from=stored)
+    weights = est.weight_bytes(shapes, storage, compute)
+    free = available_memory(where)
+    total, flops = work.total, work.flops(work.total)
+    counts = f"{total.block_passes:,} block passes and {total.heads:,} heads" + (
+        f" and {total.backwards} backward{'s' if total.backwards > 1 else ''}"
+        if total.backwards
+        else ""
+    )
+    lines = [
+        f"model: {_count(shapes.parameters)} parameters, {shapes.n_layers} layers, d_model "
+        f"{shapes.d_model}, vocabulary {shapes.vocab:,}; stored in {stored}, kept in "
+        f"{storage}, computed in {compute}",
+        f"plan: {n_sequences} x {seq_len} tokens in batches of {work.batch}; {counts} = "
+        f"{flops / 1e12:.3g} TFLOP; per analysis (block passes/heads) "
+        + ", ".join(f"{name} {p.block_passes:,}/{p.heads:,}" for name, p in work.plan.items()),
+    ]
+    seconds = None
+    if timed or (timed is None and flops >= TIMED_FLOPS):
+        key = (shapes, work.batch, seq_len, compute, where)
+        cache = {} if timings is None else timings
+        if key not in cache:
+            cache[key] = est.time_block_and_head(config, work.batch, seq_len, compute, where)
+        timing = cache[key]
+        each = {name: timing.seconds(work, p) for name, p in work.plan.items()}
+        seconds = sum(each.values())
+        lines.append(
+            f"timing here: one block pass {timing.block * 1e3:.1f} ms, one head and its "
+            f"measures {timing.head * 1e3:.1f} ms ({_load_line()}); expected "
+            f"{_minutes(seconds)}: "
+            + ", ".join(f"{name} {_minutes(s)}" for name, s in each.items() if s > 0)
+        )
+    room = f"{_gib(free)} free" if free is not None else "free memory unknown"
+    lines.append(f"memory: expected peak {_gib(peak)} (weights {_gib(weights)}); {room}")
+    took = f"about {_minutes(seconds)}" if seconds is not None else "a few seconds"
+    summary = f"{took} and {_gib(peak)} at the peak (weights {_gib(weights)}, {room}): {counts}"
+    remedies = _remedies(work, stored, storage, compute, free)
+    return Estimate(summary, lines, seconds, peak, free, remedies)
+
+
+def _load_line() -> str:
+    """The load average beside the core count: a busy machine's timings are longer."""
+    try:
+        load = f"load average {os.getloadavg()[0]:.2f}"
+    except OSError:  # pragma: no cover - no load average
+        load = "load unknown"
+    return f"{load} on {os.cpu_count()} cores"
+
+
+def _remedies(work: Any, stored: str, storage: str, compute: str, free: int | None) -> list[str]:
+    """What brings a diagnosis's peak under ``free`` bytes, the ones that help most first."""
+    from probekit.model import estimate as est
+
+    weights = est.weight_bytes(work.shapes, storage, compute)
+    out = []
+    if storage == "float32":
+        half = stored if stored in ("bfloat16", "float16") else "bfloat16"
+        out.append(f"--dtype {half} (half the weights' memory; computes in {half})")
+    if free is None or weights + est.BASE_PROCESS_BYTES < free:
+        out.append("--batch-size 1, fewer --n-sequences or a shorter --seq-len")
+    out.append("a machine with more memory")
+    return out
+
+
+def check_estimate_fits(estimate: Estimate) -> None:
+    """Refuse, before the weights load, a diagnosis whose expected peak exceeds the free
+    memory (it would be killed mid-way), naming what to do."""
+    if estimate.fits:
+        return
+    raise ConfigError(
+        f"the diagnosis needs about {_gib(estimate.peak)} of memory at its peak and "
+        f"{_gib(estimate.free or 0)} are free",
+        fix="use " + "; or ".join(estimate.remedies),
+    )
+
+
 __all__ = [
     "LIMITS",
     "check_int_flags",
@@ -379,4 +544,9 @@ __all__ = [
     "check_device",
     "one_line_warnings",
     "set_threads",
+    "Estimate",
+    "add_estimate",
+    "check_estimate_fits",
+    "estimate_diagnosis",
+    "weight_dtypes",
 ]

@@ -25,12 +25,15 @@ from probekit.cli.common import (
     add_command,
     add_data_flags,
     add_device,
+    add_estimate,
     add_force,
     add_out,
     add_quiet,
     check_device,
+    check_estimate_fits,
     check_int_flags,
     dataset_choice,
+    estimate_diagnosis,
 )
 from probekit.errors import ConfigError
 from probekit.sources import (
@@ -58,17 +61,23 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
 
 
+def checkpoint_of(args: argparse.Namespace) -> tuple[str, RunInfo | None, list[str]]:
+    """The checks of ``probekit diagnose``'s flags and checkpoint path (before torch loads):
+    the checkpoint folder, the run that wrote it, and the lines to print (warnings, notices)."""
+    check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
+    check_flags(args)
+    warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
+    path, run, lines = checkpoint_to_diagnose(args.model, text=args.text)
+    return path, run, lines + ([f"warning: {warning}"] if warning else [])
+
+
 def prepare(args: argparse.Namespace) -> tuple[str, RunInfo | None, Path]:
     """Every check of ``probekit diagnose`` that needs no model, the cheap ones first (a wrong
     path is reported before torch loads): the checkpoint path and ``--out``. Prints a warning
     for a non-UTF-8 ``--text`` (or ``--dataset`` .txt) and a notice per ignored file. Returns
     the checkpoint folder, the probekit run that wrote it (read here, once) and the output
     folder."""
-    check_diagnose_inputs(args.model, text=args.text, lens=args.lens)
-    check_flags(args)
-    warning = check_dataset(dataset_choice(args))  # name, split, column: before torch loads
-    path, run, lines = checkpoint_to_diagnose(args.model, text=args.text)
-    lines += [f"warning: {warning}"] if warning else []
+    path, run, lines = checkpoint_of(args)
     from probekit.page import check_out_dir  # light: the report's imports wait for the work
 
     out = check_out_dir(args.out, force=args.force, protect=(path, args.model, args.text))
@@ -121,10 +130,63 @@ def diagnosis_settings(args: argparse.Namespace) -> DiagnosisSettings:
     )
 
 
+def estimate(args: argparse.Namespace, path: str, timed: bool | None) -> Any:
+    """The :class:`~probekit.cli.common.Estimate` of diagnosing the checkpoint in ``path``
+    with ``args``' data and settings (a block and a head timed when ``timed``; None: when
+    the work is more than seconds)."""
+    return estimate_diagnosis(
+        path,
+        n_sequences=args.n_sequences,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        device=args.device,
+        timed=timed,
+        pairs=args.pairs,
+        similarity=not args.no_similarity,
+        token_lens=args.token_lens,
+    )
+
+
+def _estimate_or_none(args: argparse.Namespace, path: str) -> Any:
+    """The estimate before a diagnosis (timed unless ``--quiet`` or the work takes seconds),
+    or None where the folder's config cannot be estimated from (the load then says what is
+    wrong with it, as without an estimate)."""
+    try:
+        return estimate(args, path, timed=False if args.quiet else None)
+    except Exception:  # noqa: BLE001 - an estimate never stops a diagnosis the load allows
+        return None
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    """``probekit diagnose --estimate``: the checks, then the estimate on stdout; nothing is
+    loaded or written."""
+    path, _, lines = checkpoint_of(args)
+    for line in lines:
+        print(f"probekit: {line}", file=sys.stderr)
+    found = estimate(args, path, timed=True)
+    for line in found.lines:
+        print(f"estimate: {line}")
+    if not found.fits:
+        print(f"estimate: does not fit in the free memory; use {'; or '.join(found.remedies)}")
+    if args.tuned_lens:
+        print("estimate: the tuned lens's fit is not counted")
+    return 0
+
+
 def diagnose_command(args: argparse.Namespace) -> int:
-    """``probekit diagnose``: check every flag, then diagnose the checkpoint and write the
-    report (:func:`probekit.report.diagnose_checkpoint`); print the verdict and the page."""
+    """``probekit diagnose``: check every flag, print the estimate of the work's time and
+    memory (refusing a diagnosis that would not fit in memory), then diagnose the checkpoint
+    and write the report (:func:`probekit.report.diagnose_checkpoint`); print the verdict and
+    the page. ``--estimate``: the estimate only (:func:`estimate_command`)."""
+    if args.estimate:
+        return estimate_command(args)
     path, run, out = prepare(args)  # before the slow imports and the load
+    found = _estimate_or_none(args, path)
+    if found is not None:
+        if not args.quiet:
+            print(f"probekit: estimate: {found.summary}", file=sys.stderr)
+        check_estimate_fits(found)  # before the weights load: not killed half-way
     from probekit import report
 
     source = _source(args, path, run)
@@ -208,7 +270,11 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="add the token-resolved logit lens section: the lens's top token at every depth "
         "and position, each token's prediction depth (about the logit lens's cost)",
     )
-    add_quiet(diag, help="no progress lines or verdict: only the report's path (and warnings)")
+    add_quiet(
+        diag,
+        help="no progress lines, estimate or verdict: only the report's path (and warnings)",
+    )
+    add_estimate(diag)
     _add_placement_flags(diag)
     _add_depth_flags(diag)
     _add_similarity_flag(diag)

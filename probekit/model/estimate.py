@@ -1,0 +1,381 @@
+"""What a diagnosis of a checkpoint costs, from its config alone (no weight is read): the
+model's shapes, the FLOPs of one block pass and one output head, the bytes of its weights and
+of a batch's activations, and the block passes and heads each analysis of a diagnosis runs.
+
+The plan (:func:`diagnosis_plan`) counts what the exact-resumption diagnosis runs per batch
+(:class:`probekit.analyses.depth.shared.Shared`): the clean trace (one full forward, L block
+passes and a head); ``contributions`` resumes each whole-layer skip after the skipped block
+(L - 1 - l blocks) and each of the 2L sublayer ablations at the ablated block (L - l blocks),
+one head each; ``skip_effects`` reads the skips already run; ``layer_swaps`` resumes each
+swap of layers i < j at i (L - i blocks) with one head; the logit lens applies the head to
+each of the L residuals of the clean trace; the residual statistics and the layer similarity
+run one full forward each and the gradients one forward and its backward. With several
+batches the shared trace holds the latest batch only, so the swaps and the lens trace each
+batch again. ``tests/test_estimate.py`` checks these counts against the block and head calls
+of a real diagnosis.
+
+Example:
+    >>> config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+    ...           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+    ...           "vocab_size": 100, "hidden_act": "silu", "tie_word_embeddings": True}
+    >>> shapes = Shapes.from_config(config)
+    >>> shapes.n_layers, shapes.kv_dim, shapes.gated
+    (2, 32, True)
+    >>> plan = diagnosis_plan(2, n_batches=1)
+    >>> plan["contributions"].block_passes, plan["contributions"].heads
+    (9, 7)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probekit.model.checkpoint import _config_int, check_checkpoint_dir, estimate_parameters
+from probekit.model.inputs import default_batch_size
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per value of the dtypes a checkpoint is stored or computed in."""
+
+BASE_PROCESS_BYTES = 600 * 2**20
+"""The resident memory of a ``probekit diagnose`` process before its weights: Python, torch,
+transformers and TransformerLens imported, the tokenizer and the analyses' code."""
+
+GATED_ACTIVATIONS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu", "swish")
+"""``hidden_act`` values of configs whose MLP is gated (three matrices: gate, up, down)."""
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes of a decoder (or encoder) that set its cost: layers, widths, heads, the
+    vocabulary, whether the MLP is gated and the unembedding tied, and the parameters (from
+    the safetensors headers when read from a folder, else from the config)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_mlp: int
+    vocab: int
+    gated: bool
+    tied: bool
+    parameters: int
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], parameters: int | None = None) -> Shapes:
+        """The shapes a Hugging Face ``config.json`` describes (GPT-2, GPT-NeoX, Llama, Qwen2
+        and alike field names)."""
+        d = _config_int(config, "hidden_size", "n_embd", "d_model")
+        heads = _config_int(config, "num_attention_heads", "n_head", "num_heads", default=1)
+        d_mlp = _config_int(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * d
+        return cls(
+            n_layers=_config_int(config, "num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+            d_model=d,
+            n_heads=heads,
+            n_kv_heads=_config_int(config, "num_key_value_heads", default=heads) or heads,
+            d_mlp=d_mlp,
+            vocab=_config_int(config, "vocab_size"),
+            gated=config.get("hidden_act", config.get("activation_function")) in GATED_ACTIVATIONS,
+            tied=bool(config.get("tie_word_embeddings", True)),
+            parameters=parameters or estimate_parameters(config),
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        """The width of the keys (and of the values): kv heads x head width."""
+        return self.n_kv_heads * (self.d_model // max(self.n_heads, 1))
+
+    @property
+    def block_parameters(self) -> int:
+        """The weights of one block (its matrices; norms and biases are negligible)."""
+        attention = 2 * self.d_model * self.d_model + 2 * self.d_model * self.kv_dim
+        return attention + (3 if self.gated else 2) * self.d_model * self.d_mlp
+
+
+def read_shapes(folder: str | Path) -> tuple[Shapes, str, dict[str, Any]]:
+    """The :class:`Shapes` of the checkpoint in ``folder`` (config.json and the safetensors
+    headers: the exact parameter count, no weight read), the dtype it stores them in and its
+    config."""
+    from probekit.model.checkpoint import stored_dtype
+
+    config, stored = check_checkpoint_dir(Path(folder))
+    dtype = str(stored_dtype(folder, config)).removeprefix("torch.")
+    return Shapes.from_config(config, parameters=stored), dtype, config
+
+
+def block_flops(shapes: Shapes, sequences: int, seq_len: int) -> float:
+    """FLOPs of one block pass over ``sequences`` x ``seq_len`` tokens: the weight products
+    (2 per weight and token) and attention's scores and weighted values over all
+    ``seq_len`` positions (2 x 2 x T x d per token)."""
+    tokens = sequences * seq_len
+    return tokens * (2 * shapes.block_parameters + 4 * seq_len * shapes.d_model)
+
+
+def head_flops(shapes: Shapes, sequences: int, seq_len: int) -> float:
+    """FLOPs of one output head (the unembedding) over ``sequences`` x ``seq_len`` tokens."""
+    return 2.0 * sequences * seq_len * shapes.d_model * shapes.vocab
+
+
+def weight_bytes(shapes: Shapes, storage: str, compute: str) -> int:
+    """Bytes of the weights in memory kept in the ``storage`` dtype and run in ``compute``:
+    the parameters in their dtype when the two agree; else the stored weights and one block's
+    copy in the compute dtype, made on the fly."""
+    kept = shapes.parameters * DTYPE_BYTES[storage]
+    if storage == compute:
+        return kept
+    return kept + shapes.block_parameters * DTYPE_BYTES[compute]
+
+
+def activation_bytes(shapes: Shapes, sequences: int, seq_len: int, backward: bool) -> int:
+    """Bytes one batch's work holds besides the weights: the clean trace's L + 1 residuals
+    and a few output-sized float32 tensors (the clean side, a variant's logits and their
+    measures; a backward: its saved activations and gradients too), float32."""
+    tokens = sequences * seq_len
+    residuals = (shapes.n_layers + 1) * tokens * shapes.d_model
+    outputs = 6 * tokens * max(shapes.vocab, shapes.d_model)
+    saved = 24 * shapes.n_layers * tokens * shapes.d_model if backward else 0
+    return 4 * (residuals + outputs + saved)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """What one analysis runs: block passes and output heads (each at one batch's tokens),
+    and full forwards differentiated (each a backward of about twice a forward's work)."""
+
+    block_passes: int = 0
+    heads: int = 0
+    backwards: int = 0
+
+    def __add__(self, other: Passes) -> Passes:
+        return Passes(
+            self.block_passes + other.block_passes,
+            self.heads + other.heads,
+            self.backwards + other.backwards,
+        )
+
+    def times(self, n: int) -> Passes:
+        return Passes(n * self.block_passes, n * self.heads, n * self.backwards)
+
+
+def swap_pairs(n_layers: int, pairs: str = "adjacent") -> list[tuple[int, int]]:
+    """The layer pairs ``layer_swaps`` swaps: neighbours, or every pair i < j (``"all"``)."""
+    if pairs == "adjacent":
+        return [(i, i + 1) for i in range(n_layers - 1)]
+    return [(i, j) for i in range(n_layers) for j in range(i + 1, n_layers)]
+
+
+def diagnosis_plan(
+    n_layers: int,
+    n_batches: int,
+    *,
+    pairs: str = "adjacent",
+    similarity: bool = True,
+    token_lens: bool = False,
+    vocabulary: bool = True,
+    gradient_batches: int | None = None,
+) -> dict[str, Passes]:
+    """The block passes and heads of each analysis of a diagnosis over ``n_batches`` batches
+    (``gradient_batches``: the gradients' own, default the same), in the order they run (see
+    the module)."""
+    L = n_layers
+    forward = Passes(L, 1)
+    retrace = forward if n_batches > 1 else Passes()  # the shared trace keeps one batch
+    skips = sum(L - 1 - layer for layer in range(L))
+    ablations = 2 * sum(L - layer for layer in range(L))
+    swaps = swap_pairs(L, pairs)
+    plan = {
+        "contributions": forward + Passes(skips + ablations, 3 * L),
+        "skip_effects": Passes(),
+        "layer_swaps": retrace + Passes(sum(L - i for i, _ in swaps), len(swaps)),
+        "residual": forward,
+        "logit_lens": retrace + Passes(0, L),
+        "token_lens": retrace + Passes(0, L),
+        "gradients": Passes(L, 1, 1),
+        "layer_similarity": forward,
+    }
+    if not token_lens:
+        del plan["token_lens"]
+    if not similarity:
+        del plan["layer_similarity"]
+    if not vocabulary:  # no lens, no loss to differentiate
+        del plan["logit_lens"], plan["gradients"]
+        plan.pop("token_lens", None)
+    out = {name: passes.times(n_batches) for name, passes in plan.items()}
+    if "gradients" in out:
+        out["gradients"] = plan["gradients"].times(gradient_batches or n_batches)
+    return out
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A diagnosis of a model of ``shapes`` on ``n_sequences`` x ``seq_len`` tokens: how it
+    is split into batches, and its :func:`diagnosis_plan`."""
+
+    shapes: Shapes
+    n_sequences: int
+    seq_len: int
+    batch: int
+    gradient_batch: int
+    plan: dict[str, Passes]
+
+    @property
+    def total(self) -> Passes:
+        out = Passes()
+        for passes in self.plan.values():
+            out = out + passes
+        return out
+
+    def flops(self, passes: Passes) -> float:
+        """FLOPs of ``passes`` (at this workload's batch; a backward twice its forward)."""
+        block = block_flops(self.shapes, self.batch, self.seq_len)
+        head = head_flops(self.shapes, self.batch, self.seq_len)
+        backward = 2 * (self.shapes.n_layers * block + head) * self.gradient_batch / self.batch
+        return passes.block_passes * block + passes.heads * head + passes.backwards * backward
+
+
+def workload(
+    shapes: Shapes,
+    n_sequences: int,
+    seq_len: int,
+    batch_size: int | None = None,
+    **plan: Any,
+) -> Workload:
+    """The :class:`Workload` of a diagnosis; its batches as :meth:`probekit.model.Model.prepare`
+    splits them (``batch_size``, else :func:`~probekit.model.inputs.default_batch_size`);
+    ``plan`` goes to :func:`diagnosis_plan`."""
+    width = shapes.vocab if plan.get("vocabulary", True) else shapes.d_model
+    batch = batch_size or default_batch_size(seq_len, width, shapes.d_model, shapes.n_layers)
+    grad = batch_size or default_batch_size(
+        seq_len, width, shapes.d_model, shapes.n_layers, backward=True
+    )
+    batch, grad = min(batch, n_sequences), min(grad, n_sequences)
+    counts = diagnosis_plan(
+        shapes.n_layers,
+        math.ceil(n_sequences / batch),
+        gradient_batches=math.ceil(n_sequences / grad),
+        **plan,
+    )
+    return Workload(shapes, n_sequences, seq_len, batch, grad, counts)
+
+
+def peak_bytes(work: Workload, storage: str, compute: str, load_from: str | None = None) -> int:
+    """The peak resident memory of the diagnosis: the process itself
+    (:data:`BASE_PROCESS_BYTES`), the weights (:func:`weight_bytes`) and the larger of a
+    batch's work (:func:`activation_bytes`, the gradients' batch with its backward) and, when
+    the load converts the weights from the ``load_from`` dtype of the files, the stored copy
+    read while converting."""
+    shapes = work.shapes
+    weights = weight_bytes(shapes, storage, compute)
+    converting = load_from is not None and load_from != storage
+    loading = shapes.parameters * DTYPE_BYTES[load_from] if converting and load_from else 0
+    work_bytes = max(
+        activation_bytes(shapes, work.batch, work.seq_len, backward=False),
+        activation_bytes(shapes, work.gradient_batch, work.seq_len, backward=True),
+    )
+    return BASE_PROCESS_BYTES + weights + max(loading, work_bytes)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median seconds of one block pass and of one head with its output measures' share
+    (``head``) at one batch's tokens on this machine, in the compute dtype."""
+
+    block: float
+    head: float
+
+    def seconds(self, work: Workload, passes: Passes) -> float:
+        """The time ``passes`` take at these timings (a backward twice its forward)."""
+        forward = work.shapes.n_layers * self.block + self.head
+        backward = 2 * forward * work.gradient_batch / work.batch
+        return (
+            passes.block_passes * self.block
+            + passes.heads * self.head
+            + (passes.backwards * backward)
+        )
+
+
+def _median_seconds(fn: Any, repeats: int, device: str) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after a warm-up (CUDA work waited
+    for)."""
+    import statistics
+    import time
+
+    import torch
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+HEAD_SLICE = 16384
+"""Vocabulary rows the head timing multiplies by (its time scaled to the whole vocabulary),
+so that timing a 128k-vocabulary head does not allocate its whole float32 matrix."""
+
+
+def time_block_and_head(
+    config: dict[str, Any],
+    sequences: int,
+    seq_len: int,
+    compute: str = "float32",
+    device: str = "cpu",
+    repeats: int = 3,
+) -> Timing:
+    """:class:`Timing` of the model ``config`` describes: one block of its real shape with
+    random weights (a one-layer copy of the model, built from the config) run on
+    ``sequences`` x ``seq_len`` random residuals, and one unembedding product (a
+    :data:`HEAD_SLICE`-row slice of the vocabulary, scaled to the whole), medians of
+    ``repeats`` after a warm-up, in inference mode on ``device`` (on a CPU: the threads torch
+    uses now). A head's
+    output measures (softmax, KL and alike over the vocabulary) are counted as one more
+    head's worth of time."""
+    import torch
+    import transformers
+
+    dtype = getattr(torch, compute)
+    one = transformers.AutoConfig.for_model(
+        **{**config, "num_hidden_layers": 1, "n_layer": 1, "vocab_size": 8}
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        hf = transformers.AutoModel.from_config(one, dtype=dtype).eval().to(device)
+        shapes = Shapes.from_config(config)
+        x = torch.randn(sequences, seq_len, shapes.d_model, dtype=dtype, device=device)
+        rows = min(HEAD_SLICE, max(shapes.vocab, 1))
+        unembed = torch.randn(rows, shapes.d_model, dtype=dtype, device=device)
+    flat = x.reshape(-1, shapes.d_model)
+    with torch.inference_mode():
+        block = _median_seconds(lambda: hf(inputs_embeds=x, use_cache=False), repeats, device)
+        head = _median_seconds(lambda: torch.mm(flat, unembed.T), repeats, device)
+    return Timing(block=block, head=2 * head * max(shapes.vocab, 1) / rows)
+
+
+__all__ = [
+    "BASE_PROCESS_BYTES",
+    "DTYPE_BYTES",
+    "Passes",
+    "Shapes",
+    "Timing",
+    "Workload",
+    "activation_bytes",
+    "block_flops",
+    "diagnosis_plan",
+    "head_flops",
+    "peak_bytes",
+    "read_shapes",
+    "swap_pairs",
+    "time_block_and_head",
+    "weight_bytes",
+    "workload",
+]
