@@ -1,0 +1,227 @@
+"""The estimate of a diagnosis (probekit.model.estimate and ``probekit diagnose --estimate``):
+its plan is what a real diagnosis runs, its FLOPs and bytes are the model's, ``--estimate``
+loads no weights, and a diagnosis that would not fit in memory is refused before loading."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+import torch
+
+from probekit import report
+from probekit.model import estimate as est
+from probekit.toy import toy_hf_model, toy_model, toy_tokens
+
+
+def _counted_diagnosis(monkeypatch, model, data, **settings) -> dict[str, est.Passes]:
+    """Per analysis, the block passes, heads and backwards a real diagnosis runs: every block
+    a trace resumes (``Trace.run_module``), every full forward (L blocks and the model's own
+    head), every head applied to a residual (``OutputHead.__call__``), every backward."""
+    from probekit.model import output, runtime, trace
+
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    current = ["-"]
+    n_layers = model.n_layers
+
+    def wrap(owner, name, count):
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            count(*args)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    def blocks(self, module, call, residuals):
+        counts[current[0]]["blocks"] += len(residuals)
+
+    def forward(self, *args):
+        counts[current[0]]["blocks"] += n_layers
+        counts[current[0]]["heads"] += 1
+
+    wrap(trace.Trace, "run_module", blocks)
+    wrap(runtime.Runtime, "forward", forward)
+    wrap(output.OutputHead, "__call__", lambda *a: counts[current[0]].update(["heads"]))
+    wrap(torch.Tensor, "backward", lambda *a: counts[current[0]].update(["backwards"]))
+    run_analyses = report.run_analyses
+
+    def each_counted(steps, progress):
+        def named(name, call):
+            def run():
+                current[0] = name
+                try:
+                    return call()
+                finally:
+                    current[0] = "-"
+
+            return run
+
+        return run_analyses({name: named(name, call) for name, call in steps.items()}, progress)
+
+    monkeypatch.setattr(report, "run_analyses", each_counted)
+    report.diagnose(model, data, n_bootstrap=2, **settings)
+    assert "-" not in counts, counts["-"]  # nothing ran outside an analysis
+    return {name: est.Passes(c["blocks"], c["heads"], c["backwards"]) for name, c in counts.items()}
+
+
+def _planned(n_layers: int, n_batches: int, **settings) -> dict[str, est.Passes]:
+    plan = est.diagnosis_plan(n_layers, n_batches, **settings)
+    return {name: passes for name, passes in plan.items() if passes != est.Passes()}
+
+
+@pytest.mark.parametrize(
+    "arch, n_layers, batch_size, settings",
+    [
+        ("llama", 3, None, {}),
+        ("gpt2", 2, None, {"pairs": "all", "token_lens": True}),
+        ("llama", 2, 2, {"similarity": False}),
+        ("gpt2", 3, 2, {"pairs": "all", "token_lens": True}),
+    ],
+)
+def test_the_plan_is_what_a_diagnosis_runs(monkeypatch, arch, n_layers, batch_size, settings):
+    model = toy_model(arch, n_layers=n_layers)
+    counted = _counted_diagnosis(
+        monkeypatch, model, toy_tokens(4, 8), batch_size=batch_size, **settings
+    )
+    n_batches = 1 if batch_size is None else 4 // batch_size
+    assert counted == _planned(n_layers, n_batches, **settings)
+
+
+def test_the_workload_splits_the_data_as_the_model_does():
+    model = toy_model("gpt2", n_layers=2, vocab_size=50257)
+    shapes = est.Shapes.from_config(model.hf_model.config.to_dict())
+    work = est.workload(shapes, n_sequences=5, seq_len=128)
+    assert work.batch == model.default_batch_size(128) == 2
+    assert work.gradient_batch == model.default_batch_size(128, backward=True)
+    assert work.plan == est.diagnosis_plan(2, n_batches=3, gradient_batches=5)
+    assert est.workload(shapes, 5, 128, batch_size=5).plan == est.diagnosis_plan(2, 1)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_shapes_count_the_models_weights(arch):
+    hf = toy_hf_model(arch, n_layers=3)
+    shapes = est.Shapes.from_config(hf.config.to_dict())
+    positions = "transformer.wpe.weight"  # GPT-2's learned positions: no block's weight
+    matrices = sum(p.numel() for n, p in hf.named_parameters() if p.ndim == 2 and n != positions)
+    embeddings = shapes.vocab * shapes.d_model * (1 if shapes.tied else 2)
+    assert shapes.n_layers * shapes.block_parameters + embeddings == matrices
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_block_and_head_flops_are_the_ones_torch_counts(arch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hf = toy_hf_model(arch, n_layers=1)
+    shapes = est.Shapes.from_config(hf.config.to_dict())
+    x = torch.randn(2, 8, shapes.d_model)
+    base = hf.base_model
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        base(inputs_embeds=x, use_cache=False)
+    assert counter.get_total_flops() == pytest.approx(est.block_flops(shapes, 2, 8), rel=0.02)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        hf.lm_head(x)
+    assert counter.get_total_flops() == est.head_flops(shapes, 2, 8)
+
+
+def test_weight_bytes_keep_the_stored_dtype_with_one_block_computed_apart():
+    config = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 100, "hidden_act": "silu"}  # fmt: skip
+    shapes = est.Shapes.from_config(config, parameters=10_000)
+    assert est.weight_bytes(shapes, "float32", "float32") == 40_000
+    assert est.weight_bytes(shapes, "bfloat16", "bfloat16") == 20_000
+    block = 4 * 64 * 64 + 3 * 64 * 128
+    assert shapes.block_parameters == block
+    assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * block
+
+
+def test_the_peak_counts_the_stored_copy_read_while_converting():
+    shapes = est.Shapes.from_config(toy_hf_model("llama").config.to_dict(), parameters=10**9)
+    work = est.workload(shapes, 4, 16)
+    as_stored = est.peak_bytes(work, "bfloat16", "bfloat16", load_from="bfloat16")
+    converted = est.peak_bytes(work, "float32", "float32", load_from="bfloat16")
+    assert as_stored == est.BASE_PROCESS_BYTES + 2 * 10**9 + est.activation_bytes(
+        shapes, 4, 16, backward=True
+    )
+    assert converted == est.BASE_PROCESS_BYTES + 4 * 10**9 + 2 * 10**9
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("estimate") / "llama"
+    toy_hf_model("llama", n_layers=2).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def _no_load(monkeypatch):
+    import probekit.model.loading
+    import probekit.sources
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(probekit.model.loading, "load", refused)
+    monkeypatch.setattr(probekit.sources, "resolve", refused)
+
+
+def test_estimate_prints_the_plan_and_loads_no_weights(checkpoint, tmp_path, monkeypatch, capsys):
+    from probekit.cli import main
+
+    _no_load(monkeypatch)
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "r"), "--random-tokens"]
+    assert main([*argv, "--n-sequences", "4", "--seq-len", "8", "--estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "stored in bfloat16, kept in bfloat16, computed in bfloat16" in out
+    plan = est.diagnosis_plan(2, 1)
+    passes = sum(p.block_passes for p in plan.values())
+    assert f"{passes} block passes" in out and "one block pass" in out
+    assert "expected peak" in out and not (tmp_path / "r").exists()
+    assert main([*argv, "--estimate", "--dtype", "float32"]) == 0
+    assert "kept in float32, computed in float32" in capsys.readouterr().out
+
+
+def test_a_diagnosis_that_would_not_fit_is_refused_before_loading(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    import probekit.numerics
+    from probekit.cli import main
+
+    _no_load(monkeypatch)
+    monkeypatch.setattr(probekit.numerics, "available_memory", lambda device="cpu": 2**28)
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "r"), "--random-tokens"]
+    assert main([*argv, "--dtype", "float32", "--no-images"]) == 2
+    err = capsys.readouterr().err
+    assert "needs about" in err and "GiB are free" in err
+    assert "--dtype bfloat16" in err and "a machine with more memory" in err
+    assert main([*argv, "--estimate"]) == 0  # the estimate says so too, and exits 0
+    assert "does not fit in the free memory" in capsys.readouterr().out
+
+
+def test_when_the_weights_fit_fewer_tokens_per_batch_are_the_remedy(checkpoint, monkeypatch):
+    import probekit.numerics
+    from probekit.cli.common import estimate_diagnosis
+
+    settings = dict(n_sequences=64, seq_len=64, batch_size=64, timed=False)
+    roomy = estimate_diagnosis(str(checkpoint), **settings)
+    weights = est.weight_bytes(est.read_shapes(checkpoint)[0], "bfloat16", "bfloat16")
+    tight = est.BASE_PROCESS_BYTES + weights + 2**20
+    assert roomy.fits and roomy.peak > tight
+    monkeypatch.setattr(probekit.numerics, "available_memory", lambda device="cpu": tight)
+    found = estimate_diagnosis(str(checkpoint), **settings)
+    assert not found.fits and found.remedies[0].startswith("--batch-size 1")
+
+
+def test_the_estimate_reads_a_sharded_checkpoint(tmp_path):
+    from benchmarks import bench_scale
+
+    folder = bench_scale.build_checkpoint("tiny-llama", tmp_path / "tiny")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 2
+    shapes, stored, _ = est.read_shapes(folder)
+    config = bench_scale.SHAPES["tiny-llama"]
+    assert stored == "bfloat16" and shapes.n_layers == 2 and not shapes.tied
+    matrices = shapes.n_layers * shapes.block_parameters + 2 * shapes.vocab * shapes.d_model
+    norms = (2 * shapes.n_layers + 1) * shapes.d_model
+    assert shapes.parameters == matrices + norms == index["metadata"]["total_size"] // 2
+    assert config["num_key_value_heads"] * 16 == shapes.kv_dim
