@@ -18,13 +18,16 @@ from typing import Any
 from probekit.cli.common import (
     add_command,
     add_data_flags,
+    add_estimate,
     add_executor,
     add_force,
     add_out,
     add_quiet,
+    check_estimate_fits,
     check_executor_flags,
     check_int_flags,
     dataset_choice,
+    estimate_diagnosis,
 )
 from probekit.sources import N_SEQUENCES, SEQ_LEN, check_dataset, checkpoints_to_compare
 
@@ -49,6 +52,8 @@ def compare_command(args: argparse.Namespace) -> int:
     listed on the page and in diagnoses.csv), printing one error line per failed checkpoint,
     also with ``--quiet``."""
     checkpoints, warning = _check(args)
+    if args.estimate:
+        return estimate_each(args, checkpoints)
     from probekit.page import check_out_dir  # light: the comparison's imports wait for the work
 
     out = check_out_dir(args.out, force=args.force, protect=tuple(checkpoints.values()))
@@ -56,6 +61,10 @@ def compare_command(args: argparse.Namespace) -> int:
 
     if warning:
         print(f"probekit: warning: {warning}", file=sys.stderr)
+    for name, found in _estimates(args, checkpoints, timed=False if args.quiet else None).items():
+        if not args.quiet:
+            print(f"probekit: estimate: {name}: {found.summary}", file=sys.stderr)
+        check_estimate_fits(found)  # before any weights load
     page, failed = compare.compare_checkpoints(
         checkpoints,
         out,
@@ -75,6 +84,47 @@ def compare_command(args: argparse.Namespace) -> int:
         print(f"probekit: error: checkpoint {name} failed: {error}", file=sys.stderr)
     print(f"comparison: {page}", file=sys.stdout)  # even with --quiet: where the page is
     return 1 if failed else 0
+
+
+def _estimates(
+    args: argparse.Namespace, checkpoints: dict[str, str], timed: bool | None
+) -> dict[str, Any]:
+    """The :class:`~probekit.cli.common.Estimate` of each checkpoint's diagnosis (one block
+    and one head timed per shape), leaving out a folder whose config cannot be estimated from
+    (its diagnosis says what is wrong with it)."""
+    from probekit.sources import locate
+
+    timings: dict = {}
+    out = {}
+    for name, folder in checkpoints.items():
+        try:
+            path, _ = locate(folder)
+            out[name] = estimate_diagnosis(
+                path,
+                n_sequences=args.n_sequences,
+                seq_len=args.seq_len,
+                timed=timed,
+                timings=timings,
+                pairs=args.pairs,
+            )
+        except Exception:  # noqa: BLE001 - an estimate never stops what the load allows
+            continue
+    return out
+
+
+def estimate_each(args: argparse.Namespace, checkpoints: dict[str, str]) -> int:
+    """``--estimate``: each checkpoint's estimate on stdout; nothing is loaded or written."""
+    found = _estimates(args, checkpoints, timed=True)
+    for name, estimate in found.items():
+        for line in estimate.lines:
+            print(f"estimate: {name}: {line}")
+        if not estimate.fits:
+            print(f"estimate: {name}: does not fit in the free memory")
+    seconds = sum(e.seconds or 0.0 for e in found.values())
+    print(
+        f"estimate: {len(found)} of {len(checkpoints)} checkpoints, {seconds / 60:.1f} min in all"
+    )
+    return 0
 
 
 def add_compare_parsers(subparsers: Any) -> None:
@@ -119,7 +169,8 @@ def _add_shared_flags(p: argparse.ArgumentParser) -> None:
                    help="layer pairs to swap")  # fmt: skip
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates, 0 to 10000")
     add_executor(p, what="checkpoints")
-    add_quiet(p, help="no progress output: only the page's path")
+    add_quiet(p, help="no progress output or estimate: only the page's path")
+    add_estimate(p)
 
 
 __all__ = ["add_compare_parsers", "compare_command"]
