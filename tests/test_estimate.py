@@ -225,3 +225,19 @@ def test_the_estimate_reads_a_sharded_checkpoint(tmp_path):
     norms = (2 * shapes.n_layers + 1) * shapes.d_model
     assert shapes.parameters == matrices + norms == index["metadata"]["total_size"] // 2
     assert config["num_key_value_heads"] * 16 == shapes.kv_dim
+
+
+def test_a_diagnosis_of_more_than_seconds_says_its_estimate_first(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    from probekit.cli import common, main
+
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "r"), "--random-tokens"]
+    argv += ["--n-sequences", "2", "--seq-len", "8", "--bootstrap", "2", "--no-images"]
+    assert main(argv) == 0
+    assert "estimate" not in capsys.readouterr().err  # seconds of work: no line
+    monkeypatch.setattr(common, "TIMED_FLOPS", 0.0)
+    assert main([*argv, "--force"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("probekit: estimate: about ") and "at the peak" in err[0]
+    assert err[1].startswith("contributions: ")

@@ -62,7 +62,7 @@ def compare_command(args: argparse.Namespace) -> int:
     if warning:
         print(f"probekit: warning: {warning}", file=sys.stderr)
     for name, found in _estimates(args, checkpoints, timed=False if args.quiet else None).items():
-        if not args.quiet:
+        if not args.quiet and found.seconds is not None:  # work of more than seconds
             print(f"probekit: estimate: {name}: {found.summary}", file=sys.stderr)
         check_estimate_fits(found)  # before any weights load
     page, failed = compare.compare_checkpoints(

@@ -184,7 +184,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     path, run, out = prepare(args)  # before the slow imports and the load
     found = _estimate_or_none(args, path)
     if found is not None:
-        if not args.quiet:
+        if not args.quiet and found.seconds is not None:  # work of more than seconds
             print(f"probekit: estimate: {found.summary}", file=sys.stderr)
         check_estimate_fits(found)  # before the weights load: not killed half-way
     from probekit import report
