@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -109,3 +110,43 @@ def test_bench_load_gives_the_demo_no_wait_policy_of_its_own(monkeypatch):
     assert "OMP_WAIT_POLICY" not in bench_load.demo_environment(None)
     assert bench_load.demo_environment("ACTIVE")["OMP_WAIT_POLICY"] == "ACTIVE"
     assert bench_load.LAUNCHES["torch-first"][1].startswith("import torch;")
+
+
+# --- real-size checkpoints (bench_scale) ---
+
+
+def test_bench_scale_builds_a_sharded_checkpoint_and_diagnoses_it(tmp_path, capsys):
+    """The whole path at the tiny shape: two shards and their index, a diagnosis in a fresh
+    process, per analysis its seconds and planned passes, the one-line result."""
+    from benchmarks import bench_scale
+
+    argv = ["--shape", "tiny-llama", "--out", str(tmp_path), "--keep"]
+    assert bench_scale.main([*argv, "--n-sequences", "2", "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    shards = sorted(p.name for p in (tmp_path / "tiny-llama").glob("*.safetensors"))
+    assert shards == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    assert (tmp_path / "tiny-llama" / "model.safetensors.index.json").is_file()
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line}
+    assert table["contributions"][2] == "9" and table["layer_swaps"][3] == "1"  # passes, heads
+    assert re.search(r"tiny-llama: diagnosis [\d.]+ min, peak [\d.]+ GiB \(weights 0.00 GiB\)", out)
+    assert bench_scale.main([*argv, "--build-only"]) == 0  # a kept checkpoint is reused
+    assert "reusing the checkpoint" in capsys.readouterr().out
+
+
+def test_bench_scale_shapes_are_the_real_models():
+    from benchmarks import bench_scale
+    from probekit.model import estimate as est
+
+    sizes = {  # parameters of the published checkpoints, rounded to 10M
+        "qwen2.5-0.5b": 0.49e9,
+        "llama-3.2-1b": 1.24e9,
+        "llama-3.2-3b": 3.21e9,
+        "pythia-1b": 1.01e9,
+        "llama-3.1-8b": 8.03e9,
+    }
+    for shape, size in sizes.items():
+        tensors = bench_scale.parameter_shapes(bench_scale.SHAPES[shape])
+        total = sum(math.prod(dims) for _, dims in tensors)
+        assert abs(total - size) < 0.01e9, (shape, total)
+        shapes = est.Shapes.from_config(bench_scale.SHAPES[shape], parameters=total)
+        assert shapes.tied == (shape not in ("pythia-1b", "llama-3.1-8b"))
