@@ -186,7 +186,8 @@ def diagnose_command(args: argparse.Namespace) -> int:
     if found is not None:
         if not args.quiet and found.seconds is not None:  # work of more than seconds
             print(f"probekit: estimate: {found.summary}", file=sys.stderr)
-        check_estimate_fits(found)  # before the weights load: not killed half-way
+        if args.device_map is None:  # a device map offloads what does not fit
+            check_estimate_fits(found)  # before the weights load: not killed half-way
     from probekit import report
 
     source = _source(args, path, run)
