@@ -72,10 +72,17 @@ def post_ln_opt_adapter() -> type:
 
         def __init__(self, cfg: Any) -> None:
             super().__init__(cfg)
-            if not getattr(self.cfg, "do_layer_norm_before", True):
+            self.no_final_norm = not getattr(self.cfg, "do_layer_norm_before", True)
+            if self.no_final_norm:
                 self.component_mapping.pop("ln_final", None)
 
     return PostLnOptAdapter
+
+
+def lacks_final_norm(bridge: Any) -> bool:
+    """Whether ``bridge``'s model has no final norm by design (post-LN OPT under
+    :func:`post_ln_opt_adapter`): its last block's output goes to the unembedding as it is."""
+    return bool(getattr(getattr(bridge, "adapter", None), "no_final_norm", False))
 
 
 _REGISTERED: list[bool] = []
@@ -96,6 +103,7 @@ def register_adapters() -> None:
 
 __all__ = [
     "attach_bridge",
+    "lacks_final_norm",
     "post_ln_opt_adapter",
     "register_adapters",
     "supported_architectures",
