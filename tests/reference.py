@@ -56,9 +56,51 @@ STATE_SUBLAYERS = ("bloom",)
 """Families whose attention and MLP modules return the stream with their update added."""
 
 
+# --- paper architecture: post-LN OPT ---
+POST_LN = ("opt_post_norm", "post_ln_paper")
+"""Post-LN OPT families (probekit's post_ln_paper model): ``h_mid = LN1(h_in + attn)`` is the
+first LayerNorm's output, ``h_out = LN2(h_mid + mlp)``; zeroing a sublayer's update makes
+that sublayer, its LayerNorm included, the identity (``h_mid = h_in``, ``h_out = h_mid``)."""
+
+
+@contextmanager
+def _post_ln_silenced(block, sublayer: str):
+    """Silence one sublayer of a post-LN OPT block: its LayerNorm returns the stream it got
+    before that sublayer (the block input for attention, the mid-block stream for the MLP)."""
+    held = {}
+
+    def keep(mod, args, kwargs, key):
+        held[key] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    def pass_on(mod, args, kwargs, output, key):
+        return held[key].reshape(output.shape)
+
+    if sublayer == "attn":
+        first = block.register_forward_pre_hook(
+            lambda m, a, k: keep(m, a, k, "in"), with_kwargs=True
+        )
+        last = block.self_attn_layer_norm.register_forward_hook(
+            lambda m, a, k, o: pass_on(m, a, k, o, "in"), with_kwargs=True
+        )
+    else:
+        first = block.fc1.register_forward_pre_hook(
+            lambda m, a, k: keep(m, a, k, "mid"), with_kwargs=True
+        )
+        last = block.final_layer_norm.register_forward_hook(
+            lambda m, a, k, o: pass_on(m, a, k, o, "mid"), with_kwargs=True
+        )
+    try:
+        yield
+    finally:
+        first.remove()
+        last.remove()
+
+
 def sublayer_modules(block, arch: str) -> dict:
     """The plain HF modules whose outputs are the attention and MLP updates of a block; for
     encoders the attention module whose output is the mid-block stream."""
+    if arch in POST_LN:  # the LayerNorms' outputs: the mid-block stream and the block output
+        return {"attn": block.self_attn_layer_norm, "mlp": block.final_layer_norm}
     if arch in ENCODERS:
         return {"attn": block.attention, "mlp": block.output}
     if arch in SANDWICH:
@@ -72,6 +114,10 @@ def sublayer_modules(block, arch: str) -> dict:
 def silenced(hf, arch: str, layer: int, sublayer: str):
     """Remove one sublayer's update with a plain torch forward hook."""
     block = hf_blocks(hf)[layer]
+    if arch in POST_LN:
+        with _post_ln_silenced(block, sublayer):
+            yield hf
+        return
     if arch in ENCODERS:
         if sublayer == "attn":
             module = block.attention
@@ -126,7 +172,7 @@ def updates(hf, arch: str, tokens, mask):
     result = []
     for i in range(len(ins)):
         h, out = ins[i].double(), block_outs[i].double()
-        if arch in ENCODERS or arch in STATE_SUBLAYERS:  # the attention output is the stream
+        if arch in ENCODERS or arch in STATE_SUBLAYERS or arch in POST_LN:  # mid-block stream
             mid = outs[i, "attn"].double()
             result.append((h, mid - h, out - mid, out))
         else:
