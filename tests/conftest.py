@@ -61,7 +61,7 @@ def tiny_anchor(**overrides) -> TrainConfig:
     return TrainConfig(**settings)
 
 
-ARCHS = ("gpt2", "llama", "bert")
+ARCHS = ("gpt2", "llama", "bert", "post_ln_paper")
 
 
 def hf_config(arch: str, n_layers: int = 4, d_model: int = 32):
@@ -101,6 +101,15 @@ def hf_config(arch: str, n_layers: int = 4, d_model: int = 32):
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         )
+    if arch == "post_ln_paper":  # --- paper architecture: probekit's post_ln_paper model ---
+        return ModelConfig(
+            architecture="post_ln_paper",
+            n_layers=n_layers,
+            d_model=d_model,
+            d_mlp=3 * d_model,
+            vocab_size=VOCAB,
+            n_positions=16,
+        ).to_hf_config()
     raise ValueError(arch)
 
 
@@ -127,6 +136,7 @@ HF_CLASSES = {
     "gpt2": transformers.GPT2LMHeadModel,
     "llama": transformers.LlamaForCausalLM,
     "bert": transformers.BertForMaskedLM,
+    "post_ln_paper": transformers.OPTForCausalLM,
 }
 
 

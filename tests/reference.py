@@ -64,31 +64,24 @@ that sublayer, its LayerNorm included, the identity (``h_mid = h_in``, ``h_out =
 
 
 @contextmanager
-def _post_ln_silenced(block, sublayer: str):
-    """Silence one sublayer of a post-LN OPT block: its LayerNorm returns the stream it got
-    before that sublayer (the block input for attention, the mid-block stream for the MLP)."""
+def post_ln_replaced(block, sublayer: str, make=None):
+    """Replace one sublayer of a post-LN OPT block by a plain hook on its LayerNorm: the
+    LayerNorm returns ``make(base, output)``, ``base`` the stream the sublayer got (the block
+    input for attention, the mid-block stream for the MLP); ``make=None`` returns ``base``
+    (the sublayer silenced: its update is zero)."""
     held = {}
 
-    def keep(mod, args, kwargs, key):
-        held[key] = (args[0] if args else kwargs["hidden_states"]).detach()
+    def keep(mod, args, kwargs):
+        held["base"] = (args[0] if args else kwargs["hidden_states"]).detach()
 
-    def pass_on(mod, args, kwargs, output, key):
-        return held[key].reshape(output.shape)
+    def pass_on(mod, args, kwargs, output):
+        base = held["base"].reshape(output.shape)
+        return base if make is None else make(base, output)
 
-    if sublayer == "attn":
-        first = block.register_forward_pre_hook(
-            lambda m, a, k: keep(m, a, k, "in"), with_kwargs=True
-        )
-        last = block.self_attn_layer_norm.register_forward_hook(
-            lambda m, a, k, o: pass_on(m, a, k, o, "in"), with_kwargs=True
-        )
-    else:
-        first = block.fc1.register_forward_pre_hook(
-            lambda m, a, k: keep(m, a, k, "mid"), with_kwargs=True
-        )
-        last = block.final_layer_norm.register_forward_hook(
-            lambda m, a, k, o: pass_on(m, a, k, o, "mid"), with_kwargs=True
-        )
+    reads = block if sublayer == "attn" else block.fc1
+    norm = block.self_attn_layer_norm if sublayer == "attn" else block.final_layer_norm
+    first = reads.register_forward_pre_hook(keep, with_kwargs=True)
+    last = norm.register_forward_hook(pass_on, with_kwargs=True)
     try:
         yield
     finally:
@@ -115,7 +108,7 @@ def silenced(hf, arch: str, layer: int, sublayer: str):
     """Remove one sublayer's update with a plain torch forward hook."""
     block = hf_blocks(hf)[layer]
     if arch in POST_LN:
-        with _post_ln_silenced(block, sublayer):
+        with post_ln_replaced(block, sublayer):
             yield hf
         return
     if arch in ENCODERS:
@@ -216,6 +209,8 @@ def final_head(hf, arch: str, residual):
             return hf.lm_head(hf.transformer.ln_f(residual))
         if arch == "llama":
             return hf.lm_head(hf.model.norm(residual))
+        if arch in POST_LN:  # no final norm: the last block's output is already normalised
+            return hf.lm_head(residual)
         return hf.cls(residual)
 
 
@@ -492,6 +487,8 @@ def _head_with_grad(hf, arch: str, residual):
         return hf.lm_head(hf.transformer.ln_f(residual))
     if arch == "llama":
         return hf.lm_head(hf.model.norm(residual))
+    if arch in POST_LN:  # no final norm
+        return hf.lm_head(residual)
     return hf.cls(residual)
 
 
@@ -775,7 +772,7 @@ def _block_list(hf):
     for owner in (hf, *(getattr(hf, n, None) for n in ("transformer", "model", "bert"))):
         if owner is None:
             continue
-        for inner in (owner, getattr(owner, "encoder", None)):
+        for inner in (owner, getattr(owner, "encoder", None), getattr(owner, "decoder", None)):
             for name in ("h", "layers", "layer"):
                 if isinstance(getattr(inner, name, None), torch.nn.ModuleList):
                     return getattr(inner, name)
@@ -975,6 +972,14 @@ def sublayer_replaced(hf, arch: str, layer: int, sublayer: str, value, at=None):
     hook: the module's output in pre-norm blocks; in encoders the stream entering the
     attention (or the MLP's add-norm) plus ``value``."""
     block = hf_blocks(hf)[layer]
+    if arch in POST_LN:  # --- paper architecture: the LayerNorm's output := base + value ---
+
+        def make(base, old):
+            return _placed(base + value.to(base.dtype).expand_as(base), old, at)
+
+        with post_ln_replaced(block, sublayer, make):
+            yield
+        return
     if arch in ENCODERS:
         module = block.attention if sublayer == "attn" else block.output
 
