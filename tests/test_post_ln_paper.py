@@ -148,7 +148,8 @@ def test_init_ref_width_gives_every_matrix_the_reference_widths_std(arch: str, s
     p = init_params(cfg, seed=0)
     own = init_params(ModelConfig(**{**cfg.to_dict(), "init_ref_width": None}), seed=0)
     out = (2 * cfg.n_layers) ** -0.5 if scheme == "official" else 1.0
-    mlp_ratio = 1 if scheme == "official" else 4  # fc2 reads d_mlp = 4 d_model
+    # fc2 reads d_mlp (4 d_model for gpt2, 3 d_model for post_ln_paper); official: d_model
+    mlp_ratio = 1 if scheme == "official" else cfg.mlp_width() // d
     n = 0
     for name, w in p.items():
         if w.dim() < 2:
@@ -214,3 +215,42 @@ def test_paper_runs_stacked_equal_runs_trained_alone(tmp_path: Path) -> None:
             torch.testing.assert_close(w1[k], w2[k], atol=2e-5, rtol=1e-4, msg=k)
     a, b = (load_file(str(r.checkpoint / "model.safetensors")) for r in stacked)
     assert not torch.equal(a["lm_head.weight"], b["lm_head.weight"])
+
+
+# ----------------------------------------------------------------------------- cli and sweep
+def test_cli_architecture_flags_take_the_architectures_defaults() -> None:
+    import argparse
+
+    from probekit.cli.train_flags import add_settings_flags, build_train_config
+
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser, False)
+
+    def model(*flags: str) -> ModelConfig:
+        return build_train_config(parser.parse_args(list(flags))).model
+
+    m = model("--architecture", PAPER, "--init-ref-width", "400", "--d-model", "32")
+    assert (m.architecture, m.n_heads, m.activation, m.d_mlp, m.init_ref_width) == (
+        PAPER,
+        1,
+        "relu",
+        96,
+        400,
+    )
+    assert model("--architecture", PAPER, "--n-heads", "2", "--d-mlp", "40").n_heads == 2
+    assert model() == ModelConfig()  # the default stays GPT-2
+
+
+def test_the_sweep_table_has_the_init_std_for_a_phase_diagram_against_it() -> None:
+    import pandas as pd
+
+    from probekit.anchor.sweep import SweepConfig, SweepResult, _settings_row
+
+    base = paper_run(model=paper(init_ref_width=400))
+    runs = SweepConfig(base, gammas=[0.3, 0.8], seeds=[0]).runs()
+    rows = [_settings_row(r, 8, "done", "") for r in runs]
+    assert [row["init_std"] for row in rows] == pytest.approx([400**-0.3, 400**-0.8])
+    assert all(r.model.architecture == PAPER and r.model.init_ref_width == 400 for r in runs)
+    df = pd.DataFrame(rows).assign(final_test_task_symmetric=[1.0, 0.0])
+    fig = SweepResult(df, {}).phase_diagram("test_task_symmetric", "init_std", "depth")
+    assert "std" in fig.layout.xaxis.title.text

@@ -165,7 +165,7 @@ def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
         ("--n-layers", int, DEFAULT_MODEL.n_layers, "number of blocks"),
         ("--d-model", int, DEFAULT_MODEL.d_model, "residual width"),
         ("--n-heads", int, DEFAULT_MODEL.n_heads, "attention heads (post_ln_paper: 1)"),
-        ("--d-mlp", int, None, "MLP width (default 4 * d-model)"),
+        ("--d-mlp", int, None, "MLP width (default 4 * d-model; post_ln_paper: 3 * d-model)"),
     )
     _add_typed(m, sizes, sweep)
     m.add_argument(
@@ -501,6 +501,7 @@ def _follow_architecture(model: dict, flags: _Flags) -> None:
     heads, activation = ARCH_DEFAULTS.get(arch, ARCH_DEFAULTS[DEFAULT_MODEL.architecture])
     if arch != base_arch:
         model["n_heads"], model["activation"] = heads, activation
+        model.pop("d_mlp", None)  # the architecture's ratio to d_model unless --d-mlp
     model.setdefault("n_heads", heads)
     model.setdefault("activation", activation)
 

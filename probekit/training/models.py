@@ -67,17 +67,26 @@ ARCHITECTURES: dict[str, str] = {
 }
 #: the defaults of ``n_heads`` and ``activation`` under each architecture (0 and "" ask for them)
 ARCH_DEFAULTS: dict[str, tuple[int, str]] = {"gpt2": (4, "gelu_new"), "post_ln_paper": (1, "relu")}
+#: ``d_mlp / d_model`` when ``d_mlp`` is not given (the paper: d_ff 1200 at d_model 400)
+MLP_RATIOS: dict[str, int] = {"gpt2": 4, "post_ln_paper": 3}
 #: OPT's learned positional embedding reads row ``position + 2`` (rows 0 and 1 are unused)
 OPT_POSITION_OFFSET = 2
 
 
 @dataclass
 class ModelConfig:
-    """Shape and initialization of a GPT-2-style decoder.
+    """Shape and initialization of a GPT-2-style decoder, or of the anchor paper's block.
 
-    ``d_mlp`` defaults to ``4 * d_model``. ``gamma_emb``, ``gamma_qk``, ``gamma_vo`` and
-    ``gamma_mlp`` default to ``gamma``. ``init_scheme`` is one of :data:`INIT_SCHEMES`
-    (a config saved without it is ``"fan_in"``, the scheme it was trained with).
+    ``architecture`` is one of :data:`ARCHITECTURES`: ``"gpt2"`` (the default, and every run
+    before the field existed) or ``"post_ln_paper"`` (post-LN, no linear biases, no final
+    LayerNorm; saved as a post-LN ``OPTForCausalLM``). ``n_heads`` and ``activation`` left
+    at 0 and "" take the architecture's (:data:`ARCH_DEFAULTS`: 4 heads and gelu_new for
+    gpt2, 1 head and relu for post_ln_paper). ``d_mlp`` defaults to ``4 * d_model`` (gpt2) or
+    ``3 * d_model`` (post_ln_paper, the paper's 1200 at 400). ``init_ref_width``: draw every
+    matrix with the std it has at that width (see :func:`init_params`). ``gamma_emb``,
+    ``gamma_qk``, ``gamma_vo`` and ``gamma_mlp`` default to ``gamma``. ``init_scheme`` is one
+    of :data:`INIT_SCHEMES` (a config saved without it is ``"fan_in"``, the scheme it was
+    trained with).
     ``layernorm_scaling``: LayerNorm Scaling (Sun et al. 2025), see :func:`layernorm_scales`;
     checkpoints hold it folded into the LN gains and biases.
 
@@ -108,7 +117,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.d_mlp is None and isinstance(self.d_model, int):
-            self.d_mlp = 4 * self.d_model
+            self.d_mlp = MLP_RATIOS.get(self.architecture, 4) * self.d_model
         heads, activation = ARCH_DEFAULTS.get(self.architecture, ARCH_DEFAULTS["gpt2"])
         if self.n_heads == 0 and type(self.n_heads) is int:
             self.n_heads = heads
@@ -205,6 +214,17 @@ class ModelConfig:
             "mlp": g if self.gamma_mlp is None else float(self.gamma_mlp),
         }
 
+    def init_std(self) -> float:
+        """The init std of a matrix that reads the residual stream (fan-in ``d_model``):
+        ``d^-gamma`` with ``d`` = ``init_ref_width`` if set, else ``d_model`` (the
+        official scheme's output projections get their extra factor on top).
+
+        Example:
+            >>> round(ModelConfig(d_model=64, gamma=0.5, init_ref_width=400).init_std(), 4)
+            0.05
+        """
+        return float(self.init_ref_width or self.d_model) ** -float(self.gamma)
+
     def shape_key(self) -> tuple:
         """Everything but the initialization: runs with equal keys can be stacked."""
         arch = () if self.architecture == "gpt2" else (self.architecture,)
@@ -293,6 +313,13 @@ def decays(name: str) -> bool:
 
 def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     """One model's parameters drawn with the initialization rate; same seed, same weights.
+
+    Every weight matrix is drawn with std ``fan^-gamma`` (its group's gamma), ``fan`` its
+    fan-in under the init scheme (:data:`INIT_SCHEMES`). With ``init_ref_width`` set, ``fan``
+    is the fan-in the same matrix has in the model of width ``init_ref_width``:
+    ``fan * init_ref_width / d_model`` (so ``init_ref_width^-gamma`` for every matrix that
+    reads the residual stream, ``(d_mlp / d_model * init_ref_width)^-gamma`` for the MLP output
+    projection under ``"fan_in"``); the official scheme's ``1/sqrt(2 n_layers)`` stays.
 
     Example:
         >>> p = init_params(ModelConfig(d_model=64, gamma=0.5), seed=0)
@@ -485,7 +512,7 @@ def post_ln_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     Example:
         >>> shapes = post_ln_shapes(ModelConfig(architecture="post_ln_paper", d_model=8))
         >>> shapes["model.decoder.embed_positions.weight"], len(shapes)
-        ((11, 8), 21)
+        ((11, 8), 23)
     """
     d, f, v = cfg.d_model, cfg.mlp_width(), cfg.vocab_size
     top = "model.decoder."
