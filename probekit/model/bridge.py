@@ -56,11 +56,14 @@ def post_ln_opt_adapter() -> type:
     ``architecture="post_ln_paper"``) has no ``model.decoder.final_layer_norm`` (Hugging Face
     builds it only for pre-LN OPT), but TransformerLens' adapter maps ``ln_final`` to it
     whenever the embedding is not projected, so its forward fails ("Original component not
-    set"). This subclass drops that mapping for post-LN OPT only; for every other OPT it is
-    TransformerLens' adapter unchanged.
+    set"). This subclass drops that mapping for post-LN OPT without an embedding projection
+    only; for every other OPT it is TransformerLens' adapter unchanged. :func:`attach_bridge`
+    registers it for ``OPTForCausalLM`` (:func:`register_adapters`).
 
     Example:
-        >>> issubclass(post_ln_opt_adapter(), object)
+        >>> from transformer_lens.model_bridge.supported_architectures.opt import (
+        ...     OptArchitectureAdapter)
+        >>> issubclass(post_ln_opt_adapter(), OptArchitectureAdapter)
         True
     """
     from transformer_lens.model_bridge.supported_architectures.opt import (
@@ -72,8 +75,12 @@ def post_ln_opt_adapter() -> type:
 
         def __init__(self, cfg: Any) -> None:
             super().__init__(cfg)
-            self.no_final_norm = not getattr(self.cfg, "do_layer_norm_before", True)
-            if self.no_final_norm:
+            projected = getattr(self.cfg, "word_embed_proj_dim", self.cfg.d_model) != (
+                self.cfg.d_model
+            )  # OPT-350m: project_out before the head, left as TransformerLens maps it
+            post_ln = not getattr(self.cfg, "do_layer_norm_before", True)
+            self.no_final_norm = post_ln and not projected
+            if self.no_final_norm and self.component_mapping is not None:
                 self.component_mapping.pop("ln_final", None)
 
     return PostLnOptAdapter
