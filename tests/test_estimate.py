@@ -136,15 +136,23 @@ def test_weight_bytes_keep_the_stored_dtype_with_one_block_computed_apart():
     assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * block
 
 
-def test_the_peak_counts_the_stored_copy_read_while_converting():
+def test_the_peak_counts_the_files_pages_and_the_block_gradients():
     shapes = est.Shapes.from_config(toy_hf_model("llama").config.to_dict(), parameters=10**9)
     work = est.workload(shapes, 4, 16)
-    as_stored = est.peak_bytes(work, "bfloat16", "bfloat16", load_from="bfloat16")
-    converted = est.peak_bytes(work, "float32", "float32", load_from="bfloat16")
-    assert as_stored == est.BASE_PROCESS_BYTES + 2 * 10**9 + est.activation_bytes(
-        shapes, 4, 16, backward=True
+    gradients = shapes.n_layers * shapes.block_parameters * 4
+    backward = gradients + est.activation_bytes(shapes, 4, 16, backward=True)
+    assert est.peak_bytes(work, "bfloat16", "bfloat16", "bfloat16") == (
+        est.BASE_PROCESS_BYTES + 2 * 10**9 + 2 * 10**9 + backward - gradients // 2
     )
-    assert converted == est.BASE_PROCESS_BYTES + 4 * 10**9 + 2 * 10**9
+    converted = est.peak_bytes(work, "float32", "float32", "bfloat16")
+    assert converted == est.BASE_PROCESS_BYTES + 4 * 10**9 + 2 * 10**9 + backward
+    mapped = est.peak_bytes(work, "bfloat16", "float32", "bfloat16", mapped=True)
+    assert (
+        mapped
+        == est.BASE_PROCESS_BYTES + est.weight_bytes(shapes, "bfloat16", "float32") + backward
+    )
+    headless = est.workload(shapes, 4, 16, vocabulary=False)  # no backward: no gradients
+    assert est.peak_bytes(headless, "float32", "float32", "bfloat16") < converted
 
 
 @pytest.fixture(scope="module")

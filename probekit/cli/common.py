@@ -450,7 +450,7 @@ def estimate_diagnosis(
     work = est.workload(shapes, n_sequences, seq_len, batch_size, **plan)
     storage, compute = weight_dtypes(stored, dtype)
     where = device or _default_device()
-    peak = est.peak_bytes(work, storage, compute, load_from=stored)
+    peak = est.peak_bytes(work, storage, compute, stored)
     weights = est.weight_bytes(shapes, storage, compute)
     free = available_memory(where)
     total, flops = work.total, work.flops(work.total)
