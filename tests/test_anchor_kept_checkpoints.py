@@ -101,3 +101,47 @@ def test_a_stack_keeps_one_folder_per_run(tmp_path: Path) -> None:
         assert _kept(root / out.name) == ["step-000000", "step-000001", "step-000002"]
         kept = _weights(root / out.name / "step-000002")
         assert all(torch.equal(v, _weights(out.checkpoint)[k]) for k, v in kept.items())
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory) -> Path:
+    """A tiny anchor run that kept its checkpoints of steps 0, 2 and 3."""
+    out = tmp_path_factory.mktemp("kept") / "g0.5"
+    train(tiny_anchor(steps=3, keep_checkpoints=2), out, progress=False)
+    return out
+
+
+def test_timelines_read_an_anchor_run_folder(kept_run: Path) -> None:
+    from probekit.analyses.across_checkpoints import depth_timeline, run_checkpoints
+    from probekit.analyses.weights.condensation import condensation_timeline
+    from probekit.sources import default_data
+
+    kept = run_checkpoints(kept_run)
+    assert [(r, s) for r, s, _ in kept] == [("g0.5", 0), ("g0.5", 2), ("g0.5", 3)]
+    cond = condensation_timeline(kept_run, matrices=["W_in"])
+    assert sorted(set(cond.df.step)) == [0, 2, 3] and cond.summary["n_checkpoints"] == 3
+    data, positions = default_data(kept_run)  # the task's test data, read at the last token
+    depth = depth_timeline(kept_run, data, positions=positions)
+    assert sorted(set(depth.df.step)) == [0, 2, 3] and set(depth.df.run) == {"g0.5"}
+
+
+def test_timelines_refuse_a_run_without_kept_checkpoints(tmp_path: Path) -> None:
+    from probekit.analyses.across_checkpoints import run_checkpoints
+    from probekit.errors import InputError
+
+    train(tiny_anchor(steps=2), tmp_path / "r", progress=False)
+    with pytest.raises(InputError, match="keep_checkpoints"):
+        run_checkpoints(tmp_path / "r")
+
+
+def test_probekit_timeline_of_an_anchor_run_folder(kept_run: Path, tmp_path: Path) -> None:
+    from probekit.cli import main
+    from probekit.sources import checkpoints_to_compare
+
+    found = checkpoints_to_compare([str(kept_run)], run=True)
+    assert list(found) == ["step-000000", "step-000002", "step-000003"]
+    out = tmp_path / "tl"
+    code = main(["timeline", str(kept_run), "--out", str(out), "--quiet", "--bootstrap", "0"])
+    assert code == 0
+    page = (out / "index.html").read_text()
+    assert page.index("step-000000") < page.index("step-000002") < page.index("step-000003")

@@ -34,6 +34,7 @@ import torch
 
 from probekit.errors import CheckpointError, NumericalError
 from probekit.io import atomic_write_text, swapped_directory
+from probekit.model.checkpoint import KEPT_CHECKPOINTS
 from probekit.training.checkpoint import (
     FIX,
     RUN_CONFIG,
@@ -137,7 +138,7 @@ def _write_state(stack: _Stack, m: int, d: Path) -> None:
 
 
 # --- checkpoints over training ---
-KEPT = "checkpoints"
+KEPT = KEPT_CHECKPOINTS
 """The folder of a run's kept checkpoints (``TrainConfig.keep_checkpoints``)."""
 
 

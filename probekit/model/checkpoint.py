@@ -41,6 +41,12 @@ CHECKPOINT_MARKERS = ("config.json", "modules.json")
 a sentence-transformers model's modules.json (its transformer may sit in a subfolder)."""
 
 
+KEPT_CHECKPOINTS = "checkpoints"
+"""The folder of a run folder that holds the checkpoints kept over training, one
+``step-000500/`` each (an anchor run's ``keep_checkpoints``; in a stack one folder per run
+below it): ``probekit timeline RUN`` and the timelines of a run folder read them."""
+
+
 def is_checkpoint_folder(path: str | os.PathLike) -> bool:
     """Whether the folder ``path`` holds a checkpoint of its own (a file of
     :data:`CHECKPOINT_MARKERS`), not only checkpoints below it.
@@ -425,6 +431,7 @@ def named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 __all__ = [
     "CHECKPOINT_MARKERS",
+    "KEPT_CHECKPOINTS",
     "OTHER_FRAMEWORK_WEIGHTS",
     "PICKLE_SUFFIXES",
     "SAFETENSORS_DTYPES",
