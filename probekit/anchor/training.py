@@ -264,7 +264,7 @@ class AnchorStack(Trainer):
     def evaluate(self) -> list[dict[str, Any]]:
         """One metrics row per run (appended to ``metrics`` and written to
         ``metrics.jsonl``); resets the loss sums."""
-        scores = self.evaluator(self.params, self.mcfg)
+        scores = self.evaluator(self.params, self.mcfg, per_pair=True)
         rows = []
         for m, c in enumerate(self.cfgs):
             batch = self.loss_sum[m] / self.loss_count if self.loss_count else float("nan")
