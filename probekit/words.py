@@ -758,13 +758,13 @@ KIND_LABELS.update(
 
 # --- anchor runs: per-pair convergence curves ---
 FIGURES["pair_curves"] = {
-    "title": "Accuracy of each anchor pair over training (seen pairs reach {threshold:.0%} on "
-    "their training keys between step {first_learned_step} and step {last_learned_step})",
+    "title": "Accuracy of each anchor {unit} over training (seen {unit}s reach {threshold:.0%} "
+    "on their training keys between step {first_learned_step} and step {last_learned_step})",
     "y": "accuracy",
-    "legend": "pair {pair}",
-    "train": "seen pairs, training keys",
-    "test_data": "seen pairs, test keys",
-    "test_task": "held-out pairs, all keys",
+    "legend": "{unit} {pair}",
+    "train": "seen {unit}s, training keys",
+    "test_data": "seen {unit}s, test keys",
+    "test_task": "held-out {unit}s, all keys",
 }
 SECTION_TITLES["pair_curves"] = "Per-pair accuracy over training"
 SECTION_EXPLAIN["pair_curves"] = (

@@ -69,44 +69,65 @@ class PairCurvesResult(Result):
 
     def figure(self, run: str | None = None) -> go.Figure:
         """Accuracy against the training step, one line per pair (coloured alike in every
-        panel), one panel per split; ``run`` picks one run of a stack (default: the first)."""
+        panel; held-out pairs dashed), one panel per split; ``run`` picks one run of a stack
+        (default: the first). Chains of three anchors and more are coloured, and named in the
+        legend, by their first two anchors (each line names its chain on hover)."""
         df = self.df
         runs = list(dict.fromkeys(df["run"]))
         part = df[df["run"] == (runs[0] if run is None else run)]
         splits = [s for s in SPLITS if s in set(part["split"])]
-        words = FIGURES["pair_curves"]
+        pairs = sorted(set(part["pair"]), key=_anchor_ids)
+        chains = len(_anchor_ids(pairs[0])) > 2
+        unit = "chain" if chains else "pair"
+        groups = list(dict.fromkeys(_group(p, chains) for p in pairs))
+        colours = dict(zip(groups, _colours(len(groups)), strict=True))
+        held = set(part[part["split"] == "test_task"]["pair"])  # drawn dashed
         fig = make_subplots(
             rows=1,
             cols=len(splits),
             shared_yaxes=True,
-            subplot_titles=[words[s] for s in splits],
+            subplot_titles=[figure_words("pair_curves", s, unit=unit) for s in splits],
             horizontal_spacing=0.04,
         )
-        pairs = list(dict.fromkeys(part.sort_values(["split", "pair"])["pair"]))
-        colours = _colours(len(pairs))
         for col, split in enumerate(splits, 1):
-            for i, pair in enumerate(pairs):
+            for pair in pairs:
                 line = part[(part["split"] == split) & (part["pair"] == pair)].sort_values("step")
                 if line.empty:
                     continue
+                group = _group(pair, chains)
                 fig.add_trace(
                     go.Scatter(
                         x=line["step"],
                         y=line["accuracy"],
                         mode="lines",
-                        name=figure_words("pair_curves", "legend", pair=pair),
-                        legendgroup=pair,
-                        showlegend=pair not in _shown(fig),
-                        line={"color": colours[i], "width": 1.5},
+                        name=figure_words("pair_curves", "legend", unit=unit, pair=group),
+                        legendgroup=group,
+                        showlegend=group not in _shown(fig),
+                        hovertext=f"{unit} {pair}",
+                        line={
+                            "color": colours[group],
+                            "width": 1.5,
+                            "dash": "dash" if pair in held else "solid",
+                        },
                     ),
                     row=1,
                     col=col,
                 )
         for col in range(1, len(splits) + 1):
             fig.update_xaxes(title_text=AXES["training_step"], row=1, col=col)
-        fig.update_yaxes(title_text=words["y"], range=[-0.02, 1.02], row=1, col=1)
-        title = figure_words("pair_curves", **_title_values(self.summary))
+        fig.update_yaxes(title_text=FIGURES["pair_curves"]["y"], range=[-0.02, 1.02], row=1, col=1)
+        title = figure_words("pair_curves", unit=unit, **_title_values(self.summary))
         return figures.fit_top(figures.base_layout(fig, title, width=1100, height=440))
+
+
+def _anchor_ids(pair: str) -> list[int]:
+    """``"(1,2,3)"`` -> ``[1, 2, 3]``."""
+    return [int(a) for a in pair.strip("()").split(",")]
+
+
+def _group(pair: str, chains: bool) -> str:
+    """A pair's legend entry: itself, or for a chain its first two anchors, ``"(1,2,…)"``."""
+    return pair if not chains else "(" + ",".join(pair.strip("()").split(",")[:2]) + ",…)"
 
 
 def _shown(fig: go.Figure) -> set[str]:
@@ -115,11 +136,13 @@ def _shown(fig: go.Figure) -> set[str]:
 
 
 def _colours(n: int) -> list[str]:
-    """``n`` colours told apart: probekit's palette, then a sampled qualitative scale."""
-    if n <= len(figures.PALETTE):
-        return list(figures.PALETTE[:n])
-    from plotly.colors import sample_colorscale
+    """``n`` colours told apart: probekit's palette, a 24-colour qualitative one, then a
+    sampled scale (chains of three anchors and more)."""
+    from plotly.colors import qualitative, sample_colorscale
 
+    for palette in (figures.PALETTE, qualitative.Dark24):
+        if n <= len(palette):
+            return list(palette[:n])
     return sample_colorscale("Turbo", [i / max(1, n - 1) for i in range(n)])
 
 
