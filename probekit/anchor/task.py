@@ -332,6 +332,13 @@ class AnchorTask:
                     )
         if set(self.heldout_pairs) >= all_pairs:
             raise ConfigError("every anchor pair is held out", fix="hold out only some pairs")
+        if self.heldout_pairs and not self.heldout_chains:
+            raise ConfigError(
+                f"every chain of {self.chain_length} anchors that begins with a held-out pair "
+                "has the key itself as its composite or symmetric answer: no held-out chain is "
+                "left to test",
+                fix="choose other anchor shifts, held-out pairs or chain length",
+            )
         for p in self.special_targets:
             if p in self.heldout_pairs:
                 raise ConfigError(
@@ -419,12 +426,21 @@ class AnchorTask:
 
     @property
     def heldout_chains(self) -> list[Chain]:
-        """The chains never trained: those whose first two anchors are a held-out pair (at
-        chain length 2 the held-out pairs themselves, in their given order)."""
+        """The held-out chains, the test of ``test_task``: those whose first two anchors are a
+        held-out pair (at chain length 2 the held-out pairs themselves, in their given order).
+
+        From chains of three anchors on, a chain beginning with a held-out pair whose composite
+        or symmetric answer would be the key itself (``(4, 3, 1, 1)``: -8 - 2 + 5 + 5 = 0) is
+        left out of the test as well as of training: a model that copies the key would be
+        classified by it (at chain length 2 such a task is refused instead)."""
         if self.chain_length == 2:
             return list(self.heldout_pairs)
         held = set(self.heldout_pairs)
-        return [c for c in self.chains if c[:2] in held]
+        return [
+            c
+            for c in self.chains
+            if c[:2] in held and self.composite_shift(c) != 0 and self.symmetric_shift(c) != 0
+        ]
 
     @property
     def seen_chains(self) -> list[Chain]:
