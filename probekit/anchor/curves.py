@@ -228,8 +228,11 @@ def pair_curves(
         "n_not_learned": int(learned.isna().sum()),
         "learned_spread": None if pd.isna(first) else float(last - first),
     }
-    meta = {"source": str(source) if not isinstance(source, list) else "rows", "run": run}
-    meta["wording"] = {"conclusion": CONCLUSION}
+    meta: dict[str, Any] = {
+        "source": str(source) if not isinstance(source, list) else "rows",
+        "run": run,
+        "wording": {"conclusion": CONCLUSION},
+    }
     return PairCurvesResult(df, summary, meta)
 
 

@@ -298,22 +298,22 @@ class AnchorTask:
                     "special, and its mirror's symmetric and inferential answers coincide",
                     fix=f"give {p} a non-zero offset, or leave it out of special_targets",
                 )
-        for p in self.heldout_chains:
-            comp, sym = self.composite_shift(p), self.symmetric_shift(p)
-            mirror = (p[1], p[0])
+        for chain in self.heldout_chains:
+            comp, sym = self.composite_shift(chain), self.symmetric_shift(chain)
+            mirror = (chain[1], chain[0])
             if sym is not None and sym == comp:
                 raise ConfigError(
-                    f"on the held-out pair {p} the symmetric answer (the trained target of "
-                    f"{mirror}) equals the composite x{comp:+d}: 'inferential' and 'symmetric' "
-                    "would be the same answer",
+                    f"on the held-out {self._unit} {chain} the symmetric answer (the trained "
+                    f"target of {mirror}) equals the composite x{comp:+d}: 'inferential' and "
+                    "'symmetric' would be the same answer",
                     fix=f"give {mirror} a special target (special_targets={{{mirror}: 4}}), "
                     f"hold out {mirror} too, or hold out another pair",
                 )
             for name, shift in (("composite", comp), ("symmetric answer", sym)):
                 if shift == 0:
                     raise ConfigError(
-                        f"the {name} of the held-out pair {p} is the key itself: a model that "
-                        "copies the key would be classified by it",
+                        f"the {name} of the held-out {self._unit} {chain} is the key itself: a "
+                        "model that copies the key would be classified by it",
                         fix="choose anchors / special targets whose shifts on it are non-zero",
                     )
 
@@ -345,15 +345,16 @@ class AnchorTask:
                     f"pair {p} is both held out and given a trained target",
                     fix="remove it from one of heldout_pairs / special_targets",
                 )
-        for p in self.chains:
+        for chain in self.chains:
             for name, shift in (
-                ("composite", self.composite_shift(p)),
-                ("target", self.target_shift(p)),
+                ("composite", self.composite_shift(chain)),
+                ("target", self.target_shift(chain)),
             ):
                 lo, hi = self.item_low + shift, self.item_high - 1 + shift
                 if lo < 1 or hi >= self.vocab_size:
                     raise ConfigError(
-                        f"the {name} of pair {p} ranges over [{lo}, {hi}], outside the vocabulary "
+                        f"the {name} of {self._unit} {chain} ranges over [{lo}, {hi}], outside "
+                        "the vocabulary "
                         f"[1, {self.vocab_size})",
                         fix="narrow the item range, shrink the shifts or enlarge vocab_size",
                     )
@@ -447,6 +448,11 @@ class AnchorTask:
         """The chains that appear in training (the seen pairs at chain length 2)."""
         held = set(self.heldout_pairs)
         return [c for c in self.chains if c[:2] not in held]
+
+    @property
+    def _unit(self) -> str:
+        """What a task's input composes, in words: ``"pair"`` or ``"chain"``."""
+        return "pair" if self.chain_length == 2 else "chain"
 
     def _validate_chain_length(self) -> None:
         _check_int("chain_length", self.chain_length)

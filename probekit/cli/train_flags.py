@@ -342,7 +342,7 @@ _MODEL_FLAGS = (
     "tie_embeddings",
 )
 """The model settings set by the flag of the same name."""
-_TASK_FLAGS = (
+_TASK_FLAGS: tuple[tuple[str, str], ...] = (
     ("anchors", "anchors"),
     ("special_targets", "special_targets"),
     ("special_form", "special_form"),
@@ -355,7 +355,7 @@ _TASK_FLAGS = (
     ("seed", "task_seed"),
 )
 """The (task setting, flag) pairs."""
-_RUN_FLAGS = (
+_RUN_FLAGS: tuple[str, ...] = (
     "steps",
     "batch_size",
     "lr",
