@@ -4,10 +4,12 @@ Each run's folder (``checkpoint/`` for a single run, ``checkpoint/<name>/`` in a
 the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments and, under
 LayerNorm Scaling, the unscaled LN gains ``unscaled.<name>``), ``trainer_state.json`` (step,
 loss sums, divergence, schedule) and ``run_config.json`` (kind ``"anchor"``). The whole
-``checkpoint`` folder is replaced atomically. No process-wide RNG state is saved: the run draws
-from generators of its own seeded by (seed, step), so two identical runs write byte-identical
-weights and moments (the process-wide RNG entries of older checkpoints are checked, not
-restored).
+``checkpoint`` folder is replaced atomically. The checkpoints kept over training
+(``keep_checkpoints``) go to ``checkpoints/step-000500/`` (``checkpoints/<name>/step-000500/`` in a
+stack), each written whole and renamed into place, never rewritten (:func:`keep_stack`). No
+process-wide RNG state is saved: the run draws from generators of its own seeded by (seed,
+step), so two identical runs write byte-identical weights and moments (the process-wide RNG
+entries of older checkpoints are checked, not restored).
 
 Example:
     >>> import tempfile

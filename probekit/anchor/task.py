@@ -9,6 +9,15 @@ a held-out pair a model can answer with the composite (the *inferential* solutio
 trained target of the mirrored pair (the *symmetric* solution), or with something else
 (:mod:`probekit.anchor.solutions`). One split is :class:`~probekit.anchor.data.AnchorData`.
 
+Longer compositions (``chain_length`` k, 2 by default: the pairs above): the key is followed by
+a chain of k anchors ``(a1, ..., ak)`` at ``p + 1 .. p + k`` and the target is the composite
+``g(...g(g(x; a1); a2)...; ak)``; the chain's first two anchors keep the pair rules (a special
+first pair adds its offset; the symmetric answer is the trained target of the chain with its first
+two anchors swapped). A chain is held out when its first two anchors are a held-out pair
+(:attr:`AnchorTask.heldout_chains`): every anchor and every pair is trained, ``(4, 3)`` as the
+second step of ``(1, 4, 3)``, but never as the first step of a chain. At k = 2 the data are
+bit-identical to the pair task's as generated before chains existed.
+
 Keys are also split by a modulus ``m`` (``key_split``): a training sequence has
 ``x mod m != p mod m``, a test sequence ``x mod m == p mod m`` (``p`` in ``[0, seq_len - 2)``).
 
@@ -150,6 +159,7 @@ class AnchorTask:
     ``key_split`` names the key-split rule (:data:`KEY_SPLITS`) or gives the modulus as an
     integer. A held-out pair whose symmetric answer would equal its composite, or either of
     them the key itself, is refused: the solution types could not be told apart.
+    ``chain_length`` composes chains of that many anchors (see the module docstring).
 
     Example:
         >>> task = AnchorTask(anchors={1: 5, 2: 1, 3: -2, 4: -8}, heldout_pairs=[(4, 3)])
