@@ -221,6 +221,7 @@ def depth_width(
         columns=COLUMNS,
         dry_run_columns=DRY_RUN_COLUMNS,
         build="depth_width_result",
+        scale=scale,
         plan_device=preset["device"],
         device=device,
         executor=executor,

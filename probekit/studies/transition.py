@@ -158,6 +158,7 @@ def width_transition(
         columns=COLUMNS,
         dry_run_columns=DRY_RUN_COLUMNS,
         build="transition_result",
+        scale=scale,
         plan_device=preset["device"],
         device=device,
         executor=executor,
