@@ -44,6 +44,7 @@ from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
 from probekit.lm.config import LMConfig
 from probekit.lm.finetune import FinetuneConfig
+from probekit.studies.data import StudyData
 
 STUDY_FILE = "study.json"
 MEMBER_FILE = "member.json"
@@ -94,9 +95,13 @@ class Study:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def check_study_folder(out: Path, kind: str, config: dict[str, Any]) -> None:
+def check_study_folder(
+    out: Path, kind: str, config: dict[str, Any], corpus: dict[str, Any] | None = None
+) -> None:
     """Write ``OUT/study.json`` or check the one there: another study or another config in
-    the same folder is refused (a :class:`ConfigError` naming the settings that differ)."""
+    the same folder is refused (a :class:`ConfigError` naming the settings that differ), and
+    so is other pretraining data (``corpus``: :meth:`~probekit.studies.data.StudyData.record`,
+    its fingerprint against the one saved; a study saved without one is not checked)."""
     path = out / STUDY_FILE
     wanted = json.loads(json.dumps({"study": kind, "config": config}))
     if path.is_file():
@@ -106,15 +111,30 @@ def check_study_folder(out: Path, kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{path} is unreadable ({err})", fix="remove it, or use another --out"
             ) from err
-        if saved != wanted:
+        if {k: saved.get(k) for k in wanted} != wanted:
             raise ConfigError(
                 f"{out} holds a {saved.get('study', '?')} study with other settings "
                 f"({_differences(saved, wanted)})",
                 fix="use another --out, or the settings it was started with",
             )
+        _check_same_corpus(out, saved.get("corpus"), corpus)
         return
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(wanted, indent=1))
+    record = {**wanted, "corpus": corpus} if corpus else wanted
+    atomic_write_text(path, json.dumps(record, indent=1))
+
+
+def _check_same_corpus(out: Path, saved: Any, corpus: dict[str, Any] | None) -> None:
+    """Refuse a resumed study whose pretraining text is not the saved fingerprint's."""
+    if not isinstance(saved, dict) or corpus is None:
+        return
+    if saved.get("fingerprint") != corpus["fingerprint"]:
+        raise ConfigError(
+            f"{out} holds a study pretrained on other data: {saved.get('source')} "
+            f"(fingerprint {saved.get('fingerprint')}) there, {corpus['source']} (fingerprint "
+            f"{corpus['fingerprint']}) now",
+            fix="resume it on the data it was started with, or use another --out",
+        )
 
 
 def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
@@ -407,22 +427,34 @@ def carry_out(
     ray_address: str | None,
     progress: bool,
     dry_run: bool,
+    data: StudyData | None = None,
+    seq_len: int = 0,
 ) -> S:
     """A planned study's course: with ``dry_run``, print the plan and its cost (on
     ``plan_device``'s rate, and this CPU's for a GPU-sized plan here) and return; else check
-    the CPU time (:func:`check_cpu_time`), the executor and the study folder before any work,
-    run the members (``train`` each), raise the failures as one error, and write the result
-    (``build``: :func:`write_results`)."""
+    the CPU time (:func:`check_cpu_time`), the executor, the pretraining ``data`` (read and
+    checked for the plan's most ``tokens`` and ``seq_len``; None: the members are not
+    pretrained) and the study folder before any work, run the members (``train`` each),
+    raise the failures as one error, and write the result (``build``: :func:`write_results`)."""
     if dry_run:
+        if data is not None:
+            data.check()
         if progress:
             cost = plan_cost(study.plan, device=plan_device)
             if plan_device == "gpu" and executor == "local" and uses_cpu(device):
                 cost += "\non this CPU (no GPU here): " + plan_cost(study.plan).split(": ", 1)[1]
+            if data is not None:
+                cost = f"pretrained on {data.describe()}\n{cost}"
             print_plan(study.plan, dry_run_columns, cost)
         return study
     check_cpu_time(study.plan, scale, device, executor)  # before any work
     check_executor(executor, study.out if executor == "ray" else None)
-    check_study_folder(study.out, kind, study.meta)
+    if data is None:
+        check_study_folder(study.out, kind, study.meta)
+    else:
+        corpus = data.read(int(study.plan["tokens"].max()), seq_len)
+        check_study_folder(study.out, kind, study.meta, data.record(corpus))
+        data.write(corpus, study.out)
     study.members, study.failed = run_members(
         study.out,
         study.plan,
