@@ -50,6 +50,8 @@ def test_the_paper_dry_runs_give_gpu_hours(capsys) -> None:
     printed = capsys.readouterr().out
     assert printed.count("GPU-hours") == 2
     assert "b374000000-L36-s2" in printed and "L48-w2048-s0" in printed
+    # the standard library is far too little text for 20 tokens per parameter: said, not run
+    assert printed.count("note: a real run would be refused") == 2 and "--dataset" in printed
 
 
 def test_the_model_counts_are_the_trainers(tmp_path: Path) -> None:

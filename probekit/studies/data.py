@@ -154,8 +154,8 @@ class StudyData:
             )
         if train * MAX_PASSES < tokens:
             raise ConfigError(
-                f"{self.describe()} has {train:,} train tokens: a member trains on {tokens:,}, "
-                f"more than {MAX_PASSES} passes over it",
+                f"{self.describe()}: {train:,} train tokens, but a member pretrains on "
+                f"{tokens:,}, more than {MAX_PASSES} passes over it",
                 fix=fix,
             )
         return corpus

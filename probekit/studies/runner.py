@@ -445,6 +445,7 @@ def carry_out(
                 cost += "\non this CPU (no GPU here): " + plan_cost(study.plan).split(": ", 1)[1]
             if data is not None:
                 cost = f"pretrained on {data.describe()}\n{cost}"
+                cost += _data_note(data, int(study.plan["tokens"].max()), seq_len)
             print_plan(study.plan, dry_run_columns, cost)
         return study
     check_cpu_time(study.plan, scale, device, executor)  # before any work
@@ -468,6 +469,19 @@ def carry_out(
     )
     raise_failures(study.failed, study.out)
     return write_results(study, build)
+
+
+def _data_note(data: StudyData, tokens: int, seq_len: int) -> str:
+    """For a dry run on a folder of files (the standard library by default, quick to read):
+    the line saying that a real run would refuse it (too little text for the plan), or
+    nothing. A text file or data set is not read by a dry run."""
+    if data.prepared:
+        return ""
+    try:
+        data.read(tokens, seq_len)
+    except ProbekitError as err:
+        return f"\nnote: a real run would be refused: {err}"
+    return ""
 
 
 def write_results(study: S, build: str) -> S:
