@@ -1,0 +1,132 @@
+"""Weights kept in the dtype they were stored in, every computation in float32: the storage
+dtype apart from the compute dtype.
+
+:func:`compute_in` turns every floating parameter of a loaded model (stored in bfloat16 or
+float16) into a tensor computed on access (a :mod:`torch.nn.utils.parametrize`
+parametrization): the stored tensor stays in memory as it is, and each read of
+``module.weight`` (by a block's forward, the output head, the final norm, or probekit's
+readers of weights: ``W_U``, ``W_E``, the frozen norm, the weight analyses) returns a fresh
+float32 copy that lives only as long as the operation using it. bfloat16 and float16 values are
+exactly representable in float32, so the numbers are those of a float32 load, while the memory
+is the stored weights plus one weight matrix in float32 at a time (the largest is the
+``vocab x d_model`` unembedding) and the activations. Floating buffers (rotary frequencies,
+masks) are small and become float32 outright, and the embedding's output is float32, so the
+whole residual stream is.
+
+No hook is added: nothing needs removing after an exception, and the pure Hugging Face copies of
+the blocks (:mod:`probekit.model.hf_blocks`) share the parametrized modules' parameters and
+compute in float32 too.
+
+Example:
+    >>> import torch
+    >>> from probekit.toy import toy_model
+    >>> model = toy_model("llama", n_layers=2)
+    >>> model.hf_model.to(torch.bfloat16)  # doctest: +ELLIPSIS
+    LlamaForCausalLM(...)
+    >>> compute_in(model.bridge, model.hf_model, torch.float32)
+    >>> storage_dtypes(model.hf_model)
+    (torch.bfloat16, torch.float32)
+    >>> model.blocks[0].ln1.original_component.weight.dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+STORAGE_CHOICES = ("auto", "stored", "dtype")
+"""How :func:`probekit.load` keeps the weights in memory (its ``storage``): ``"dtype"``, cast
+to the computation's dtype (a float32 computation holds a float32 copy of the weights);
+``"stored"``, in the dtype the checkpoint stores them in, each weight computed in the
+computation's dtype when it is read (:func:`compute_in`); ``"auto"`` (the default), as
+``"dtype"`` unless its copy would not fit in the free memory while the stored weights would."""
+
+_MARK = "_probekit_storage"
+"""The attribute of a Hugging Face model that :func:`compute_in` sets: (stored, compute)."""
+
+
+class Upcast(nn.Module):
+    """The parametrization of a stored weight: a copy of it in ``dtype`` (exact from bfloat16
+    or float16 to float32), made each time the weight is read."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, stored: torch.Tensor) -> torch.Tensor:
+        return stored.to(self.dtype)
+
+
+def _unique_modules(roots: Iterable[nn.Module]) -> list[nn.Module]:
+    """Every module under ``roots`` once, parametrization containers left out."""
+    from torch.nn.utils.parametrize import ParametrizationList
+
+    seen: dict[int, nn.Module] = {}
+    for root in roots:
+        for module in root.modules():
+            if not isinstance(module, ParametrizationList):
+                seen.setdefault(id(module), module)
+    return list(seen.values())
+
+
+@torch.no_grad()
+def compute_in(bridge: nn.Module, hf_model: nn.Module, dtype: torch.dtype) -> None:
+    """Make every floating parameter of the modules of ``bridge`` and ``hf_model`` that is not
+    in ``dtype`` read as a ``dtype`` copy of its stored tensor (kept as it is), and every
+    floating buffer ``dtype`` outright; mark ``hf_model`` (:func:`storage_dtypes`).
+
+    Call it once the bridge is attached (the bridge's split views of a fused weight, GPT-2's
+    ``q``/``k``/``v`` of ``c_attn``, are then parameters of their own, upcast on read too).
+    """
+    from torch.nn.utils import parametrize
+
+    modules = _unique_modules([bridge, hf_model])
+    stored = next(
+        (p.dtype for p in hf_model.parameters() if p.is_floating_point() and p.dtype != dtype),
+        None,
+    )
+    if stored is None:
+        return  # already in dtype: nothing is kept apart
+    buffers: dict[int, torch.Tensor] = {}
+    for module in modules:
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                module._buffers[name] = buffers.setdefault(id(buffer), buffer.to(dtype))
+    for module in modules:
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_floating_point() and param.dtype != dtype:
+                param.requires_grad_(False)
+                parametrize.register_parametrization(module, name, Upcast(dtype), unsafe=True)
+    _embeddings_output_in(bridge, dtype)
+    if hasattr(bridge, "cfg") and hasattr(bridge.cfg, "dtype"):
+        bridge.cfg.dtype = dtype
+    hf_model.__dict__[_MARK] = (stored, dtype)
+
+
+def _embeddings_output_in(bridge: nn.Module, dtype: torch.dtype) -> None:
+    """Make the bridge's embeddings return ``dtype``: TransformerLens casts an embedding's
+    output to the dtype of its stored weight (the same values, exact; the residual stream would
+    then run in the stored dtype). A permanent forward hook of the model, outside every block."""
+    from transformer_lens.model_bridge.generalized_components import EmbeddingBridge
+
+    def upcast(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(dtype) if output.is_floating_point() else output
+
+    for module in bridge.modules():
+        if isinstance(module, EmbeddingBridge):
+            module.register_forward_hook(upcast)
+
+
+def storage_dtypes(hf_model: nn.Module) -> tuple[torch.dtype, torch.dtype] | None:
+    """``(stored, compute)`` dtypes of a model that :func:`compute_in` set apart (None: its
+    weights are in the dtype it computes in)."""
+    return hf_model.__dict__.get(_MARK)
+
+
+__all__ = ["STORAGE_CHOICES", "Upcast", "compute_in", "storage_dtypes"]
