@@ -202,3 +202,18 @@ def test_bad_storage_is_refused_before_loading(sharded):
         probekit.load(sharded, storage="bf16")
     with pytest.raises(InputError, match="device_map were both given"):
         probekit.load(sharded, storage="stored", device_map="auto")
+
+
+def test_diagnose_storage_flag_gives_the_float32_numbers(sharded, tmp_path):
+    from probekit.cli import main
+
+    argv = ["diagnose", str(sharded), "--random-tokens", "--n-sequences", "2", "--seq-len", "6"]
+    argv += ["--bootstrap", "2", "--no-images", "--quiet", "--device", "cpu"]
+    assert main([*argv, "--dtype", "float32", "--out", str(tmp_path / "cast")]) == 0
+    assert main([*argv, "--storage", "stored", "--out", str(tmp_path / "kept")]) == 0
+    for name in ("logit_lens.csv", "contributions.csv", "skip_effects.csv"):
+        want = np.loadtxt(tmp_path / "cast" / name, delimiter=",", dtype=str)
+        got = np.loadtxt(tmp_path / "kept" / name, delimiter=",", dtype=str)
+        assert (want == got).all(), name
+    with pytest.raises(SystemExit):
+        main([*argv[:2], "--storage", "bf16"])
