@@ -97,19 +97,35 @@ def test_probekits_readers_of_weights_see_float32(sharded):
 
 
 def _live_float32_bytes(monkeypatch) -> list[int]:
-    """Patch the upcast so that each call records the bytes of float32 copies alive then."""
+    """Patch the upcast (and the backward's copy of a saved weight) so that each call records
+    the bytes of float32 weight copies alive then."""
     alive: list[weakref.ref] = []
     peaks: list[int] = []
-    upcast = storage.Upcast.forward
+    upcast, unpack = storage.Upcast.forward, storage._unpack
+
+    def record(out):
+        bases = {id(b): b.numel() * 4 for r in alive if (t := r()) is not None for b in [_base(t)]}
+        peaks.append(sum(bases.values()))
+        return out
 
     def recording(self, stored):
         out = upcast(self, stored)
         alive.append(weakref.ref(out))
-        peaks.append(sum(t.numel() * 4 for ref in alive if (t := ref()) is not None))
-        return out
+        return record(out)
+
+    def unpacking(packed):
+        out = unpack(packed)
+        if isinstance(packed, storage._Stored):
+            alive.append(weakref.ref(out))
+        return record(out)
 
     monkeypatch.setattr(storage.Upcast, "forward", recording)
+    monkeypatch.setattr(storage, "_unpack", unpacking)
     return peaks
+
+
+def _base(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor._base is None else tensor._base
 
 
 def test_one_modules_float32_weights_at_a_time_less_than_a_block(sharded, monkeypatch):
@@ -119,6 +135,7 @@ def test_one_modules_float32_weights_at_a_time_less_than_a_block(sharded, monkey
     with torch.no_grad():
         model.forward(batch)
         model.trace(batch).resume(0)
+    probekit.gradient_norms(model, toy_tokens(2, 6))  # the backward holds no float32 copy
     block = sum(group[0].numel() * 4 for group in model.layer_weights(0))  # one block, float32
     largest = max(  # the float32 bytes of the largest module holding weights of its own
         sum(p.numel() * 4 for p in m.parametrizations.parameters())

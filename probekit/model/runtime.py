@@ -33,7 +33,7 @@ from probekit.errors import UnsupportedModelError
 from probekit.model.headless import Headless, stop_at_base_output
 from probekit.model.output import OutputHead, resolve_head
 from probekit.model.sites import MASKED_LM_SUFFIXES, REQUIRED_SITES, HookList, hook_name
-from probekit.model.storage import storage_dtypes
+from probekit.model.storage import saved_as_stored, storage_dtypes
 from probekit.progress import advance
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Runtime:
         """Full forward of one prepared batch through the bridge with ``fwd_hooks`` active:
         the model's output (logits ``[B, T, V]``, or the final hidden state)."""
         advance(self.n_layers)  # its block passes, on a command's live progress line
-        with self.hooks(fwd_hooks):
+        with self.hooks(fwd_hooks), saved_as_stored(self.hf_model):
             return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
 
 

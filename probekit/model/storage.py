@@ -13,9 +13,12 @@ is the stored weights plus one weight matrix in float32 at a time (the largest i
 masks) are small and become float32 outright, and the embedding's output is float32, so the
 whole residual stream is.
 
-No hook is added: nothing needs removing after an exception, and the pure Hugging Face copies of
-the blocks (:mod:`probekit.model.hf_blocks`) share the parametrized modules' parameters and
-compute in float32 too.
+No hook is added to a block: nothing needs removing after an exception, and the pure Hugging
+Face copies of the blocks (:mod:`probekit.model.hf_blocks`) share the parametrized modules'
+parameters and compute in float32 too. A forward that records a backward (the gradient norms)
+saves each weight as its stored tensor and copies it again when the backward reads it
+(:func:`saved_as_stored`), so the backward also holds one module's float32 weights at a time;
+the weights' gradients accumulate in the stored dtype (relative rounding about 1e-3 in bf16).
 
 Example:
     >>> import torch
@@ -32,13 +35,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
 
 STORAGE_CHOICES = ("auto", "stored", "dtype")
 """How :func:`probekit.load` keeps the weights in memory (its ``storage``): ``"dtype"``, cast
@@ -51,6 +54,11 @@ _MARK = "_probekit_storage"
 """The attribute of a Hugging Face model that :func:`compute_in` sets: (stored, compute)."""
 
 
+_UPCASTS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+"""The copies :class:`Upcast` made while gradients are on and still alive: ``id`` -> (a weak
+reference to the copy, the stored tensor it was made from), for :func:`saved_as_stored`."""
+
+
 class Upcast(nn.Module):
     """The parametrization of a stored weight: a copy of it in ``dtype`` (exact from bfloat16
     or float16 to float32), made each time the weight is read."""
@@ -60,7 +68,53 @@ class Upcast(nn.Module):
         self.dtype = dtype
 
     def forward(self, stored: torch.Tensor) -> torch.Tensor:
-        return stored.to(self.dtype)
+        copy = stored.to(self.dtype)
+        if torch.is_grad_enabled():
+            key = id(copy)
+            _UPCASTS[key] = (weakref.ref(copy, lambda _: _UPCASTS.pop(key, None)), stored)
+        return copy
+
+
+class _Stored(NamedTuple):
+    """A float32 copy of a stored weight (or a view of one) that a backward saved, kept as
+    the stored tensor and made again when the backward reads it."""
+
+    stored: torch.Tensor
+    dtype: torch.dtype
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+def _pack(tensor: torch.Tensor) -> Any:
+    """A tensor a backward saves, or for a copy made by :class:`Upcast`, the stored tensor."""
+    base = tensor if tensor._base is None else tensor._base
+    entry = _UPCASTS.get(id(base))
+    if entry is None or entry[0]() is not base:
+        return tensor
+    return _Stored(entry[1], base.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    """The saved tensor of :func:`_pack` (a stored weight: its copy made again)."""
+    if not isinstance(packed, _Stored):
+        return packed
+    copy = packed.stored.to(packed.dtype)
+    return copy.as_strided(packed.size, packed.stride, packed.offset)
+
+
+@contextmanager
+def saved_as_stored(hf_model: nn.Module) -> Iterator[None]:
+    """While the forward of a model that :func:`compute_in` set apart records a backward, the
+    float32 weight copies the backward would save (every matmul's weight, so the whole model
+    in float32 until the backward) are saved as the stored tensors and copied again when the
+    backward reads them: one module's float32 weights at a time in the backward too, the same
+    numbers. Nothing for any other model, or without gradients."""
+    if storage_dtypes(hf_model) is None or not torch.is_grad_enabled():
+        yield
+        return
+    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+        yield
 
 
 def _unique_modules(roots: Iterable[nn.Module]) -> list[nn.Module]:
@@ -129,4 +183,4 @@ def storage_dtypes(hf_model: nn.Module) -> tuple[torch.dtype, torch.dtype] | Non
     return hf_model.__dict__.get(_MARK)
 
 
-__all__ = ["STORAGE_CHOICES", "Upcast", "compute_in", "storage_dtypes"]
+__all__ = ["STORAGE_CHOICES", "Upcast", "compute_in", "saved_as_stored", "storage_dtypes"]
