@@ -402,28 +402,29 @@ def check_fits(
             f"hold {stored:.3g} values",
             fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
         )
-    narrower = stored_in is not None and _bits(stored_in) < _bits(dtype)
+    narrower = stored_in if stored_in is not None and _bits(stored_in) < _bits(dtype) else None
     available = available_memory("cpu")  # weights are read into host memory first
-    keep = stored_in if narrower and storage == "stored" else dtype
-    need = weights_bytes(config, dtype, keep if keep != dtype else None)
+    keep = narrower if narrower is not None and storage == "stored" else dtype
+    need = weights_bytes(config, dtype, None if keep == dtype else keep)
     if available is None or need <= available:
         return keep
-    if narrower and storage == "auto" and stored_in is not None:
-        apart = weights_bytes(config, dtype, stored_in)
+    if narrower is not None and storage == "auto":
+        keep = narrower
+        apart = weights_bytes(config, dtype, keep)
         if apart <= available:
             log.warning(
                 "the %s copy of the weights in %s (%.3g GiB) does not fit in the %.3g GiB of "
                 "free memory: keeping them in their stored %s (%.3g GiB) and computing every "
                 "block in %s on the fly (the same numbers)",
-                _name(dtype), path, need / 2**30, available / 2**30, _name(stored_in),
+                _name(dtype), path, need / 2**30, available / 2**30, _name(keep),
                 apart / 2**30, _name(dtype),
             )  # fmt: skip
-            return stored_in
+            return keep
         need = apart
     raise CheckpointError(
         f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
         f"{estimate:.3g} parameters in {_name(dtype)}"
-        + (f" (weights kept in {_name(keep if keep != dtype else stored_in)})" if narrower else "")
+        + ("" if keep == dtype else f" (weights kept in {_name(keep)})")
         + f"; {available / 2**30:.3g} GiB are available",
         fix="free memory, diagnose fewer sequences, compute in half precision (--dtype "
         "bfloat16, dtype=torch.bfloat16), offload layers to disk (--device-map auto), or use a "

@@ -92,7 +92,8 @@ def _pack(tensor: torch.Tensor) -> Any:
     entry = _UPCASTS.get(id(base))
     if entry is None or entry[0]() is not base:
         return tensor
-    return _Stored(entry[1], base.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+    offset = int(tensor.storage_offset())
+    return _Stored(entry[1], base.dtype, tensor.size(), tensor.stride(), offset)
 
 
 def _unpack(packed: Any) -> torch.Tensor:
