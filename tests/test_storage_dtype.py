@@ -234,3 +234,17 @@ def test_diagnose_storage_flag_gives_the_float32_numbers(sharded, tmp_path):
         assert (want == got).all(), name
     with pytest.raises(SystemExit):
         main([*argv[:2], "--storage", "bf16"])
+
+
+def test_a_tuned_lens_is_the_same_on_weights_kept_as_stored(sharded, tmp_path):
+    from probekit.analyses.depth.tuned_lens import TunedLens
+
+    want_model = probekit.load(sharded, device="cpu", dtype=torch.float32)
+    model = probekit.load(sharded, device="cpu", storage="stored")
+    data = toy_tokens(4, 8)
+    lens = TunedLens.fit(want_model, data, steps=3)
+    lens.save(tmp_path / "lens")
+    TunedLens.load(tmp_path / "lens", model)  # the same model: its fingerprint matches
+    got = TunedLens.fit(model, data, steps=3)
+    for want, have in zip(lens.translators, got.translators, strict=True):
+        assert torch.allclose(want.weight, have.weight, rtol=0, atol=TOLERANCE)

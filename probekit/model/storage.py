@@ -178,10 +178,50 @@ def _embeddings_output_in(bridge: nn.Module, dtype: torch.dtype) -> None:
             module.register_forward_hook(upcast)
 
 
+def stored_tensor(module: nn.Module, name: str = "weight") -> torch.Tensor:
+    """The tensor ``module`` (or the Hugging Face module a TransformerLens component wraps)
+    keeps as its ``name``: for a weight :func:`compute_in` reads in another dtype, the stored
+    tensor itself (the one ``named_parameters`` lists), else the attribute.
+
+    Example:
+        >>> from probekit.toy import toy_model
+        >>> model = toy_model(n_layers=2)
+        >>> stored_tensor(model.bridge.unembed) is model.hf_model.lm_head.weight
+        True
+    """
+    from torch.nn.utils import parametrize
+
+    inner = getattr(module, "original_component", None)
+    if isinstance(inner, nn.Module):
+        module = inner
+    if parametrize.is_parametrized(module, name):
+        return module.parametrizations[name].original
+    return getattr(module, name)
+
+
+def plain_name(name: str) -> str:
+    """The name of a parameter as the model names it without :func:`compute_in`'s
+    parametrization.
+
+    Example:
+        >>> plain_name("h.0.ln_1.parametrizations.weight.original")
+        'h.0.ln_1.weight'
+    """
+    return name.replace(".parametrizations.", ".").removesuffix(".original")
+
+
 def storage_dtypes(hf_model: nn.Module) -> tuple[torch.dtype, torch.dtype] | None:
     """``(stored, compute)`` dtypes of a model that :func:`compute_in` set apart (None: its
     weights are in the dtype it computes in)."""
     return hf_model.__dict__.get(_MARK)
 
 
-__all__ = ["STORAGE_CHOICES", "Upcast", "compute_in", "saved_as_stored", "storage_dtypes"]
+__all__ = [
+    "STORAGE_CHOICES",
+    "Upcast",
+    "compute_in",
+    "plain_name",
+    "saved_as_stored",
+    "storage_dtypes",
+    "stored_tensor",
+]
