@@ -101,7 +101,7 @@ def _live_float32_bytes(monkeypatch) -> list[int]:
     the bytes of float32 weight copies alive then."""
     alive: list[weakref.ref] = []
     peaks: list[int] = []
-    upcast, unpack = storage.Upcast.forward, storage._unpack
+    upcast, unpack = storage.Upcast.forward, storage.unpack_saved
 
     def record(out):
         bases = {id(b): b.numel() * 4 for r in alive if (t := r()) is not None for b in [_base(t)]}
@@ -115,12 +115,12 @@ def _live_float32_bytes(monkeypatch) -> list[int]:
 
     def unpacking(packed):
         out = unpack(packed)
-        if isinstance(packed, storage._Stored):
+        if isinstance(packed, storage.StoredCopy):
             alive.append(weakref.ref(out))
         return record(out)
 
     monkeypatch.setattr(storage.Upcast, "forward", recording)
-    monkeypatch.setattr(storage, "_unpack", unpacking)
+    monkeypatch.setattr(storage, "unpack_saved", unpacking)
     return peaks
 
 

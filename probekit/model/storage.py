@@ -75,7 +75,7 @@ class Upcast(nn.Module):
         return copy
 
 
-class _Stored(NamedTuple):
+class StoredCopy(NamedTuple):
     """A float32 copy of a stored weight (or a view of one) that a backward saved, kept as
     the stored tensor and made again when the backward reads it."""
 
@@ -86,19 +86,19 @@ class _Stored(NamedTuple):
     offset: int
 
 
-def _pack(tensor: torch.Tensor) -> Any:
+def pack_saved(tensor: torch.Tensor) -> Any:
     """A tensor a backward saves, or for a copy made by :class:`Upcast`, the stored tensor."""
     base = tensor if tensor._base is None else tensor._base
     entry = _UPCASTS.get(id(base))
     if entry is None or entry[0]() is not base:
         return tensor
     offset = int(tensor.storage_offset())
-    return _Stored(entry[1], base.dtype, tensor.size(), tensor.stride(), offset)
+    return StoredCopy(entry[1], base.dtype, tensor.size(), tensor.stride(), offset)
 
 
-def _unpack(packed: Any) -> torch.Tensor:
-    """The saved tensor of :func:`_pack` (a stored weight: its copy made again)."""
-    if not isinstance(packed, _Stored):
+def unpack_saved(packed: Any) -> torch.Tensor:
+    """The saved tensor of :func:`pack_saved` (a stored weight: its copy made again)."""
+    if not isinstance(packed, StoredCopy):
         return packed
     copy = packed.stored.to(packed.dtype)
     return copy.as_strided(packed.size, packed.stride, packed.offset)
@@ -114,7 +114,7 @@ def saved_as_stored(hf_model: nn.Module) -> Iterator[None]:
     if storage_dtypes(hf_model) is None or not torch.is_grad_enabled():
         yield
         return
-    with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+    with torch.autograd.graph.saved_tensors_hooks(pack_saved, unpack_saved):
         yield
 
 
@@ -218,10 +218,13 @@ def storage_dtypes(hf_model: nn.Module) -> tuple[torch.dtype, torch.dtype] | Non
 
 __all__ = [
     "STORAGE_CHOICES",
+    "StoredCopy",
     "Upcast",
     "compute_in",
+    "pack_saved",
     "plain_name",
     "saved_as_stored",
     "storage_dtypes",
     "stored_tensor",
+    "unpack_saved",
 ]
