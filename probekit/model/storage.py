@@ -195,7 +195,8 @@ def stored_tensor(module: nn.Module, name: str = "weight") -> torch.Tensor:
     if isinstance(inner, nn.Module):
         module = inner
     if parametrize.is_parametrized(module, name):
-        return module.parametrizations[name].original
+        parametrizations: Any = module.parametrizations
+        return parametrizations[name].original
     return getattr(module, name)
 
 
