@@ -248,3 +248,21 @@ def test_a_tuned_lens_is_the_same_on_weights_kept_as_stored(sharded, tmp_path):
     got = TunedLens.fit(model, data, steps=3)
     for want, have in zip(lens.translators, got.translators, strict=True):
         assert torch.allclose(want.weight, have.weight, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.slow  # two diagnoses of two checkpoints per architecture: about 6 s
+def test_compare_storage_flag_gives_the_float32_numbers(sharded, tmp_path):
+    from probekit.cli import main
+
+    other = tmp_path / "other"
+    arch = "gpt2" if _config(sharded)["architectures"] == ["GPT2LMHeadModel"] else "llama"
+    hf = toy_hf_model(arch, n_layers=3, seed=2).to(torch.bfloat16)
+    hf.save_pretrained(other, max_shard_size=20_000)
+    argv = ["compare", str(sharded), str(other), "--random-tokens", "--n-sequences", "2"]
+    argv += ["--seq-len", "6", "--bootstrap", "2", "--quiet"]
+    assert main([*argv, "--dtype", "float32", "--out", str(tmp_path / "cast")]) == 0
+    assert main([*argv, "--storage", "stored", "--out", str(tmp_path / "kept")]) == 0
+    want = (tmp_path / "cast" / "diagnoses.csv").read_text().replace("/cast/", "/")
+    assert (tmp_path / "kept" / "diagnoses.csv").read_text().replace("/kept/", "/") == want
+    summary = json.loads((tmp_path / "kept" / "ckpt" / "summary.json").read_text())
+    assert "dtype=torch.float32" in summary["model"]

@@ -25,6 +25,7 @@ from probekit.cli.common import (
     add_command,
     add_data_flags,
     add_device,
+    add_dtype_flags,
     add_force,
     add_out,
     add_quiet,
@@ -235,23 +236,7 @@ def _add_placement_flags(diag: argparse.ArgumentParser) -> None:
         help="spread the layers over the GPUs and the CPU with accelerate (a model bigger than "
         "one device); not with --device",
     )
-    diag.add_argument(
-        "--dtype",
-        choices=["stored", "float32", "bfloat16", "float16"],
-        default="stored",
-        help="load the weights in this dtype (default: as stored in the checkpoint); every "
-        "measure accumulates in float32 or float64",
-    )
-    diag.add_argument(
-        "--storage",
-        choices=["auto", "stored", "dtype"],
-        default="auto",
-        help="the dtype the weights are kept in while the computation runs in --dtype: "
-        "stored keeps them as the checkpoint stores them (bf16/fp16, 2 bytes a parameter) and "
-        "computes in float32 (or --dtype) on the fly, the numbers of --dtype float32 in about "
-        "half its memory; dtype casts them to --dtype; auto (default): dtype, or stored when "
-        "the --dtype copy would not fit in free memory",
-    )
+    add_dtype_flags(diag)
     diag.add_argument(
         "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"
     )
