@@ -75,7 +75,7 @@ def test_stored_bf16_computed_in_float32_equals_a_float32_load(sharded):
     got = probekit.diagnose(model, data, n_bootstrap=5)
     for kind, result in want.results.items():
         if kind == "gradients":  # accumulated into the bf16 weights: see docs, "Storage"
-            assert _differences(result.df, got.results[kind].df) <= 1e-2
+            assert _differences(result.df, got.results[kind].df) <= 2e-3
             continue
         assert _differences(result.df, got.results[kind].df) <= TOLERANCE, kind
     assert (want.headline, want.verdict) == (got.headline, got.verdict)

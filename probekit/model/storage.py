@@ -18,7 +18,7 @@ Face copies of the blocks (:mod:`probekit.model.hf_blocks`) share the parametriz
 parameters and compute in float32 too. A forward that records a backward (the gradient norms)
 saves each weight as its stored tensor and copies it again when the backward reads it
 (:func:`saved_as_stored`), so the backward also holds one module's float32 weights at a time;
-the weights' gradients accumulate in the stored dtype (relative rounding about 1e-3 in bf16).
+the weights' gradients accumulate in the stored dtype (their norms move by about 1e-3 in bf16).
 
 Example:
     >>> import torch
