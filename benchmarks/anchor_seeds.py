@@ -50,6 +50,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--d-mlp", type=int, default=None, help="MLP width (default 4 * d_model)")
     p.add_argument("--init-scheme", default=None, help="fan_in or official")
     p.add_argument(
+        "--architecture",
+        default=None,
+        help="gpt2 or post_ln_paper (the paper's post-LN, bias-free, ReLU model; its heads, "
+        "activation and MLP width are the architecture's unless given)",
+    )
+    p.add_argument(
+        "--init-ref-width",
+        type=int,
+        default=None,
+        help="draw the init as a model of this width would (std = d_ref^-gamma)",
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per step")
+    p.add_argument(
         "--key-split",
         default="complexity_control",
         help="the task's key split (default: the official code's; anchor_cpu_config itself "
@@ -69,7 +82,12 @@ def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
     """(TrainConfig, ModelConfig, AnchorTask) overrides from the flags that were given."""
     train = {
         k: v
-        for k, v in (("steps", args.steps), ("lr", args.lr), ("weight_decay", args.weight_decay))
+        for k, v in (
+            ("steps", args.steps),
+            ("lr", args.lr),
+            ("weight_decay", args.weight_decay),
+            ("batch_size", args.batch_size),
+        )
         if v is not None
     }
     model = {
@@ -80,9 +98,15 @@ def _overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
             ("n_heads", args.n_heads),
             ("d_mlp", args.d_mlp),
             ("init_scheme", args.init_scheme),
+            ("architecture", args.architecture),
+            ("init_ref_width", args.init_ref_width),
         )
         if v is not None
     }
+    if "architecture" in model:  # 0, "" and None ask for the architecture's own defaults
+        model.setdefault("n_heads", 0)
+        model.setdefault("activation", "")
+        model.setdefault("d_mlp", None)
     if "d_model" in model and "d_mlp" not in model:  # else replace() keeps 4 * the old width
         model["d_mlp"] = 4 * model["d_model"]
     task = {"n_train": args.n_train} if args.n_train is not None else {}

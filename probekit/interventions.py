@@ -41,6 +41,7 @@ from probekit.data import Batch, Data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
 from probekit.model.inputs import check_layer_list
+from probekit.model.structure import MID_SITES
 
 SUBLAYERS = ("attn", "mlp")
 KNOCKOUT_MODES = ("pattern", "scores")
@@ -112,7 +113,8 @@ def masked_ablate_hooks(model: Model, layer: int, sublayer: str, mask: torch.Ten
     def replace(tensor: torch.Tensor, hook: Any) -> torch.Tensor:
         return torch.where(mask[..., None], held.pop("base"), tensor)
 
-    before, at = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    mid = MID_SITES[model.structure.kind]
+    before, at = ("resid_in", mid) if sublayer == "attn" else (mid, "resid_out")
     return [(model.hook_name(layer, before), keep), (model.hook_name(layer, at), replace)]
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 TOY_VOCAB = 50
 """Vocabulary size of the toy models."""
 
-_ARCHS = ("gpt2", "llama", "bert")
+_ARCHS = ("gpt2", "llama", "bert", "post_ln_paper")
 
 
 def toy_hf_model(
@@ -36,7 +36,13 @@ def toy_hf_model(
     seed: int = 0,
     vocab_size: int = TOY_VOCAB,
 ) -> transformers.PreTrainedModel:
-    """A tiny random Hugging Face model (``gpt2``, ``llama`` or ``bert``) in eval mode."""
+    """A tiny random Hugging Face model (``gpt2``, ``llama``, ``bert`` or ``post_ln_paper``: the
+    anchor paper's post-LN, bias-free, one-head ReLU block as a post-LN OPT) in eval mode.
+
+    Example:
+        >>> toy_hf_model("post_ln_paper").config.do_layer_norm_before
+        False
+    """
     import transformers
 
     if arch not in _ARCHS:
@@ -58,8 +64,32 @@ def toy_hf_model(
     if arch == "llama":
         llama = transformers.LlamaConfig(num_key_value_heads=2, **sizes, **common)
         return _built(transformers.LlamaForCausalLM, llama, seed)
+    if arch == "post_ln_paper":
+        return _built(transformers.OPTForCausalLM, _post_ln_opt(n_layers, d_model, common), seed)
     bert = transformers.BertConfig(vocab_size=vocab_size, **sizes)
     return _built(transformers.BertForMaskedLM, bert, seed)
+
+
+def _post_ln_opt(n_layers: int, d_model: int, common: dict[str, Any]) -> Any:
+    """The ``OPTConfig`` of a toy post_ln_paper model (probekit's trainer writes the same
+    settings, :func:`probekit.training.models.post_ln_config`)."""
+    import transformers
+
+    return transformers.OPTConfig(
+        hidden_size=d_model,
+        ffn_dim=3 * d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=1,
+        max_position_embeddings=16,
+        word_embed_proj_dim=d_model,
+        do_layer_norm_before=False,
+        enable_bias=False,
+        activation_function="relu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        pad_token_id=0,
+        **common,
+    )
 
 
 _ConfigT = TypeVar("_ConfigT", bound="transformers.PretrainedConfig")

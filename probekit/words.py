@@ -200,6 +200,8 @@ SETTINGS = {
     "weight_decay": "weight decay",
     "seed": "seed",
     "lr": "learning rate",
+    # --- paper architecture and reference-width init ---
+    "init_std": "initialization std d^−γ (d = d_model, or the reference width)",
 }
 """Training settings as axis titles (sweeps, model families)."""
 

@@ -61,7 +61,7 @@ def tiny_anchor(**overrides) -> TrainConfig:
     return TrainConfig(**settings)
 
 
-ARCHS = ("gpt2", "llama", "bert")
+ARCHS = ("gpt2", "llama", "bert", "post_ln_paper")
 
 
 def hf_config(arch: str, n_layers: int = 4, d_model: int = 32):
@@ -101,6 +101,15 @@ def hf_config(arch: str, n_layers: int = 4, d_model: int = 32):
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         )
+    if arch == "post_ln_paper":  # --- paper architecture: probekit's post_ln_paper model ---
+        return ModelConfig(
+            architecture="post_ln_paper",
+            n_layers=n_layers,
+            d_model=d_model,
+            d_mlp=3 * d_model,
+            vocab_size=VOCAB,
+            n_positions=16,
+        ).to_hf_config()
     raise ValueError(arch)
 
 
@@ -127,6 +136,7 @@ HF_CLASSES = {
     "gpt2": transformers.GPT2LMHeadModel,
     "llama": transformers.LlamaForCausalLM,
     "bert": transformers.BertForMaskedLM,
+    "post_ln_paper": transformers.OPTForCausalLM,
 }
 
 
@@ -299,6 +309,31 @@ FAMILIES = {
     "starcoder2": ("Starcoder2", _decoder()),
     "cohere": ("Cohere", _decoder(logit_scale=0.5)),
     "mixtral": ("Mixtral", _decoder(num_local_experts=2, num_experts_per_tok=1)),
+    # --- paper architecture: post-LN OPT (probekit's post_ln_paper model) ---
+    "opt_post_norm": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            num_attention_heads=4,
+            ffn_dim=64,
+            max_position_embeddings=16,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+        ),
+    ),
+    "post_ln_paper": (
+        "OPT",
+        dict(
+            hidden_size=32,
+            num_attention_heads=1,
+            ffn_dim=96,
+            max_position_embeddings=16,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+            enable_bias=False,
+            activation_function="relu",
+        ),
+    ),
 }
 """family -> (transformers class prefix, config sizes); ``{prefix}Config`` and the head class
 ``{prefix}ForCausalLM`` / ``ForMaskedLM`` / ``LMHeadModel``, 3 layers unless told."""
@@ -311,17 +346,6 @@ REFUSED = {
     "falcon_new_decoder": (
         "Falcon",
         dict(hidden_size=32, num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2),
-    ),
-    "opt_post_norm": (
-        "OPT",
-        dict(
-            hidden_size=32,
-            num_attention_heads=4,
-            ffn_dim=64,
-            max_position_embeddings=16,
-            word_embed_proj_dim=32,
-            do_layer_norm_before=False,
-        ),
     ),
     "opt_projected": (
         "OPT",

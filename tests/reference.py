@@ -56,9 +56,44 @@ STATE_SUBLAYERS = ("bloom",)
 """Families whose attention and MLP modules return the stream with their update added."""
 
 
+# --- paper architecture: post-LN OPT ---
+POST_LN = ("opt_post_norm", "post_ln_paper")
+"""Post-LN OPT families (probekit's post_ln_paper model): ``h_mid = LN1(h_in + attn)`` is the
+first LayerNorm's output, ``h_out = LN2(h_mid + mlp)``; zeroing a sublayer's update makes
+that sublayer, its LayerNorm included, the identity (``h_mid = h_in``, ``h_out = h_mid``)."""
+
+
+@contextmanager
+def post_ln_replaced(block, sublayer: str, make=None):
+    """Replace one sublayer of a post-LN OPT block by a plain hook on its LayerNorm: the
+    LayerNorm returns ``make(base, output)``, ``base`` the stream the sublayer got (the block
+    input for attention, the mid-block stream for the MLP); ``make=None`` returns ``base``
+    (the sublayer silenced: its update is zero)."""
+    held = {}
+
+    def keep(mod, args, kwargs):
+        held["base"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    def pass_on(mod, args, kwargs, output):
+        base = held["base"].reshape(output.shape)
+        return base if make is None else make(base, output)
+
+    reads = block if sublayer == "attn" else block.fc1
+    norm = block.self_attn_layer_norm if sublayer == "attn" else block.final_layer_norm
+    first = reads.register_forward_pre_hook(keep, with_kwargs=True)
+    last = norm.register_forward_hook(pass_on, with_kwargs=True)
+    try:
+        yield
+    finally:
+        first.remove()
+        last.remove()
+
+
 def sublayer_modules(block, arch: str) -> dict:
     """The plain HF modules whose outputs are the attention and MLP updates of a block; for
     encoders the attention module whose output is the mid-block stream."""
+    if arch in POST_LN:  # the LayerNorms' outputs: the mid-block stream and the block output
+        return {"attn": block.self_attn_layer_norm, "mlp": block.final_layer_norm}
     if arch in ENCODERS:
         return {"attn": block.attention, "mlp": block.output}
     if arch in SANDWICH:
@@ -72,6 +107,10 @@ def sublayer_modules(block, arch: str) -> dict:
 def silenced(hf, arch: str, layer: int, sublayer: str):
     """Remove one sublayer's update with a plain torch forward hook."""
     block = hf_blocks(hf)[layer]
+    if arch in POST_LN:
+        with post_ln_replaced(block, sublayer):
+            yield hf
+        return
     if arch in ENCODERS:
         if sublayer == "attn":
             module = block.attention
@@ -126,7 +165,7 @@ def updates(hf, arch: str, tokens, mask):
     result = []
     for i in range(len(ins)):
         h, out = ins[i].double(), block_outs[i].double()
-        if arch in ENCODERS or arch in STATE_SUBLAYERS:  # the attention output is the stream
+        if arch in ENCODERS or arch in STATE_SUBLAYERS or arch in POST_LN:  # mid-block stream
             mid = outs[i, "attn"].double()
             result.append((h, mid - h, out - mid, out))
         else:
@@ -170,6 +209,8 @@ def final_head(hf, arch: str, residual):
             return hf.lm_head(hf.transformer.ln_f(residual))
         if arch == "llama":
             return hf.lm_head(hf.model.norm(residual))
+        if arch in POST_LN:  # no final norm: the last block's output is already normalised
+            return hf.lm_head(residual)
         return hf.cls(residual)
 
 
@@ -446,6 +487,8 @@ def _head_with_grad(hf, arch: str, residual):
         return hf.lm_head(hf.transformer.ln_f(residual))
     if arch == "llama":
         return hf.lm_head(hf.model.norm(residual))
+    if arch in POST_LN:  # no final norm
+        return hf.lm_head(residual)
     return hf.cls(residual)
 
 
@@ -729,7 +772,7 @@ def _block_list(hf):
     for owner in (hf, *(getattr(hf, n, None) for n in ("transformer", "model", "bert"))):
         if owner is None:
             continue
-        for inner in (owner, getattr(owner, "encoder", None)):
+        for inner in (owner, getattr(owner, "encoder", None), getattr(owner, "decoder", None)):
             for name in ("h", "layers", "layer"):
                 if isinstance(getattr(inner, name, None), torch.nn.ModuleList):
                     return getattr(inner, name)
@@ -929,6 +972,14 @@ def sublayer_replaced(hf, arch: str, layer: int, sublayer: str, value, at=None):
     hook: the module's output in pre-norm blocks; in encoders the stream entering the
     attention (or the MLP's add-norm) plus ``value``."""
     block = hf_blocks(hf)[layer]
+    if arch in POST_LN:  # --- paper architecture: the LayerNorm's output := base + value ---
+
+        def make(base, old):
+            return _placed(base + value.to(base.dtype).expand_as(base), old, at)
+
+        with post_ln_replaced(block, sublayer, make):
+            yield
+        return
     if arch in ENCODERS:
         module = block.attention if sublayer == "attn" else block.output
 

@@ -89,7 +89,7 @@ def test_contributions_match_the_reference(arch, kind):
                     )
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_skip_effects_match_the_reference(arch, kind):
     model, plain, tokens, mask = _setup(arch)
@@ -150,7 +150,7 @@ def _left_padded(tokens, mask):
     return left_tokens, left_mask
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_left_padding_gives_the_numbers_of_right_padding(arch, kind):
     model = probekit.load(make_hf(arch, n_layers=3))

@@ -109,6 +109,8 @@ def test_residual_stats_match_plain_hooks(arch):
     for i, block in enumerate(hf_blocks(plain)):
         if arch == "bert":
             parts = {"mid": block.attention}
+        elif arch in ref.POST_LN:  # the mid-block stream is the first LayerNorm's output
+            parts = {"mid": block.self_attn_layer_norm}
         else:
             parts = {"attn": getattr(block, "attn", None) or block.self_attn, "mlp": block.mlp}
         for key, module in parts.items():
@@ -125,7 +127,7 @@ def test_residual_stats_match_plain_hooks(arch):
     valid = mask.bool()
     for i in range(4):
         h, out = ins[i].double(), outs[i].double()
-        if arch == "bert":
+        if arch == "bert" or arch in ref.POST_LN:
             a = subs[(i, "mid")].double() - h
             m = out - subs[(i, "mid")].double()
         else:

@@ -31,10 +31,22 @@ STRUCTURE.update(
     bert=("stream", False),
     roberta=("stream", False),
     bloom=("stream", False),
+    opt_post_norm=("post_ln", False),
+    post_ln_paper=("post_ln", False),
 )
 """Expected :attr:`probekit.Model.structure` (kind, parallel) per family."""
 
-NO_PATTERN_EDITS = ("gptj", "opt", "bert", "roberta", "gpt_neo", "olmo", "olmo2")
+NO_PATTERN_EDITS = (
+    "gptj",
+    "opt",
+    "bert",
+    "roberta",
+    "gpt_neo",
+    "olmo",
+    "olmo2",
+    "opt_post_norm",
+    "post_ln_paper",
+)
 """Families whose bridge only observes the attention pattern (knockout refused)."""
 
 
@@ -233,7 +245,6 @@ REFUSED_BECAUSE = {
     "openai_gpt": "does not pass through every block",
     "mpt": "do not write to the residual stream",
     "falcon_new_decoder": "could not attach",
-    "opt_post_norm": "cannot run a OPTForCausalLM forward",
     "opt_projected": "cannot run a OPTForCausalLM forward .*ln_final",
     "granite_multipliers": "do not write to the residual stream",
 }

@@ -24,17 +24,18 @@ def _plain_neurons(hf, arch: str, layer: int, name: str) -> np.ndarray:
             return block.mlp.c_fc.weight.detach().double().T.numpy()
         k = {"W_Q": 0, "W_K": 1, "W_V": 2}[name]
         return block.attn.c_attn.weight.detach().double()[:, k * d : (k + 1) * d].T.numpy()
-    block = hf.model.layers[layer]
+    post_ln = arch == "post_ln_paper"  # an OPT: nn.Linear rows are neurons, fc1 is W_in
+    block = hf.model.decoder.layers[layer] if post_ln else hf.model.layers[layer]
     module = {
         "W_Q": block.self_attn.q_proj,
         "W_K": block.self_attn.k_proj,
         "W_V": block.self_attn.v_proj,
-        "W_in": block.mlp.up_proj,
+        "W_in": block.fc1 if post_ln else block.mlp.up_proj,
     }[name]
     return module.weight.detach().double().numpy()
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_condensation_matches_plain_weights(arch):
     hf = make_hf(arch, n_layers=2)
     ref = twin(hf)
@@ -86,7 +87,7 @@ def test_stable_rank_and_cosine_basics():
     assert cos.tolist() == [[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_spectra_match_plain_svd(arch):
     hf = make_hf(arch, n_layers=2)
     ref = twin(hf)
@@ -164,7 +165,7 @@ def test_bad_input_names_problem_and_fix():
         condensation_timeline([model], steps=[1, 2])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_weight_analyses_leave_model_untouched(arch):
     from tests.conftest import sample_tokens
     from tests.test_hygiene import assert_model_unchanged, model_snapshot

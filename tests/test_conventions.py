@@ -63,7 +63,7 @@ def _matrix(res, n=4):
 
 @pytest.mark.parametrize("lengths", [EQUAL, VARIABLE], ids=["equal", "variable"])
 @pytest.mark.parametrize("mode", ["current", "future"])
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_skip_effects_match_the_reference(arch, mode, lengths):
     model, plain, data, prompts = model_twin_and_prompts(arch, lengths)
     res = probekit.skip_effects(
@@ -119,7 +119,7 @@ def test_contributions_match_the_reference(arch, mode, lengths):
 
 
 @pytest.mark.parametrize("lengths", [EQUAL, VARIABLE], ids=["equal", "variable"])
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_logit_lens_averages_per_prompt(arch, lengths):
     model, plain, data, prompts = model_twin_and_prompts(arch, lengths)
     res = probekit.logit_lens(model, data, setting=CSORDAS, batch_size=2)
@@ -132,7 +132,7 @@ def test_logit_lens_averages_per_prompt(arch, lengths):
     assert same == (lengths == EQUAL)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_residual_update_cosine_matches_plain_hooks(arch):
     model, plain, data, prompts = model_twin_and_prompts(arch, VARIABLE)
     res = probekit.residual_stats(model, data)

@@ -57,7 +57,7 @@ def _check(got, want):
     assert torch.allclose(got, want, atol=TOL, rtol=0), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 @pytest.mark.parametrize("measure", ["cka", "cosine", "linear_map"])
 def test_the_matrix_equals_the_reference(arch, measure):
     hf = toy_hf_model(arch, n_layers=2, d_model=16)
@@ -90,7 +90,7 @@ def test_two_models_of_one_vocabulary_give_the_cross_matrix(measure):
     _check(_got(res), want)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_left_padding_gives_the_numbers_of_right_padding(arch):
     model = probekit.load(toy_hf_model(arch, n_layers=2, d_model=16))
     left, right = padded_texts("left"), padded_texts("right")

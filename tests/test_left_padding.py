@@ -27,7 +27,7 @@ def padded_texts(side: str) -> dict:
     return dict(padded_tokenizer(side)(TEXTS, padding=True, return_tensors="pt"))
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_left_padding_gives_the_numbers_of_right_padding(arch):
     left, right = padded_texts("left"), padded_texts("right")
     assert not torch.equal(left["attention_mask"], right["attention_mask"])  # really left

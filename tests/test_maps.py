@@ -164,7 +164,7 @@ def test_bad_input_names_problem_and_fix():
         pair_cosines(model, tokens)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_maps_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens, mask = sample_tokens()

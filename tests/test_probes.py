@@ -144,7 +144,7 @@ def test_bad_input_names_problem_and_fix(gpt2):
         linear_probes(gpt2, tokens, labels={"x": np.zeros(40)}, positions=[6])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_probes_leave_model_untouched(arch):
     model = probekit.load(make_hf(arch, n_layers=2))
     tokens = _tokens(n=40)

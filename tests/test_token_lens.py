@@ -53,7 +53,7 @@ def _compare(res, want, site, tokens, mask, targets=()):
             )
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 @pytest.mark.parametrize("site", ["resid_out", "resid_mid"])
 def test_logit_lens_rows_equal_the_plain_reference(arch, site):
     model, plain, tokens, mask = _setup(arch)
@@ -71,7 +71,7 @@ def test_logit_lens_rows_equal_the_plain_reference(arch, site):
         assert (math.isnan(got) and expected is None) or got == expected, (b, t)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_tuned_lens_rows_equal_the_plain_reference_at_both_sites(arch):
     model, plain, tokens, mask = _setup(arch)
     lens = TunedLens.zeros(model)
@@ -88,7 +88,7 @@ def test_tuned_lens_rows_equal_the_plain_reference_at_both_sites(arch):
         _compare(res, want, site, tokens, mask)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_left_padding_gives_the_rows_of_right_padding(arch):
     left, right = padded_texts("left"), padded_texts("right")
     model = probekit.load(make_hf(arch, n_layers=2))

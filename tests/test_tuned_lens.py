@@ -72,7 +72,7 @@ def test_layers_that_write_nothing_are_read_exactly_both_ways():
     assert float(lens.translators[0].weight.detach().abs().max()) > 1e-4  # the others did train
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "post_ln_paper"])
 def test_fit_matches_a_plain_torch_reference(arch):
     hf = make_hf(arch, n_layers=2, scale=2.0)
     plain = twin(hf)

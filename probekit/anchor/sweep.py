@@ -249,6 +249,7 @@ def _settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) 
         "run": cfg.name,
         "depth": cfg.model.n_layers,
         "gamma": cfg.model.gamma,
+        "init_std": cfg.model.init_std(),  # a phase diagram's x axis as well as gamma
         "weight_decay": cfg.weight_decay,
         "seed": cfg.seed,
         "lr": cfg.lr,

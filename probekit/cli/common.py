@@ -232,13 +232,18 @@ def add_quiet(parser: Flags, *, help: str, no_progress_alias: bool = False) -> N
         )
 
 
-def add_data_flags(diag: Flags) -> None:
+def add_data_flags(
+    diag: Flags, *, text_help: str | None = None, random_tokens: bool = True
+) -> argparse._MutuallyExclusiveGroup:
     """What a diagnosis reads (``diagnose``, ``compare``, ``timeline``): a text file, a data
-    set or drawn tokens (one of them; without any, what the checkpoint implies)."""
+    set or drawn tokens (one of them; without any, what the checkpoint implies). Another
+    command reading text (``study``) passes its own ``text_help`` and no ``random_tokens``;
+    the group is returned for its own choices."""
     choice = diag.add_mutually_exclusive_group()
     choice.add_argument(
         "--text",
-        help="a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
+        help=text_help
+        or "a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
         "needed (binary files are refused; bytes that are not UTF-8 are read as U+FFFD, with "
         "a warning) (default: the task's test data for probekit runs, else the Python "
         "standard library's sources for a model with a tokenizer, else tokens drawn "
@@ -250,11 +255,13 @@ def add_data_flags(diag: Flags) -> None:
         "datasets cache), a save_to_disk folder, or a local .jsonl/.json/.parquet/.csv/.txt "
         "file; with --dataset-config, --split, --column",
     )
-    choice.add_argument(
-        "--random-tokens",
-        action="store_true",
-        help="tokens drawn uniformly from the vocabulary (describe random tokens, not language)",
-    )
+    if random_tokens:
+        choice.add_argument(
+            "--random-tokens",
+            action="store_true",
+            help="tokens drawn uniformly from the vocabulary (describe random tokens, not "
+            "language)",
+        )
     diag.add_argument("--dataset-config", help="the data set's configuration (with --dataset)")
     diag.add_argument(
         "--split",
@@ -266,6 +273,7 @@ def add_data_flags(diag: Flags) -> None:
         help="the data set's text column (with --dataset; default text, or else its only "
         "string column)",
     )
+    return choice
 
 
 DATASET_FLAG_EXAMPLES = {

@@ -28,7 +28,13 @@ from probekit.cli.common import Flags, add_device, add_quiet
 from probekit.errors import CheckpointError, ConfigError, check_known_keys
 from probekit.io import read_regular_file
 from probekit.training.checks import check_mapping, is_int
-from probekit.training.models import ACTIVATIONS, INIT_SCHEMES, ModelConfig
+from probekit.training.models import (
+    ACTIVATIONS,
+    ARCH_DEFAULTS,
+    ARCHITECTURES,
+    INIT_SCHEMES,
+    ModelConfig,
+)
 from probekit.training.precision import PRECISIONS
 
 DEFAULT_MODEL = ModelConfig()
@@ -158,12 +164,30 @@ def _add_model(p: argparse.ArgumentParser, sweep: bool) -> None:
     sizes = (
         ("--n-layers", int, DEFAULT_MODEL.n_layers, "number of blocks"),
         ("--d-model", int, DEFAULT_MODEL.d_model, "residual width"),
-        ("--n-heads", int, DEFAULT_MODEL.n_heads, "attention heads"),
-        ("--d-mlp", int, None, "MLP width (default 4 * d-model)"),
+        ("--n-heads", int, DEFAULT_MODEL.n_heads, "attention heads (post_ln_paper: 1)"),
+        ("--d-mlp", int, None, "MLP width (default 4 * d-model; post_ln_paper: 3 * d-model)"),
     )
     _add_typed(m, sizes, sweep)
     m.add_argument(
-        "--activation", choices=ACTIVATIONS, default=DEFAULT_MODEL.activation, help="MLP activation"
+        "--activation",
+        choices=ACTIVATIONS,
+        default=DEFAULT_MODEL.activation,
+        help="MLP activation (post_ln_paper: relu)",
+    )
+    # --- paper architecture and reference-width init ---
+    m.add_argument(
+        "--architecture",
+        choices=list(ARCHITECTURES),
+        default=DEFAULT_MODEL.architecture,
+        help="'gpt2': pre-LN GPT-2 block; 'post_ln_paper': the anchor paper's post-LN, "
+        "bias-free block (saved as a post-LN OPT)",
+    )
+    m.add_argument(
+        "--init-ref-width",
+        type=int,
+        default=None,
+        help="draw every matrix with the std it has at this reference width "
+        "(std (d_in * ref / d_model)^-gamma; e.g. 400, the paper's d_model)",
     )
     gamma = "initialization rate: every weight matrix has std d_in^-gamma (larger = smaller init)"
     rates = (("--gamma", float, DEFAULT_MODEL.gamma, gamma),) + tuple(
@@ -338,6 +362,8 @@ _MODEL_FLAGS = (
     "init_scheme",
     "layernorm_scaling",
     "tie_embeddings",
+    "architecture",
+    "init_ref_width",
 )
 """The model settings set by the flag of the same name."""
 _TASK_FLAGS = (
@@ -464,10 +490,27 @@ def _task_settings(base: dict, flags: _Flags) -> dict[str, Any]:
     return task
 
 
+# --- paper architecture and reference-width init ---
+def _follow_architecture(model: dict, flags: _Flags) -> None:
+    """The heads and the activation follow the architecture
+    (:data:`~probekit.training.models.ARCH_DEFAULTS`) unless their flags are given: a given
+    ``--architecture`` other than the base's replaces the base's values (they were its
+    architecture's), and settings without them take the architecture's."""
+    base_arch = model.get("architecture", DEFAULT_MODEL.architecture)
+    arch = flags.args.architecture if "architecture" in flags.given else base_arch
+    heads, activation = ARCH_DEFAULTS.get(arch, ARCH_DEFAULTS[DEFAULT_MODEL.architecture])
+    if arch != base_arch:
+        model["n_heads"], model["activation"] = heads, activation
+        model.pop("d_mlp", None)  # the architecture's ratio to d_model unless --d-mlp
+    model.setdefault("n_heads", heads)
+    model.setdefault("activation", activation)
+
+
 def _model_settings(base: dict, task: dict, flags: _Flags, sweep: bool) -> dict[str, Any]:
     """The model section: the base's, with the flags copied in; its vocabulary follows the
     task's, its context covers the task's sequences."""
     model = dict(base.get("model", {}))
+    _follow_architecture(model, flags)
     for flag in _MODEL_FLAGS + (() if sweep else ("n_layers", "gamma")):
         flags.copy(model, flag, flag)
     model.setdefault("vocab_size", task.get("vocab_size", DEFAULT_TASK.vocab_size))

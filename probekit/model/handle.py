@@ -229,10 +229,11 @@ class Model:
 
     @property
     def post_norm(self) -> bool:
-        """True for post-LayerNorm blocks (BERT-style, ``structure.kind == 'stream'``), whose
+        """True for post-LayerNorm blocks (BERT-style, ``structure.kind == 'stream'``, whose
         attention hook holds the normalised mid-block stream rather than the update added to
-        it. Read from the blocks themselves (see :attr:`structure`), not from the name."""
-        return self.structure.kind == "stream"
+        it; post-LN OPT, ``'post_ln'``, whose first LayerNorm's output holds it). Read from the
+        blocks themselves (see :attr:`structure`), not from the name."""
+        return self.structure.kind in ("stream", "post_ln")
 
     @property
     def parallel_blocks(self) -> bool:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from probekit.errors import UnsupportedModelError
+from probekit.model.bridge import lacks_final_norm
 from probekit.model.headless import Headless
 from probekit.model.sites import global_hooks, hook_registries
 
@@ -126,7 +127,9 @@ def resolve_head(
     prediction head (``cls``; ``lm_head`` too for an encoder, not ``causal``) where there is
     one; else the bridge's final norm and unembedding, with the logit scaling
     (``logit_scale``, ``logits_scaling``) and soft-capping (``final_logit_softcapping``) of
-    ``hf_model``'s config. Raises the bridge's ``AttributeError`` when it lacks a final norm."""
+    ``hf_model``'s config. Raises the bridge's ``AttributeError`` when it lacks a final norm,
+    unless the model has none by design (post-LN OPT,
+    :func:`~probekit.model.bridge.lacks_final_norm`)."""
     if headless is not None:
         return OutputHead(bridge.ln_final if headless.final_norm else None)
     for name in ("cls",) if causal else ("cls", "lm_head"):
@@ -138,7 +141,7 @@ def resolve_head(
     cap = getattr(config, "final_logit_softcapping", None)
     scaling = getattr(config, "logits_scaling", None)
     return OutputHead(
-        bridge.ln_final,
+        None if lacks_final_norm(bridge) else bridge.ln_final,
         bridge.unembed,
         scale=scale if isinstance(scale, int | float) and scale != 1 else None,
         cap=cap if cap else None,

@@ -65,10 +65,17 @@ OUTPUT_KINDS = ("logits", "hidden", "embedding")
 """
 
 
+# --- paper architecture (post-LN blocks whose sublayer hooks hold the raw updates) ---
+POST_LN_SITES = {"mid_post_ln": "blocks.{layer}.ln1.hook_out"}
+"""The mid-block stream ``h_mid = LN1(h_in + attn)`` of a post-LN block whose attention hook
+holds the raw attention output (post-LN OPT, probekit's ``post_ln_paper`` model): the output
+of the block's first LayerNorm."""
+
+
 def hook_name(layer: int, site: str) -> str:
-    """Canonical hook name of ``site`` (one of :data:`SITES` or :data:`POST_NORM_SITES`) in
-    block ``layer``."""
-    return {**SITES, **POST_NORM_SITES}[site].format(layer=layer)
+    """Canonical hook name of ``site`` (one of :data:`SITES`, :data:`POST_NORM_SITES` or
+    :data:`POST_LN_SITES`) in block ``layer``."""
+    return {**SITES, **POST_NORM_SITES, **POST_LN_SITES}[site].format(layer=layer)
 
 
 def hook_registries(module: nn.Module) -> list[dict]:
@@ -99,6 +106,7 @@ def global_hooks() -> bool:
 __all__ = [
     "MASKED_LM_SUFFIXES",
     "OUTPUT_KINDS",
+    "POST_LN_SITES",
     "POST_NORM_SITES",
     "REQUIRED_SITES",
     "SITES",

@@ -27,18 +27,36 @@ from probekit.data import Batch
 from probekit.errors import NumericalError, ProbekitError, UnsupportedModelError
 from probekit.model.inputs import probe_batch
 from probekit.model.runtime import Runtime
-from probekit.model.sites import POST_NORM_SITES, REQUIRED_SITES, HookList, hook_name
+from probekit.model.sites import (
+    POST_LN_SITES,
+    POST_NORM_SITES,
+    REQUIRED_SITES,
+    HookList,
+    hook_name,
+)
 from probekit.model.trace import Route, bridge_only, record_trace
 from probekit.numerics import all_finite, dtype_guard, tolerance, within_tolerance
 
-BLOCK_KINDS = ("sum", "sandwich", "stream")
+BLOCK_KINDS = ("sum", "sandwich", "stream", "post_ln")
 """How a block's sublayers write to the residual stream (see the handle's ``structure``):
 
 - ``sum``: ``h_out = h_in + attn_out + mlp_out`` (pre-norm blocks, sequential or parallel),
 - ``sandwich``: ``h_out = h_in + norm(attn_out) + norm(mlp_out)`` (post-sublayer norms),
 - ``stream``: post-norm blocks (BERT), where the attention hook holds the normalised mid-block
-  stream ``h_mid`` and the updates are ``h_mid - h_in`` and ``h_out - h_mid``.
+  stream ``h_mid`` and the updates are ``h_mid - h_in`` and ``h_out - h_mid``,
+- ``post_ln``: post-norm blocks whose attention hook holds the raw attention output (post-LN
+  OPT, probekit's ``post_ln_paper`` model): ``h_mid = LN1(h_in + attn)`` is the first
+  LayerNorm's output (``mid_post_ln``), ``h_out = LN2(h_mid + mlp)``, and the updates are
+  again ``h_mid - h_in`` and ``h_out - h_mid``.
+
+In both post-norm kinds a sublayer's *update* is the change it makes to the stream, its
+LayerNorm included: zeroing the attention update sets ``h_mid = h_in`` (the attention
+sublayer and its LayerNorm become the identity; not ``LN(h_in + 0)``), zeroing the MLP update
+sets ``h_out = h_mid``, and zeroing both (skipping the block) passes ``h_in`` on unchanged.
 """
+
+MID_SITES = {"stream": "attn_out", "post_ln": "mid_post_ln"}
+"""The site holding the mid-block stream ``h_mid`` of the post-norm kinds."""
 
 UPDATE_SITES = {"sum": ("attn_out", "mlp_out"), "sandwich": tuple(POST_NORM_SITES)}
 """The sites holding the attention and MLP updates of the block kinds that have them."""
@@ -91,8 +109,9 @@ def read_structure(runtime: Runtime) -> BlockStructure:
             for i in layers
         ) and _edits_honoured(runtime, kind, tol):
             return BlockStructure(kind, _reads_block_input(runtime, kind, clean, tol))
-    if _mid_is_state(runtime, clean, tol):
-        return BlockStructure("stream", False)
+    for kind, mid in MID_SITES.items():
+        if _mid_is_state(runtime, clean, tol, mid):
+            return BlockStructure(kind, False)
     raise UnsupportedModelError(
         f"the {runtime.architecture} blocks do not write to the residual stream in a way "
         "probekit can read from the bridge's hooks (neither h_out = h_in + attn + mlp, nor "
@@ -114,7 +133,7 @@ def _probe_record(
 
         return fn
 
-    sites = ("resid_in", "attn_out", "mlp_out", "resid_out", *POST_NORM_SITES)
+    sites = ("resid_in", "attn_out", "mlp_out", "resid_out", *POST_NORM_SITES, *POST_LN_SITES)
     names = {
         (site, i): name
         for site in sites
@@ -157,10 +176,11 @@ def _reads_block_input(runtime: Runtime, kind: str, clean: dict, tol: float) -> 
     return within_tolerance(got[mlp, 0], clean[mlp, 0], tol)
 
 
-def _mid_is_state(runtime: Runtime, clean: dict, tol: float) -> bool:
-    """Post-norm check: with every block input perturbed but the attention hook given its
-    clean value, every block output is the clean one (the hook holds the whole stream)."""
-    if ("attn_out", 0) not in clean:
+def _mid_is_state(runtime: Runtime, clean: dict, tol: float, mid: str = "attn_out") -> bool:
+    """Post-norm check: with every block input perturbed but the ``mid`` hook (the attention
+    hook, or the first LayerNorm's output) given its clean value, every block output is the
+    clean one (the hook holds the whole stream)."""
+    if (mid, 0) not in clean:
         return False
     g = torch.Generator().manual_seed(0)
 
@@ -173,12 +193,12 @@ def _mid_is_state(runtime: Runtime, clean: dict, tol: float) -> bool:
         noise = torch.randn(h.shape, generator=g, dtype=h.dtype) * h.std()
         edits += [
             (hook_name(i, "resid_in"), lambda t, hook, v=h + noise: value(v, t)),
-            (hook_name(i, "attn_out"), lambda t, hook, v=clean["attn_out", i]: value(v, t)),
+            (hook_name(i, mid), lambda t, hook, v=clean[mid, i]: value(v, t)),
         ]
-    before = [("attn_out", i) for i in range(runtime.n_layers)]
+    before = [(mid, i) for i in range(runtime.n_layers)]
     got = _probe_record(runtime, edits, before=before)
     layers = range(runtime.n_layers)
-    moved = all(not within_tolerance(got["attn_out", i], clean["attn_out", i], tol) for i in layers)
+    moved = all(not within_tolerance(got[mid, i], clean[mid, i], tol) for i in layers)
     return moved and all(
         within_tolerance(got["resid_out", i], clean["resid_out", i], tol) for i in layers
     )
@@ -217,15 +237,15 @@ def update_hooks(
 
     def finish(tensor: torch.Tensor, hook: Any) -> None:
         h_in, h_out = held.pop("in"), tensor.detach()
-        if kind == "stream":
+        if kind in MID_SITES:
             mid = held.pop("mid")
             on_layer(h_in, mid - h_in, h_out - mid, h_out)
         else:
             on_layer(h_in, held.pop("attn"), held.pop("mlp"), h_out)
 
     hooks = [(hook_name(layer, "resid_in"), keep("in"))]
-    if kind == "stream":
-        hooks.append((hook_name(layer, "attn_out"), keep("mid")))
+    if kind in MID_SITES:
+        hooks.append((hook_name(layer, MID_SITES[kind]), keep("mid")))
     else:
         attn, mlp = UPDATE_SITES[kind]
         hooks += [(hook_name(layer, attn), keep("attn")), (hook_name(layer, mlp), keep("mlp"))]
@@ -251,7 +271,7 @@ def replace_hooks(
     def placed(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         return new if at is None else torch.where(at.to(old.device)[..., None], new, old)
 
-    if kind != "stream":
+    if kind not in MID_SITES:
         site = UPDATE_SITES[kind][0 if sublayer == "attn" else 1]
         return [(hook_name(layer, site), lambda t, hook: placed(update(t).clone(), t))]
     held: dict[str, torch.Tensor] = {}
@@ -263,7 +283,8 @@ def replace_hooks(
         base = held.pop("base")
         return placed(base + update(base), tensor)
 
-    before, site = ("resid_in", "attn_out") if sublayer == "attn" else ("attn_out", "resid_out")
+    mid = MID_SITES[kind]
+    before, site = ("resid_in", mid) if sublayer == "attn" else (mid, "resid_out")
     return [(hook_name(layer, before), keep), (hook_name(layer, site), replace)]
 
 
@@ -332,6 +353,7 @@ class StructureProbes:
 
 __all__ = [
     "BLOCK_KINDS",
+    "MID_SITES",
     "UPDATE_SITES",
     "BlockStructure",
     "StructureProbes",
