@@ -416,10 +416,12 @@ def resolve(
     dtype: str = "stored",
     device_map: str | None = None,
     label: str | None = None,
+    storage: str = "auto",
 ) -> Source:
     """The :class:`Source` of a diagnosis of the checkpoint folder ``checkpoint`` written by the
     run ``run``, as :func:`locate` gives them (the run folder is not read again): the checkpoint
-    loaded (in ``dtype``, on ``device`` or spread by ``device_map``), the data
+    loaded (in ``dtype``, its weights kept as ``storage`` says (:func:`probekit.load`), on
+    ``device`` or spread by ``device_map``), the data
     :func:`default_data` picks (``text``, ``dataset``, ``random``, ``n_sequences``,
     ``seq_len``, ``seed``) at their positions (or ``positions`` unless "auto"), and with
     ``tuned_lens`` the data to fit a lens on.
@@ -438,7 +440,9 @@ def resolve(
     from probekit.model import load
 
     torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
-    model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
+    model = load(
+        checkpoint, device=device, dtype=torch_dtype, storage=storage, device_map=device_map
+    )
     choice = _Choice(text, dataset, random, n_sequences, seq_len, seed)
     pick = _picker(checkpoint, lambda: run, model, choice)
     data, description, found = pick(fit=False)

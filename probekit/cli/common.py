@@ -148,6 +148,29 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def add_dtype_flags(parser: Flags) -> None:
+    """``--dtype`` (the dtype the computation runs in) and ``--storage`` (the dtype the weights
+    are kept in meanwhile, :func:`probekit.load`'s ``storage``) of the commands that load a
+    checkpoint to diagnose it."""
+    parser.add_argument(
+        "--dtype",
+        choices=["stored", "float32", "bfloat16", "float16"],
+        default="stored",
+        help="load the weights in this dtype (default: as stored in the checkpoint); every "
+        "measure accumulates in float32 or float64",
+    )
+    parser.add_argument(
+        "--storage",
+        choices=["auto", "stored", "dtype"],
+        default="auto",
+        help="the dtype the weights are kept in while the computation runs in --dtype: "
+        "stored keeps them as the checkpoint stores them (bf16/fp16, 2 bytes a parameter) and "
+        "computes in float32 (or --dtype) on the fly, the numbers of --dtype float32 in about "
+        "half its memory; dtype casts them to --dtype; auto (default): dtype, or stored when "
+        "the --dtype copy would not fit in free memory",
+    )
+
+
 def add_device(parser: Flags, *, default: str | None, help: str) -> None:
     """``--device``: where the model runs (each subcommand says which names it takes)."""
     parser.add_argument("--device", default=default, help=help)
