@@ -131,13 +131,13 @@ def test_the_cpu_preset_estimates_are_within_30_percent_of_the_measured(kind) ->
 
 
 def test_the_clock_scales_the_estimate_by_the_finished_members() -> None:
-    from probekit.studies.runner import _Clock, cpu_seconds
+    from probekit.studies.runner import StudyClock, cpu_seconds
 
     plan = pd.DataFrame(
         {"name": ["a", "b"], "flops": [7e11, 7e11], "depth": [1, 1], "n_params": [1e9, 1e9]}
     )
     estimate = float(cpu_seconds(plan).iloc[0])
-    clock = _Clock(plan, {"a": {"seconds": 2 * estimate}}, say=False)
+    clock = StudyClock(plan, {"a": {"seconds": 2 * estimate}}, say=False)
     assert clock.speed() == pytest.approx(2.0)
 
 

@@ -298,7 +298,7 @@ def run_members(
             todo.append(i)
         else:
             rows[name] = row
-    clock = _Clock(plan, rows, progress)
+    clock = StudyClock(plan, rows, progress)
     clock.before([plan["name"].iloc[i] for i in todo])
     tasks = [
         MemberTask(train, out / "members" / plan["name"].iloc[i], dict(jobs[i]), _planned(plan, i))
@@ -338,7 +338,7 @@ def _planned(plan: pd.DataFrame, i: int) -> dict[str, Any]:
     return json.loads(plan.iloc[i].to_json())
 
 
-class _Clock:
+class StudyClock:
     """The time estimates: before training (:func:`cpu_seconds` of the planned members, scaled
     by the finished members' measured time over their estimate) and after each member (the
     members left, scaled by the same ratio measured so far)."""
