@@ -131,12 +131,30 @@ class DiagnosesResult(Result):
         return fig
 
 
+LOAD_OPTIONS = ("dtype", "storage")
+"""The options of :func:`diagnose_many` that go to :func:`probekit.load` (``dtype`` as a name:
+``"stored"``, ``"float32"``, ...), not to the diagnosis."""
+
+
 def _one_diagnosis(job: tuple[str, Any, Any, Path, dict[str, Any]]) -> dict[str, Any]:
     """Diagnose one checkpoint and swap its report in whole (one task)."""
     name, source, data, folder, options = job
-    diagnosis = diagnose(source, data, **options)
+    loading = {key: options[key] for key in LOAD_OPTIONS if key in options}
+    options = {key: value for key, value in options.items() if key not in LOAD_OPTIONS}
+    diagnosis = diagnose(_loaded(source, **loading) if loading else source, data, **options)
     save_report(diagnosis, folder, title=f"probekit depth diagnosis: {name}", images=False)
     return diagnosis.headline
+
+
+def _loaded(source: Any, dtype: str | None = None, storage: str = "auto") -> Any:
+    """``source`` loaded in the dtype named ``dtype`` (None or ``"stored"``: as stored), its
+    weights kept as ``storage`` says (:func:`probekit.load`)."""
+    import torch
+
+    from probekit.model import load
+
+    torch_dtype = None if dtype in (None, "stored") else getattr(torch, str(dtype))
+    return load(source, dtype=torch_dtype, storage=storage)
 
 
 def _written_headline(folder: Path) -> dict[str, Any] | None:
@@ -175,7 +193,8 @@ def diagnose_many(
 
     Writes ``out_dir/<name>/`` (the report of :func:`~probekit.report.save_report`, without
     images) and ``out_dir/diagnoses.csv`` (the returned table). ``options`` go to
-    ``diagnose``. With ``resume``, a report already in ``out_dir/<name>/`` is reused.
+    ``diagnose``, except :data:`LOAD_OPTIONS` (``dtype``, ``storage``), which go to
+    :func:`probekit.load`. With ``resume``, a report already in ``out_dir/<name>/`` is reused.
     """
     _check_names(checkpoints)
     check_executor(executor, out_dir)

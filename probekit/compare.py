@@ -130,7 +130,8 @@ def compare_checkpoints(
     """``probekit compare``/``timeline``'s work: every checkpoint checked
     (:func:`check_checkpoints`), the data :func:`~probekit.sources.resolve` picks for the
     first checkpoint (``text``, ``dataset``, ``random_tokens``; they must share its
-    vocabulary), then :func:`compare` on it at its positions. Returns the page and
+    vocabulary), then :func:`compare` on it at its positions (``options``: :func:`compare`'s;
+    ``dtype`` and ``storage`` load each checkpoint, see :func:`probekit.load`). Returns the page and
     ``{name: error}`` of the checkpoints whose diagnosis failed (listed on the page too)."""
     check_checkpoints(checkpoints)
     first = resolve(
@@ -141,6 +142,8 @@ def compare_checkpoints(
         n_sequences=n_sequences,
         seq_len=seq_len,
         device="cpu",
+        dtype=options.get("dtype") or "stored",
+        storage=options.get("storage", "auto"),
     )
     title = "probekit timeline" if timeline else "probekit comparison"
     return _compared(

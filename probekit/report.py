@@ -221,6 +221,7 @@ def diagnose_checkpoint(
         token_lens=settings.token_lens,
         similarity=settings.similarity,
     )
+    _add_pair_curves(diagnosis, source)
     folder = os.path.abspath(source.checkpoint)
     diagnosis.meta = {
         "checkpoint": f"{source.label} (snapshot {folder})" if source.label else folder,
@@ -231,6 +232,20 @@ def diagnose_checkpoint(
     title = f"probekit depth diagnosis: {source.label or source.checkpoint}"
     page, _ = save_report(diagnosis, out_dir, title=title, images=settings.images)
     return diagnosis, page
+
+
+# --- anchor runs: per-pair convergence curves ---
+def _add_pair_curves(diagnosis: Diagnosis, source: Source) -> None:
+    """An anchor run's report shows every pair's accuracy over training (the run's
+    metrics.jsonl, :func:`probekit.anchor.curves.pair_curves`) after the depth analyses."""
+    run = source.run
+    if run is None or run.kind != "anchor":
+        return
+    from probekit.anchor.curves import checkpoint_pair_curves
+
+    curves = checkpoint_pair_curves(run.path, str(run.config.get("name", "run")))
+    if curves is not None:
+        diagnosis.results["pair_curves"] = curves
 
 
 def measured(

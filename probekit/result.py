@@ -76,6 +76,8 @@ RESULT_MODULES: dict[str, str] = {
     # --- depth-against-width study results ---
     "depth_width_study": "probekit.studies.results",
     "transition_study": "probekit.studies.results",
+    # --- anchor runs: per-pair convergence curves ---
+    "pair_curves": "probekit.anchor.curves",
 }
 """Every kind of result probekit writes -> the module that defines its class. :meth:`Result.load`
 imports that module when the kind is not registered yet, so a file loads in a fresh process

@@ -170,7 +170,8 @@ def checkpoints_to_compare(
 ) -> dict[str, str]:
     """``{name: checkpoint folder}`` of ``probekit compare``/``timeline``'s arguments: folders
     or Hub names (resolved, :mod:`probekit.model.hub`); one Hub name with ``revisions``; with
-    ``run``, one folder that holds checkpoints below it stands for them, ordered by step. Names
+    ``run``, one folder that holds checkpoints below it stands for them, ordered by step (a
+    run folder with kept checkpoints, ``checkpoints/``, for those). Names
     are ``names`` or the folders' (the run's for a folder named ``checkpoint``, ``name@rev``
     for a Hub revision, a ``/`` of the revision written ``-``: ``name@refs-pr-1``), made
     unique."""
@@ -221,10 +222,17 @@ def _expanded(items: list[str], revisions: Sequence[str] | None, run: bool) -> l
             )
         return [f"{items[0]}@{rev.strip()}" for rev in revisions]  # each checked as a name
     if run and len(items) == 1 and os.path.isdir(items[0]):
-        from probekit.model.checkpoint import checkpoints_below, is_checkpoint_folder
+        from probekit.model.checkpoint import (
+            KEPT_CHECKPOINTS,
+            checkpoints_below,
+            is_checkpoint_folder,
+        )
 
-        if not is_checkpoint_folder(items[0]):
-            found = [os.fspath(p) for p in checkpoints_below(items[0], limit=10_000)]
+        root = items[0]
+        if os.path.isdir(os.path.join(root, KEPT_CHECKPOINTS)):  # a run's kept checkpoints
+            root = os.path.join(root, KEPT_CHECKPOINTS)
+        if not is_checkpoint_folder(root):
+            found = [os.fspath(p) for p in checkpoints_below(root, limit=10_000)]
             steps = steps_of(found)
             order = sorted(range(len(found)), key=lambda i: (steps[i] is None, steps[i] or 0))
             return [found[i] for i in order]
@@ -408,10 +416,12 @@ def resolve(
     dtype: str = "stored",
     device_map: str | None = None,
     label: str | None = None,
+    storage: str = "auto",
 ) -> Source:
     """The :class:`Source` of a diagnosis of the checkpoint folder ``checkpoint`` written by the
     run ``run``, as :func:`locate` gives them (the run folder is not read again): the checkpoint
-    loaded (in ``dtype``, on ``device`` or spread by ``device_map``), the data
+    loaded (in ``dtype``, its weights kept as ``storage`` says (:func:`probekit.load`), on
+    ``device`` or spread by ``device_map``), the data
     :func:`default_data` picks (``text``, ``dataset``, ``random``, ``n_sequences``,
     ``seq_len``, ``seed``) at their positions (or ``positions`` unless "auto"), and with
     ``tuned_lens`` the data to fit a lens on.
@@ -430,7 +440,9 @@ def resolve(
     from probekit.model import load
 
     torch_dtype = None if dtype == "stored" else getattr(torch, dtype)
-    model = load(checkpoint, device=device, dtype=torch_dtype, device_map=device_map)
+    model = load(
+        checkpoint, device=device, dtype=torch_dtype, storage=storage, device_map=device_map
+    )
     choice = _Choice(text, dataset, random, n_sequences, seq_len, seed)
     pick = _picker(checkpoint, lambda: run, model, choice)
     data, description, found = pick(fit=False)

@@ -756,3 +756,22 @@ KIND_LABELS.update(
     }
 )
 # --- end depth-against-width study results ---
+
+
+# --- anchor runs: per-pair convergence curves ---
+FIGURES["pair_curves"] = {
+    "title": "Accuracy of each anchor {unit} over training (seen {unit}s reach {threshold:.0%} "
+    "on their training keys between step {first_learned_step} and step {last_learned_step})",
+    "y": "accuracy",
+    "legend": "{unit} {pair}",
+    "train": "seen {unit}s, training keys",
+    "test_data": "seen {unit}s, test keys",
+    "test_task": "held-out {unit}s, all keys",
+}
+SECTION_TITLES["pair_curves"] = "Per-pair accuracy over training"
+SECTION_EXPLAIN["pair_curves"] = (
+    "The accuracy of each anchor pair at every evaluation of the run (metrics.jsonl), one line "
+    "per pair: on the training keys of the seen pairs, on their test keys, and on the held-out "
+    "pairs (where accuracy is the share of inferential answers). Pairs learned at different "
+    "times rise at different steps."
+)

@@ -125,15 +125,15 @@ def test_block_and_head_flops_are_the_ones_torch_counts(arch):
     assert counter.get_total_flops() == est.head_flops(shapes, 2, 8)
 
 
-def test_weight_bytes_keep_the_stored_dtype_with_one_block_computed_apart():
+def test_weight_bytes_keep_the_stored_dtype_with_one_matrix_computed_apart():
     config = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
               "intermediate_size": 128, "vocab_size": 100, "hidden_act": "silu"}  # fmt: skip
     shapes = est.Shapes.from_config(config, parameters=10_000)
     assert est.weight_bytes(shapes, "float32", "float32") == 40_000
     assert est.weight_bytes(shapes, "bfloat16", "bfloat16") == 20_000
-    block = 4 * 64 * 64 + 3 * 64 * 128
-    assert shapes.block_parameters == block
-    assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * block
+    assert shapes.block_parameters == 4 * 64 * 64 + 3 * 64 * 128
+    assert shapes.largest == 64 * 128  # the MLP's, larger than the 100-token unembedding
+    assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * 64 * 128
 
 
 def test_the_peak_counts_the_files_pages_and_the_block_gradients():
@@ -147,10 +147,8 @@ def test_the_peak_counts_the_files_pages_and_the_block_gradients():
     converted = est.peak_bytes(work, "float32", "float32", "bfloat16")
     assert converted == est.BASE_PROCESS_BYTES + 4 * 10**9 + 2 * 10**9 + backward
     mapped = est.peak_bytes(work, "bfloat16", "float32", "bfloat16", mapped=True)
-    assert (
-        mapped
-        == est.BASE_PROCESS_BYTES + est.weight_bytes(shapes, "bfloat16", "float32") + backward
-    )
+    weights = est.weight_bytes(shapes, "bfloat16", "float32")  # gradients in bf16 too
+    assert mapped == est.BASE_PROCESS_BYTES + weights + backward - gradients // 2
     headless = est.workload(shapes, 4, 16, vocabulary=False)  # no backward: no gradients
     assert est.peak_bytes(headless, "float32", "float32", "bfloat16") < converted
 
@@ -249,3 +247,18 @@ def test_a_diagnosis_of_more_than_seconds_says_its_estimate_first(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("probekit: estimate: about ") and "at the peak" in err[0]
     assert err[1].startswith("contributions: ")
+
+
+def test_the_weights_are_kept_as_the_load_keeps_them():
+    from benchmarks.bench_scale import SHAPES
+    from probekit.cli.common import weight_dtypes
+
+    assert weight_dtypes("bfloat16", "stored") == ("bfloat16", "bfloat16")
+    assert weight_dtypes("bfloat16", "float32") == ("float32", "float32")
+    assert weight_dtypes("bfloat16", "stored", "stored") == ("bfloat16", "float32")
+    assert weight_dtypes("float16", "float32", "stored") == ("float16", "float32")
+    assert weight_dtypes("float32", "float32", "stored") == ("float32", "float32")
+    config = SHAPES["llama-3.1-8b"]  # 32 GB in float32, 16 GB in bf16
+    assert weight_dtypes("bfloat16", "float32", "auto", config, 20 * 2**30)[0] == "bfloat16"
+    assert weight_dtypes("bfloat16", "float32", "auto", config, 64 * 2**30)[0] == "float32"
+    assert weight_dtypes("bfloat16", "float32", "auto", config, 10 * 2**30)[0] == "float32"

@@ -244,11 +244,11 @@ def test_cli_architecture_flags_take_the_architectures_defaults() -> None:
 def test_the_sweep_table_has_the_init_std_for_a_phase_diagram_against_it() -> None:
     import pandas as pd
 
-    from probekit.anchor.sweep import SweepConfig, SweepResult, _settings_row
+    from probekit.anchor.sweep import SweepConfig, SweepResult, settings_row
 
     base = paper_run(model=paper(init_ref_width=400))
     runs = SweepConfig(base, gammas=[0.3, 0.8], seeds=[0]).runs()
-    rows = [_settings_row(r, 8, "done", "") for r in runs]
+    rows = [settings_row(r, 8, "done", "") for r in runs]
     assert [row["init_std"] for row in rows] == pytest.approx([400**-0.3, 400**-0.8])
     assert all(r.model.architecture == PAPER and r.model.init_ref_width == 400 for r in runs)
     df = pd.DataFrame(rows).assign(final_test_task_symmetric=[1.0, 0.0])

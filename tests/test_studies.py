@@ -50,6 +50,8 @@ def test_the_paper_dry_runs_give_gpu_hours(capsys) -> None:
     printed = capsys.readouterr().out
     assert printed.count("GPU-hours") == 2
     assert "b374000000-L36-s2" in printed and "L48-w2048-s0" in printed
+    # the standard library is far too little text for 20 tokens per parameter: said, not run
+    assert printed.count("note: a real run would be refused") == 2 and "--dataset" in printed
 
 
 def test_the_model_counts_are_the_trainers(tmp_path: Path) -> None:
@@ -91,6 +93,89 @@ def test_a_bad_grid_is_one_error_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="multiple of the head width"):
         tiny_transition(tmp_path / "t", widths=[24])
     assert not (tmp_path / "t").exists()
+
+
+# ---- the cost estimate and the paper preset on a CPU --------------------------------------------
+# the measured times of the CPU presets (docs/results.md, runs/*-cpu/members.csv: the sum of
+# the members' seconds, 2-core machine)
+MEASURED_CPU_MINUTES = {"depth-width": 20.7, "transition": 22.9}
+
+
+def test_the_cpu_estimate_is_its_formula() -> None:
+    from probekit.studies import runner
+
+    plan = pd.DataFrame({"flops": [6e12, 1.2e13], "depth": [1, 4], "n_params": [1e6, 2e6]})
+    tokens = plan.flops / (6 * plan.n_params)  # 1e6 each
+    expected = (
+        runner.MEMBER_SECONDS
+        + plan.flops / runner.CPU_FLOPS_PER_SECOND
+        + runner.CPU_SECONDS_PER_LAYER_TOKEN * plan.depth * tokens
+    )
+    pd.testing.assert_series_equal(runner.cpu_seconds(plan), expected, check_names=False)
+    # deeper at the same FLOPs costs more (the per-layer work FLOPs leave out)
+    assert runner.cpu_seconds(plan.assign(flops=6e12, n_params=1e6)).is_monotonic_increasing
+    # scaled by the finished members' measured time over their estimate
+    seconds = float(expected.sum())
+    assert f"about {seconds * 3 / 60:.0f} min" in runner.plan_cost(plan, speed=3.0)
+
+
+@pytest.mark.parametrize("kind", ["depth-width", "transition"])
+def test_the_cpu_preset_estimates_are_within_30_percent_of_the_measured(kind) -> None:
+    from probekit.studies import runner
+
+    study = (depth_width if kind == "depth-width" else width_transition)(
+        "unused", scale="cpu", dry_run=True, progress=False
+    )
+    minutes = float(runner.cpu_seconds(study.plan).sum()) / 60
+    assert abs(minutes / MEASURED_CPU_MINUTES[kind] - 1) < 0.3, minutes
+
+
+def test_the_clock_scales_the_estimate_by_the_finished_members() -> None:
+    from probekit.studies.runner import StudyClock, cpu_seconds
+
+    plan = pd.DataFrame(
+        {"name": ["a", "b"], "flops": [7e11, 7e11], "depth": [1, 1], "n_params": [1e9, 1e9]}
+    )
+    estimate = float(cpu_seconds(plan).iloc[0])
+    clock = StudyClock(plan, {"a": {"seconds": 2 * estimate}}, say=False)
+    assert clock.speed() == pytest.approx(2.0)
+
+
+def test_the_paper_preset_is_refused_on_a_cpu_before_any_work(tmp_path: Path, capsys) -> None:
+    for study in (depth_width, width_transition):
+        with pytest.raises(ConfigError, match="paper-scale .* years .*--dry-run"):
+            study(tmp_path / "s", scale="paper", device="cpu", progress=False)
+    assert not (tmp_path / "s").exists()
+    out = tmp_path / "c"
+    argv = ["study", "depth-width", "--scale", "paper", "--device", "cpu", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "GPU" in err and "--executor ray" in err
+    assert not out.exists()
+    # the dry run says the same estimate
+    assert main(["study", "depth-width", "--scale", "paper", "--out", str(out), "--dry-run"]) == 0
+    assert "on this CPU" in capsys.readouterr().out or _has_cuda()
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_the_paper_preset_runs_on_a_gpu_a_cluster_or_when_shrunk(monkeypatch) -> None:
+    import torch
+
+    from probekit.studies.runner import check_cpu_time
+
+    plan = depth_width("unused", scale="paper", dry_run=True, progress=False).plan
+    check_cpu_time(plan, "paper", "cpu", "ray")  # a cluster's members may have GPUs
+    check_cpu_time(plan, "cpu", "cpu", "local")  # only the paper preset is checked
+    check_cpu_time(plan.head(0), "paper", "cpu", "local")  # small enough
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_cpu_time(plan, "paper", "auto", "local")  # auto finds a GPU
+    with pytest.raises(ConfigError, match="limit is 24 h"):
+        check_cpu_time(plan, "paper", "cpu", "local")
 
 
 # ---- tiny runs ----------------------------------------------------------------------------------

@@ -22,8 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Real
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import pandas as pd
@@ -38,6 +41,7 @@ from probekit.analyses.depth.swaps import layer_swaps
 from probekit.data import Data
 from probekit.errors import InputError
 from probekit.model import Model, load
+from probekit.model.checkpoint import KEPT_CHECKPOINTS, checkpoints_below
 from probekit.result import Result
 from probekit.words import AXES, figure_words
 
@@ -85,8 +89,52 @@ def scalar_rows(result: Result) -> pd.DataFrame:
     return pd.DataFrame({"measure": list(numbers), "value": list(numbers.values())})
 
 
-def checked_checkpoints(entries: Iterable[Checkpoint]) -> list[Checkpoint]:
-    """``entries`` as a list, each checked to be ``(run, step, model)`` with a numeric step."""
+# --- checkpoints over training ---
+_STEP_FOLDER = re.compile(r"^step-?(\d+)$")
+
+
+def run_checkpoints(folder: str | os.PathLike) -> list[Checkpoint]:
+    """The checkpoints a run folder kept over training, ``(run, step, path)`` ordered by step.
+
+    ``folder`` is a run folder whose ``checkpoints/`` holds ``step-000500/`` folders (an
+    anchor run trained with ``keep_checkpoints``; for a run of a stack pass
+    ``OUT/checkpoints/<run>``), or a folder of ``step-N``/``stepN`` checkpoints itself; ``run``
+    is the run folder's name.
+
+    Example:
+        >>> import tempfile
+        >>> from probekit.toy import toy_hf_model
+        >>> run = Path(tempfile.mkdtemp()) / "g0.5"
+        >>> for step in (20, 100):
+        ...     toy_hf_model("gpt2").save_pretrained(run / "checkpoints" / f"step-{step:06d}")
+        >>> [(r, s, p.name) for r, s, p in run_checkpoints(run)]
+        [('g0.5', 20, 'step-000020'), ('g0.5', 100, 'step-000100')]
+    """
+    root = Path(folder)
+    kept = root / KEPT_CHECKPOINTS
+    base = kept if kept.is_dir() else root
+    found = []
+    for path in checkpoints_below(base, limit=100_000, depth=1):
+        match = _STEP_FOLDER.match(path.name)
+        if match:
+            found.append((root.name, int(match[1]), path))
+    if not found:
+        raise InputError(
+            f"{folder} holds no checkpoints kept over training (no {KEPT_CHECKPOINTS}/step-N/ "
+            "folders)",
+            fix="train with keep_checkpoints (probekit train --keep-checkpoints 500), or pass "
+            "[(run, step, checkpoint), ...]",
+        )
+    return sorted(found, key=lambda entry: entry[1])
+
+
+def checked_checkpoints(
+    entries: Iterable[Checkpoint] | str | os.PathLike,
+) -> list[Checkpoint]:
+    """``entries`` as a list, each checked to be ``(run, step, model)`` with a numeric step;
+    a run folder stands for the checkpoints it kept (:func:`run_checkpoints`)."""
+    if isinstance(entries, str | os.PathLike):
+        return run_checkpoints(entries)
     checkpoints = list(entries)
     if not checkpoints:
         raise InputError("no checkpoints given", fix="pass [(run, step, model_or_path), ...]")
@@ -109,7 +157,7 @@ TimelineT = TypeVar("TimelineT", bound=TimelineResult)
 
 @overload
 def timeline(
-    checkpoints: Iterable[Checkpoint],
+    checkpoints: Iterable[Checkpoint] | str | os.PathLike,
     analyzer: Callable[..., Result],
     data: Data | Callable[[Model], Data] | None = None,
     *,
@@ -122,7 +170,7 @@ def timeline(
 
 @overload
 def timeline(
-    checkpoints: Iterable[Checkpoint],
+    checkpoints: Iterable[Checkpoint] | str | os.PathLike,
     analyzer: Callable[..., Result],
     data: Data | Callable[[Model], Data] | None = None,
     *,
@@ -133,7 +181,7 @@ def timeline(
 
 
 def timeline(
-    checkpoints: Iterable[Checkpoint],
+    checkpoints: Iterable[Checkpoint] | str | os.PathLike,
     analyzer: Callable[..., Result],
     data: Data | Callable[[Model], Data] | None = None,
     *,
@@ -145,7 +193,8 @@ def timeline(
     """Run ``analyzer`` on every ``(run, step, model)`` checkpoint and gather its numbers.
 
     Args:
-        checkpoints: ``(run, step, model)`` entries; models load one at a time.
+        checkpoints: ``(run, step, model)`` entries (models load one at a time), or a run
+            folder that kept checkpoints over training (:func:`run_checkpoints`).
         analyzer: any probekit analyzer, ``analyzer(model, data, **options)`` for analyzers of
             activations or ``analyzer(model, **options)`` for analyzers of weights
             (``data=None``).
@@ -236,7 +285,7 @@ class DepthTimelineResult(TimelineResult):
 
 
 def depth_timeline(
-    checkpoints: Iterable[Checkpoint],
+    checkpoints: Iterable[Checkpoint] | str | os.PathLike,
     data: Data | Callable[[Any], Data],
     *,
     positions: str = "all",
@@ -247,7 +296,8 @@ def depth_timeline(
     checkpoint after another in this process (:func:`probekit.cluster.distributed_depth_timeline`
     runs each checkpoint as a task of an executor instead, with the same numbers).
 
-    ``data`` is the data for all checkpoints, or a function of the loaded model returning it.
+    ``data`` is the data for all checkpoints, or a function of the loaded model returning it;
+    ``checkpoints`` may be a run folder that kept checkpoints (:func:`run_checkpoints`).
     """
     return timeline(
         checkpoints,
@@ -267,6 +317,7 @@ __all__ = [
     "TimelineResult",
     "depth_headlines",
     "depth_timeline",
+    "run_checkpoints",
     "scalar_rows",
     "timeline",
 ]

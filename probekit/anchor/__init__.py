@@ -14,6 +14,8 @@ are named, and how probekit trains, sweeps and evaluates models on it.
   the shared training loop (:mod:`probekit.training.loop`);
 * :mod:`probekit.anchor.evaluation` and :mod:`probekit.anchor.stack_io`: a stack's scores on
   every split, its checkpoints;
+* :mod:`probekit.anchor.curves`: :func:`pair_curves`, every pair's accuracy over training
+  (the per-pair convergence curves of the run's report);
 * :mod:`probekit.anchor.sweep`: :func:`run_sweep` over gamma x weight decay x depth x seeds,
   and the phase diagrams.
 
@@ -33,6 +35,7 @@ from probekit.anchor.task import KEY_SPLITS, SPECIAL_FORMS, SPLITS, AnchorTask
 from probekit.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, not as Any
+    from probekit.anchor.curves import PairCurvesResult, pair_curves  # noqa: F401
     from probekit.anchor.sweep import SweepConfig, SweepResult, run_sweep  # noqa: F401
     from probekit.anchor.training import RunOutput, train, train_stack  # noqa: F401
 
@@ -43,6 +46,9 @@ _TRAINING: dict[str, str] = {
     "SweepConfig": "probekit.anchor.sweep",
     "SweepResult": "probekit.anchor.sweep",
     "run_sweep": "probekit.anchor.sweep",
+    # --- per-pair convergence curves ---
+    "PairCurvesResult": "probekit.anchor.curves",
+    "pair_curves": "probekit.anchor.curves",
 }
 """Training and sweep names -> their module, imported on first use: the task alone (what the
 analyzers ask) does not wait for pandas and plotly."""
@@ -56,11 +62,13 @@ __all__ = [
     "WORDING",
     "AnchorData",
     "AnchorTask",
+    "PairCurvesResult",
     "RunOutput",
     "SweepConfig",
     "SweepResult",
     "TrainConfig",
     "anchor_cpu_config",
+    "pair_curves",
     "run_sweep",
     "train",
     "train_stack",

@@ -25,6 +25,7 @@ from probekit.training.checks import (
     check_int,
     check_mapping,
     check_seed,
+    is_int,
     is_real,
 )
 from probekit.training.loop import RunSettings
@@ -41,7 +42,10 @@ class TrainConfig(RunSettings):
     ``eval_every``, precision, determinism) and the anchor run's own.
 
     ``beta1``, ``beta2`` and ``eps`` are AdamW's. The runs checkpoint every
-    ``checkpoint_every`` steps and at the end. ``eval_train_samples`` caps the training-split
+    ``checkpoint_every`` steps and at the end (one resumable checkpoint, overwritten);
+    ``keep_checkpoints`` keeps a Hugging Face checkpoint of given steps besides (an interval
+    ``N``: steps 0, N, 2N, ... and the last; or a list of steps), in
+    ``OUT/checkpoints/step-000500/`` (:meth:`keeps`). ``eval_train_samples`` caps the training-split
     evaluation; ``eval_at_start`` evaluates the initialization as well.
 
     Seeds: ``seed`` draws the initialization and the batch order. The data are drawn with
@@ -78,6 +82,8 @@ class TrainConfig(RunSettings):
     eval_at_start: bool = True
     device: str = "auto"
     task_seed: int | None = None
+    # --- checkpoints over training ---
+    keep_checkpoints: int | list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -116,7 +122,46 @@ class TrainConfig(RunSettings):
         self._validate_adam()
         check_flag("eval_at_start", self.eval_at_start)
         check_device_name(self.device)
+        self._validate_keep()
         self._validate_fit()
+
+    # --- checkpoints over training ---
+    def _validate_keep(self) -> None:
+        """``keep_checkpoints`` is None, a positive interval, or a list of distinct steps in
+        ``[0, steps]`` (stored sorted)."""
+        keep = self.keep_checkpoints
+        if keep is None:
+            return
+        if is_int(keep):
+            check_int("keep_checkpoints", keep)
+            self.keep_checkpoints = int(keep)
+            return
+        fix = "pass an interval N (every N steps) or a list of steps such as [0, 100, 500]"
+        if isinstance(keep, str | bytes) or not isinstance(keep, list | tuple):
+            raise ConfigError(
+                f"keep_checkpoints {keep!r} is neither a step interval nor a list of steps", fix=fix
+            )
+        bad = [s for s in keep if not is_int(s) or not 0 <= s <= self.steps]
+        if bad or not keep or len(set(keep)) != len(keep):
+            what = f"steps {bad} outside [0, {self.steps}]" if bad else "no step or a repeated one"
+            raise ConfigError(f"keep_checkpoints {list(keep)!r} holds {what}", fix=fix)
+        self.keep_checkpoints = sorted(int(s) for s in keep)
+
+    def keeps(self, step: int) -> bool:
+        """Whether a checkpoint of ``step`` is kept (``keep_checkpoints``): with an interval
+        ``N`` the steps 0, N, 2N, ... and the last; with a list its steps.
+
+        Example:
+            >>> cfg = TrainConfig(steps=250, keep_checkpoints=100)
+            >>> [s for s in range(251) if cfg.keeps(s)]
+            [0, 100, 200, 250]
+        """
+        keep = self.keep_checkpoints
+        if keep is None:
+            return False
+        if isinstance(keep, int):
+            return step % keep == 0 or step == self.steps
+        return step in keep
 
     def _validate_adam(self) -> None:
         betas_ok = all(is_real(b) and 0 <= b < 1 for b in (self.beta1, self.beta2))
@@ -192,11 +237,13 @@ class TrainConfig(RunSettings):
         return json.dumps(d, sort_keys=True)
 
     def comparable(self) -> dict[str, Any]:
-        """The settings a resumed run must share with its checkpoint (all but the device and
-        ``deterministic``, which change neither the model nor the data)."""
+        """The settings a resumed run must share with its checkpoint (all but the device,
+        ``deterministic`` and ``keep_checkpoints``, which change neither the model nor the
+        data)."""
         d = self.to_dict()
         d.pop("device")
         d.pop("deterministic")
+        d.pop("keep_checkpoints")  # which checkpoints are kept changes no weight
         return d
 
 

@@ -22,6 +22,8 @@ from probekit.data import SolutionWording
 from probekit.errors import InputError
 
 Pair = tuple[int, int]
+Chain = tuple[int, ...]
+"""A chain of anchors ``(a1, ..., ak)`` (a :data:`Pair` at chain length 2)."""
 
 SPLIT_WORDS = {"train": "training split", "test_data": "test split", "test_task": "held-out split"}
 """Each split in words, for :meth:`AnchorData.description`."""
@@ -37,7 +39,8 @@ class AnchorData:
     ``tokens`` is ``[n, seq_len]`` (long), ``targets`` the label the split is scored against (the
     trained target for seen pairs, the composite for held-out pairs), ``composite`` the composite
     ``g(g(x; a1); a2)``, ``symmetric`` the trained target of the mirrored pair (``-1`` where the
-    mirrored pair is not trained), ``pairs`` ``[n, 2]``, ``keys`` and ``positions`` ``[n]``,
+    mirrored pair is not trained), ``pairs`` ``[n, 2]`` (``[n, k]``: the chain of ``k``
+    anchors of a task of chain length ``k``), ``keys`` and ``positions`` ``[n]``,
     ``intermediate`` the first step ``g(x; a1)`` and ``is_heldout`` ``[n]`` bool. ``item_range``
     is the task's ``(item_low, item_high)``, ``vocab_size`` the task's vocabulary (the model
     that reads the data must have it), ``key_modulus`` the modulus of the key split.
@@ -82,10 +85,9 @@ class AnchorData:
         m = self.key_modulus
         return self.keys % m != self.positions % m
 
-    def pair(self, i: int) -> Pair:
-        """The anchor pair of sample ``i`` as a tuple."""
-        a1, a2 = self.pairs[i].tolist()
-        return (int(a1), int(a2))
+    def pair(self, i: int) -> Chain:
+        """The anchor pair (the chain) of sample ``i`` as a tuple."""
+        return tuple(int(a) for a in self.pairs[i].tolist())
 
     # ---- the TaskData protocol ------------------------------------------------------------
     @property
@@ -94,8 +96,8 @@ class AnchorData:
         return self.item_range
 
     def groups(self) -> list[str]:
-        """The anchor pair of every sequence, as ``"(a1,a2)"``."""
-        return [f"({a},{b})" for a, b in self.pairs.tolist()]
+        """The anchor pair of every sequence, as ``"(a1,a2)"`` (a chain: ``"(a1,a2,a3)"``)."""
+        return ["(" + ",".join(map(str, p)) + ")" for p in self.pairs.tolist()]
 
     def heldout(self) -> torch.Tensor:
         return self.is_heldout
@@ -128,30 +130,40 @@ class AnchorData:
         return f"the anchor task's {' and '.join(parts)}"
 
     def roles(self) -> dict[str, torch.Tensor]:
-        """Bool ``[n, seq_len]`` masks of the key, the two anchors and the noise positions."""
+        """Bool ``[n, seq_len]`` masks of the key, the two anchors (``anchor3`` ... of a
+        chain) and the noise positions."""
         n, t = self.tokens.shape
         at = torch.arange(t)[None]
-        out = {role: at == (self.positions[:, None] + off) for role, off in ROLE_OFFSETS.items()}
-        out["noise"] = ~(out["key"] | out["anchor1"] | out["anchor2"])
+        offsets = {**ROLE_OFFSETS, **{f"anchor{j}": j for j in range(3, self.pairs.shape[1] + 1)}}
+        out = {role: at == (self.positions[:, None] + off) for role, off in offsets.items()}
+        noise = torch.zeros_like(out["key"])
+        for mask in out.values():
+            noise |= mask
+        out["noise"] = ~noise
         return out
 
     def variables(self) -> dict[str, np.ndarray]:
-        """key, a1, a2, g1 = g(key; a1) and the target of every sequence."""
+        """key, a1, a2 (a3, ... of a chain), g1 = g(key; a1) and the target of every
+        sequence."""
         as_np = lambda t: t.numpy().astype(np.int64)  # noqa: E731
+        anchors = {f"a{j + 1}": as_np(self.pairs[:, j]) for j in range(self.pairs.shape[1])}
         return {
             "key": as_np(self.keys),
-            "a1": as_np(self.pairs[:, 0]),
-            "a2": as_np(self.pairs[:, 1]),
+            "a1": anchors.pop("a1"),
+            "a2": anchors.pop("a2"),
             "g1": as_np(self.intermediate),
             "target": as_np(self.targets),
+            **anchors,
         }
 
     def mirror_groups(self) -> list[tuple[str, str]]:
-        """Each held-out pair with its mirror, where both are present."""
+        """Each held-out pair (chain) with its mirror (the first two anchors swapped), where
+        both are present."""
         present = set(self.groups())
         out = []
-        for a, b in sorted({tuple(p) for p in self.pairs[self.is_heldout].tolist()}):
-            held, mirror = f"({a},{b})", f"({b},{a})"
+        for chain in sorted({tuple(p) for p in self.pairs[self.is_heldout].tolist()}):
+            a, b, *rest = chain
+            held, mirror = ("(" + ",".join(map(str, c)) + ")" for c in (chain, (b, a, *rest)))
             if mirror in present and mirror != held:
                 out.append((held, mirror))
         return out
@@ -180,4 +192,4 @@ class AnchorData:
         )
 
 
-__all__ = ["ROLE_OFFSETS", "SPLIT_WORDS", "AnchorData", "Pair"]
+__all__ = ["ROLE_OFFSETS", "SPLIT_WORDS", "AnchorData", "Chain", "Pair"]

@@ -3,7 +3,8 @@
 :class:`Evaluator` scores each run of a stack on the training split (its first
 ``eval_train_samples`` sequences), ``test_data`` and ``test_task``: loss and accuracy on the last
 token, and on the held-out ``test_task`` pairs how often the answer is the inferential
-(composite) one, the symmetric one, or neither.
+(composite) one, the symmetric one, or neither; and the accuracy of every anchor pair on each
+split (:data:`PAIR_ACC`).
 
 Example:
     >>> from probekit.anchor import AnchorTask
@@ -54,6 +55,7 @@ class Evaluator:
         }
         self.device, self.precision = device, precision
         self.sets = {k: {f: getattr(v, f).to(device) for f in FIELDS} for k, v in sets.items()}
+        self.groups = {k: _pair_groups(v, device) for k, v in sets.items()}
 
     def _logits(
         self, params: dict[str, torch.Tensor], cfg: ModelConfig, tokens: torch.Tensor, M: int
@@ -82,18 +84,54 @@ class Evaluator:
         }
 
     @torch.no_grad()
-    def __call__(self, params: dict[str, torch.Tensor], cfg: ModelConfig) -> list[dict[str, float]]:
-        """One dict of scores per run of the stack ``params``."""
+    def __call__(
+        self, params: dict[str, torch.Tensor], cfg: ModelConfig, per_pair: bool = False
+    ) -> list[dict[str, Any]]:
+        """One dict of scores per run of the stack ``params``; with ``per_pair`` also the
+        accuracy of every pair on every split (the entry :data:`PAIR_ACC`)."""
         M = next(iter(params.values())).shape[0]
-        rows: list[dict[str, float]] = [{} for _ in range(M)]
+        rows: list[dict[str, Any]] = [{} for _ in range(M)]
+        pairs: list[dict[str, Any]] = [{} for _ in range(M)]
         for split, d in self.sets.items():
             r = self._split(params, cfg, d, M)
+            accuracy = _per_pair_accuracy(r["pred"] == d["targets"], *self.groups[split])
             for m in range(M):
                 rows[m][f"{split}_loss"] = float(r["loss"][m])
                 rows[m][f"{split}_acc"] = float(r["acc"][m])
                 if split == "test_task":
                     rows[m].update(_answer_kinds(r["pred"][m], d))
+                pairs[m][split] = accuracy[m]
+        for m in range(M):
+            if per_pair:
+                rows[m][PAIR_ACC] = pairs[m]
         return rows
+
+
+# --- per-pair metrics ---
+PAIR_ACC = "pair_acc"
+"""The metrics row entry of the per-pair accuracies: ``{split: {"(a1,a2)": accuracy}}`` for
+the splits ``train`` (seen pairs on training keys, the first ``eval_train_samples``
+sequences), ``test_data`` (seen pairs on test keys) and ``test_task`` (held-out pairs, all
+keys); a pair (a chain ``"(a1,a2,a3)"`` at chain length 3) absent from a split has no entry."""
+
+
+def _pair_groups(data: AnchorData, device: torch.device) -> tuple[torch.Tensor, list[str]]:
+    """The index of every sequence's pair among the split's pairs, and the pairs' names."""
+    names = data.groups()
+    order = sorted(set(names), key=lambda n: [int(a) for a in n.strip("()").split(",")])
+    index = {name: i for i, name in enumerate(order)}
+    return torch.tensor([index[n] for n in names], dtype=torch.long, device=device), order
+
+
+def _per_pair_accuracy(
+    correct: torch.Tensor, group: torch.Tensor, names: list[str]
+) -> list[dict[str, float]]:
+    """Per run of ``correct`` ``[M, n]``, the accuracy of each pair ``{name: accuracy}``."""
+    sums = torch.zeros(correct.shape[0], len(names), dtype=torch.float64, device=correct.device)
+    sums.index_add_(1, group, correct.double())
+    counts = torch.bincount(group, minlength=len(names)).double()
+    acc = (sums / counts).cpu().tolist()
+    return [dict(zip(names, run, strict=True)) for run in acc]
 
 
 def _answer_kinds(pred: torch.Tensor, d: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -107,4 +145,4 @@ def _answer_kinds(pred: torch.Tensor, d: dict[str, torch.Tensor]) -> dict[str, f
     }
 
 
-__all__ = ["Evaluator"]
+__all__ = ["PAIR_ACC", "Evaluator"]

@@ -4,10 +4,12 @@ Each run's folder (``checkpoint/`` for a single run, ``checkpoint/<name>/`` in a
 the Hugging Face model, ``optimizer.safetensors`` (the run's AdamW moments and, under
 LayerNorm Scaling, the unscaled LN gains ``unscaled.<name>``), ``trainer_state.json`` (step,
 loss sums, divergence, schedule) and ``run_config.json`` (kind ``"anchor"``). The whole
-``checkpoint`` folder is replaced atomically. No process-wide RNG state is saved: the run draws
-from generators of its own seeded by (seed, step), so two identical runs write byte-identical
-weights and moments (the process-wide RNG entries of older checkpoints are checked, not
-restored).
+``checkpoint`` folder is replaced atomically. The checkpoints kept over training
+(``keep_checkpoints``) go to ``checkpoints/step-000500/`` (``checkpoints/<name>/step-000500/`` in a
+stack), each written whole and renamed into place, never rewritten (:func:`keep_stack`). No
+process-wide RNG state is saved: the run draws from generators of its own seeded by (seed,
+step), so two identical runs write byte-identical weights and moments (the process-wide RNG
+entries of older checkpoints are checked, not restored).
 
 Example:
     >>> import tempfile
@@ -33,7 +35,8 @@ from typing import Any, Protocol
 import torch
 
 from probekit.errors import CheckpointError, NumericalError
-from probekit.io import atomic_write_text
+from probekit.io import atomic_write_text, swapped_directory
+from probekit.model.checkpoint import KEPT_CHECKPOINTS
 from probekit.training.checkpoint import (
     FIX,
     RUN_CONFIG,
@@ -96,20 +99,24 @@ def _trainer_state(stack: _Stack, m: int) -> dict[str, Any]:
     }
 
 
+def _check_finite_run(stack: _Stack, m: int) -> None:
+    """Refuse to write run ``m`` when it holds non-finite weights."""
+    bad = [k for k, v in stack.params.items() if not bool(torch.isfinite(v[m]).all())]
+    if bad:
+        raise NumericalError(
+            f"run {stack.cfgs[m].name!r} holds non-finite weights ({', '.join(bad[:4])}) at "
+            f"step {stack.step}; no checkpoint of them is written",
+            fix="lower lr, raise gamma (smaller init) or keep grad_clip on",
+        )
+
+
 def _write_runs(stack: _Stack, tmp: Path) -> None:
     """Every run's checkpoint folder under ``tmp``; a run with non-finite weights is refused."""
-    for m, cfg in enumerate(stack.cfgs):
-        bad = [k for k, v in stack.params.items() if not bool(torch.isfinite(v[m]).all())]
-        if bad:
-            raise NumericalError(
-                f"run {cfg.name!r} holds non-finite weights ({', '.join(bad[:4])}) at step "
-                f"{stack.step}; no checkpoint of them is written",
-                fix="lower lr, raise gamma (smaller init) or keep grad_clip on",
-            )
+    for m in range(stack.M):
+        _check_finite_run(stack, m)
         d = stack.run_dir(tmp, m)
         d.mkdir(parents=True, exist_ok=True)
-        stack.hf = to_hf_model(stack.mcfg, stack.params, m, model=stack.hf)
-        save_quietly(stack.hf, d)
+        _write_model(stack, m, d)
         moments = stack.optimizer.state_dict(index=m)
         save_moments(
             d / "optimizer.safetensors",
@@ -117,9 +124,64 @@ def _write_runs(stack: _Stack, tmp: Path) -> None:
             moments["exp_avg_sq"],
             extra=_unscaled(stack, m),
         )
-        state = _trainer_state(stack, m)
-        atomic_write_text(d / "trainer_state.json", json.dumps(state))
-        write_run_config(d, "anchor", cfg.to_dict())
+        _write_state(stack, m, d)
+
+
+def _write_model(stack: _Stack, m: int, d: Path) -> None:
+    """Run ``m``'s Hugging Face model into ``d`` (through the one model built for saving)."""
+    stack.hf = to_hf_model(stack.mcfg, stack.params, m, model=stack.hf)
+    save_quietly(stack.hf, d)
+
+
+def _write_state(stack: _Stack, m: int, d: Path) -> None:
+    """Run ``m``'s ``trainer_state.json`` and ``run_config.json`` into ``d``."""
+    atomic_write_text(d / "trainer_state.json", json.dumps(_trainer_state(stack, m)))
+    write_run_config(d, "anchor", stack.cfgs[m].to_dict())
+
+
+# --- checkpoints over training ---
+KEPT = KEPT_CHECKPOINTS
+"""The folder of a run's kept checkpoints (``TrainConfig.keep_checkpoints``)."""
+
+
+def kept_root(out: Path, name: str | None) -> Path:
+    """Where a run's kept checkpoints go: ``out/checkpoints/`` for a single run,
+    ``out/checkpoints/<name>/`` for the run ``name`` of a stack (one folder per run, so that
+    ``probekit timeline`` of that folder reads one run)."""
+    return out / KEPT if name is None else out / KEPT / name
+
+
+def kept_folder(root: Path, step: int) -> Path:
+    """The kept checkpoint of ``step`` below ``root``: ``step-000500`` (six digits at least,
+    so the folders sort by step)."""
+    return root / f"step-{step:06d}"
+
+
+def keep_stack(stack: _Stack, single: bool) -> list[Path]:
+    """Write every run's kept checkpoint of ``stack.step`` (a Hugging Face model with its
+    ``trainer_state.json`` and ``run_config.json``, no optimizer), each folder written whole
+    beside its place and renamed into it (:func:`probekit.io.swapped_directory`). A folder
+    already there is left as it is: a resumed run passes the steps of its kept checkpoints
+    again and computes the same weights. Returns the folders written."""
+    written = []
+    for m, cfg in enumerate(stack.cfgs):
+        folder = kept_folder(kept_root(stack.out, None if single else cfg.name), stack.step)
+        if folder.is_dir():
+            continue
+        _check_finite_run(stack, m)
+        with swapped_directory(folder) as tmp:
+            _write_model(stack, m, tmp)
+            _write_state(stack, m, tmp)
+        written.append(folder)
+    return written
+
+
+def remove_kept_leftovers(out: Path) -> None:
+    """Remove the half-written ``.step-*.tmp`` folders a kill left among the kept checkpoints
+    (the run folder is locked: no writer is alive)."""
+    root = out / KEPT
+    for tmp in [*root.glob(".step-*.tmp"), *root.glob("*/.step-*.tmp")]:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 #: the key prefix of the unscaled LN gains and biases of a LayerNorm-Scaling anchor run in its
@@ -186,12 +248,16 @@ def _read_run(stack: _Stack, d: Path, m: int) -> tuple[dict, dict, tuple]:
         raise _incomplete(d, CheckpointError(f"{d / RUN_CONFIG} is missing"))
     # a run saved before the precision setting existed trained at "auto"
     saved = {"precision": "auto", **saved}
-    saved = {k: v for k, v in saved.items() if k not in ("device", "kind", "deterministic")}
+    saved = {k: v for k, v in saved.items() if k not in IGNORED_ON_RESUME}
     check_same_settings(d, saved, stack.cfgs[m].comparable())
     try:
         return _read_files(stack, d, m)
     except CheckpointError as err:
         raise _incomplete(d, err) from err
+
+
+#: saved settings a resumed run need not share (they change neither the model nor the data)
+IGNORED_ON_RESUME = ("device", "kind", "deterministic", "keep_checkpoints")
 
 
 def _incomplete(d: Path, err: CheckpointError) -> CheckpointError:
@@ -301,4 +367,12 @@ def _fall_back(stack: _Stack, root: Path, err: CheckpointError) -> list:
     return _read_all(stack, root)
 
 
-__all__ = ["resume_stack", "save_stack"]
+__all__ = [
+    "KEPT",
+    "keep_stack",
+    "kept_folder",
+    "kept_root",
+    "remove_kept_leftovers",
+    "resume_stack",
+    "save_stack",
+]

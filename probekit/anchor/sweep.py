@@ -243,7 +243,7 @@ def _solution(row: dict[str, Any], threshold: float = 0.9) -> str:
     return max(fr, key=fr.__getitem__)
 
 
-def _settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) -> dict:
+def settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) -> dict:
     """The columns of a sweep row that describe the run rather than its results."""
     return {
         "run": cfg.name,
@@ -261,7 +261,7 @@ def _settings_row(cfg: TrainConfig, steps: float, status: str, checkpoint: str) 
 
 def _summarize(out: RunOutput, cfg: TrainConfig) -> dict[str, Any]:
     m = out.metrics
-    row = _settings_row(cfg, int(m["step"].iloc[-1]), out.status, str(out.checkpoint))
+    row = settings_row(cfg, int(m["step"].iloc[-1]), out.status, str(out.checkpoint))
     for k in ACC_METRICS:
         row[f"final_{k}"] = float(m[k].iloc[-1])
         row[f"best_{k}"] = float(m[k].max())
@@ -455,7 +455,7 @@ def _failed_rows(group: _Group, error: str) -> list[dict[str, Any]]:
     nan = float("nan")
     rows = []
     for cfg in group.runs:
-        row = _settings_row(cfg, nan, f"failed: {error}", "")
+        row = settings_row(cfg, nan, f"failed: {error}", "")
         for k in ACC_METRICS:
             row[f"final_{k}"] = row[f"best_{k}"] = nan
         row.update(final_test_data_loss=nan, solution="failed")

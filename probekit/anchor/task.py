@@ -9,6 +9,15 @@ a held-out pair a model can answer with the composite (the *inferential* solutio
 trained target of the mirrored pair (the *symmetric* solution), or with something else
 (:mod:`probekit.anchor.solutions`). One split is :class:`~probekit.anchor.data.AnchorData`.
 
+Longer compositions (``chain_length`` k, 2 by default: the pairs above): the key is followed by
+a chain of k anchors ``(a1, ..., ak)`` at ``p + 1 .. p + k`` and the target is the composite
+``g(...g(g(x; a1); a2)...; ak)``; the chain's first two anchors keep the pair rules (a special
+first pair adds its offset; the symmetric answer is the trained target of the chain with its first
+two anchors swapped). A chain is held out when its first two anchors are a held-out pair
+(:attr:`AnchorTask.heldout_chains`): every anchor and every pair is trained, ``(4, 3)`` as the
+second step of ``(1, 4, 3)``, but never as the first step of a chain. At k = 2 the data are
+bit-identical to the pair task's as generated before chains existed.
+
 Keys are also split by a modulus ``m`` (``key_split``): a training sequence has
 ``x mod m != p mod m``, a test sequence ``x mod m == p mod m`` (``p`` in ``[0, seq_len - 2)``).
 
@@ -55,6 +64,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -63,7 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probekit.anchor.data import AnchorData, Pair
+from probekit.anchor.data import AnchorData, Chain, Pair
 from probekit.data import category_shares
 from probekit.errors import ConfigError, InputError, check_known_keys
 
@@ -85,6 +95,9 @@ LEGACY_FIELDS = frozenset(
     ("anchors", "item_low", "item_high", "seq_len", "vocab_size", "special_targets",
      "heldout_pairs", "n_train", "n_test", "seed")
 )  # fmt: skip
+
+MAX_CHAINS = 100_000
+"""The most chains (anchors to the power of the chain length) a task may have."""
 
 SPLITS: tuple[str, ...] = ("train", "test_data", "test_task")
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
@@ -146,6 +159,7 @@ class AnchorTask:
     ``key_split`` names the key-split rule (:data:`KEY_SPLITS`) or gives the modulus as an
     integer. A held-out pair whose symmetric answer would equal its composite, or either of
     them the key itself, is refused: the solution types could not be told apart.
+    ``chain_length`` composes chains of that many anchors (see the module docstring).
 
     Example:
         >>> task = AnchorTask(anchors={1: 5, 2: 1, 3: -2, 4: -8}, heldout_pairs=[(4, 3)])
@@ -168,6 +182,8 @@ class AnchorTask:
     seed: int = 0
     key_split: str | int = "complexity_control"
     special_form: str = "offset"
+    # --- longer compositions ---
+    chain_length: int = 2
 
     def __post_init__(self) -> None:
         self.anchors = _anchor_mapping(self.anchors)
@@ -230,11 +246,18 @@ class AnchorTask:
                     f"anchor id {a} lies inside the item range [{self.item_low}, {self.item_high})",
                     fix="pick anchor ids outside the item range, e.g. 1..4 with items in [20, 100)",
                 )
+        self._validate_chain_length()
         if self.seq_len < 4:
             raise ConfigError(
                 f"seq_len {self.seq_len} is too short: a key, two anchors and at least two key "
                 "positions are needed",
                 fix="use seq_len >= 4 (default 9)",
+            )
+        if self.seq_len < self.chain_length + 2:
+            raise ConfigError(
+                f"seq_len {self.seq_len} is too short for chains of {self.chain_length} anchors: "
+                "a key, the anchors and at least two key positions are needed",
+                fix=f"use seq_len >= {self.chain_length + 2}",
             )
         self._validate_split()
         self._validate_pairs()
@@ -285,22 +308,22 @@ class AnchorTask:
                     "special, and its mirror's symmetric and inferential answers coincide",
                     fix=f"give {p} a non-zero offset, or leave it out of special_targets",
                 )
-        for p in self.heldout_pairs:
-            comp, sym = self.composite_shift(p), self.symmetric_shift(p)
-            mirror = (p[1], p[0])
+        for chain in self.heldout_chains:
+            comp, sym = self.composite_shift(chain), self.symmetric_shift(chain)
+            mirror = (chain[1], chain[0])
             if sym is not None and sym == comp:
                 raise ConfigError(
-                    f"on the held-out pair {p} the symmetric answer (the trained target of "
-                    f"{mirror}) equals the composite x{comp:+d}: 'inferential' and 'symmetric' "
-                    "would be the same answer",
+                    f"on the held-out {self._unit} {chain} the symmetric answer (the trained "
+                    f"target of {mirror}) equals the composite x{comp:+d}: 'inferential' and "
+                    "'symmetric' would be the same answer",
                     fix=f"give {mirror} a special target (special_targets={{{mirror}: 4}}), "
                     f"hold out {mirror} too, or hold out another pair",
                 )
             for name, shift in (("composite", comp), ("symmetric answer", sym)):
                 if shift == 0:
                     raise ConfigError(
-                        f"the {name} of the held-out pair {p} is the key itself: a model that "
-                        "copies the key would be classified by it",
+                        f"the {name} of the held-out {self._unit} {chain} is the key itself: a "
+                        "model that copies the key would be classified by it",
                         fix="choose anchors / special targets whose shifts on it are non-zero",
                     )
 
@@ -319,21 +342,29 @@ class AnchorTask:
                     )
         if set(self.heldout_pairs) >= all_pairs:
             raise ConfigError("every anchor pair is held out", fix="hold out only some pairs")
+        if self.heldout_pairs and not self.heldout_chains:
+            raise ConfigError(
+                f"every chain of {self.chain_length} anchors that begins with a held-out pair "
+                "has the key itself as its composite or symmetric answer: no held-out chain is "
+                "left to test",
+                fix="choose other anchor shifts, held-out pairs or chain length",
+            )
         for p in self.special_targets:
             if p in self.heldout_pairs:
                 raise ConfigError(
                     f"pair {p} is both held out and given a trained target",
                     fix="remove it from one of heldout_pairs / special_targets",
                 )
-        for p in self.pairs:
+        for chain in self.chains:
             for name, shift in (
-                ("composite", self.composite_shift(p)),
-                ("target", self.target_shift(p)),
+                ("composite", self.composite_shift(chain)),
+                ("target", self.target_shift(chain)),
             ):
                 lo, hi = self.item_low + shift, self.item_high - 1 + shift
                 if lo < 1 or hi >= self.vocab_size:
                     raise ConfigError(
-                        f"the {name} of pair {p} ranges over [{lo}, {hi}], outside the vocabulary "
+                        f"the {name} of {self._unit} {chain} ranges over [{lo}, {hi}], outside "
+                        "the vocabulary "
                         f"[1, {self.vocab_size})",
                         fix="narrow the item range, shrink the shifts or enlarge vocab_size",
                     )
@@ -351,8 +382,9 @@ class AnchorTask:
 
     @property
     def n_positions(self) -> int:
-        """Key positions ``0 .. seq_len - 3`` (the anchors follow the key)."""
-        return self.seq_len - 2
+        """Key positions ``0 .. seq_len - 1 - chain_length`` (the anchors follow the key;
+        ``0 .. seq_len - 3`` for pairs)."""
+        return self.seq_len - self.chain_length
 
     @property
     def modulus(self) -> int:
@@ -365,21 +397,23 @@ class AnchorTask:
         """
         named = {"complexity_control": self.seq_len, "anchor_function_pub": 8}
         if self.key_split == "probekit_v1":
-            return self.seq_len - 2
+            return self.n_positions  # seq_len - 2 for pairs
         return named.get(self.key_split, self.key_split)  # type: ignore[arg-type]
 
-    def composite_shift(self, pair: Pair) -> int:
-        """``g(g(x; a1); a2) - x``."""
-        return self.anchors[pair[0]] + self.anchors[pair[1]]
+    def composite_shift(self, pair: Chain) -> int:
+        """``g(g(x; a1); a2) - x`` (of a chain: ``g(...g(g(x; a1); a2)...; ak) - x``)."""
+        return sum(self.anchors[a] for a in pair)
 
-    def target_shift(self, pair: Pair) -> int:
-        """The trained target minus the key (the composite unless the pair is special)."""
-        pair = (int(pair[0]), int(pair[1]))
+    def target_shift(self, pair: Chain) -> int:
+        """The trained target minus the key (the composite unless the pair is special; a
+        chain whose first pair is special: that pair's target shift plus the other anchors')."""
+        first = (int(pair[0]), int(pair[1]))
         comp = self.composite_shift(pair)
-        if pair not in self.special_targets:
+        if first not in self.special_targets:
             return comp
-        value = self.special_targets[pair]
-        return comp + value if self.special_form == "offset" else value
+        value = self.special_targets[first]
+        rest = comp - self.composite_shift(first)
+        return comp + value if self.special_form == "offset" else value + rest
 
     def composite(self, x: int, pair: Pair) -> int:
         """The inferential answer ``g(g(x; a1); a2)``."""
@@ -389,10 +423,57 @@ class AnchorTask:
         """The training label of ``(x, pair)``."""
         return x + self.target_shift(pair)
 
-    def symmetric_shift(self, pair: Pair) -> int | None:
-        """The trained shift of the mirrored pair, or None when the mirror is not trained."""
-        mirror = (pair[1], pair[0])
-        return None if mirror in self.heldout_pairs else self.target_shift(mirror)
+    def symmetric_shift(self, pair: Chain) -> int | None:
+        """The trained shift of the mirrored pair (of a chain: the chain with its first two
+        anchors swapped), or None when the mirror is not trained."""
+        mirror = (pair[1], pair[0], *pair[2:])
+        return None if mirror[:2] in self.heldout_pairs else self.target_shift(mirror)
+
+    # --- longer compositions ---
+    @property
+    def chains(self) -> list[Chain]:
+        """All ordered chains of ``chain_length`` anchors, in sorted order (the pairs at 2)."""
+        return [tuple(c) for c in itertools.product(sorted(self.anchors), repeat=self.chain_length)]
+
+    @property
+    def heldout_chains(self) -> list[Chain]:
+        """The held-out chains, the test of ``test_task``: those whose first two anchors are a
+        held-out pair (at chain length 2 the held-out pairs themselves, in their given order).
+
+        From chains of three anchors on, a chain beginning with a held-out pair whose composite
+        or symmetric answer would be the key itself (``(4, 3, 1, 1)``: -8 - 2 + 5 + 5 = 0) is
+        left out of the test as well as of training: a model that copies the key would be
+        classified by it (at chain length 2 such a task is refused instead)."""
+        if self.chain_length == 2:
+            return list(self.heldout_pairs)
+        held = set(self.heldout_pairs)
+        return [
+            c
+            for c in self.chains
+            if c[:2] in held and self.composite_shift(c) != 0 and self.symmetric_shift(c) != 0
+        ]
+
+    @property
+    def seen_chains(self) -> list[Chain]:
+        """The chains that appear in training (the seen pairs at chain length 2)."""
+        held = set(self.heldout_pairs)
+        return [c for c in self.chains if c[:2] not in held]
+
+    @property
+    def _unit(self) -> str:
+        """What a task's input composes, in words: ``"pair"`` or ``"chain"``."""
+        return "pair" if self.chain_length == 2 else "chain"
+
+    def _validate_chain_length(self) -> None:
+        _check_int("chain_length", self.chain_length)
+        n = len(self.anchors) ** self.chain_length if self.chain_length >= 2 else 0
+        if not 2 <= self.chain_length or n > MAX_CHAINS:
+            raise ConfigError(
+                f"chain_length {self.chain_length} gives "
+                + ("no composition" if n == 0 else f"{n} chains of {len(self.anchors)} anchors"),
+                fix=f"use a chain length from 2 up to where the chains number at most "
+                f"{MAX_CHAINS} (4 anchors: up to 8)",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; :meth:`from_dict` inverts it."""
@@ -400,6 +481,8 @@ class AnchorTask:
         d["anchors"] = {str(k): v for k, v in self.anchors.items()}
         d["special_targets"] = [[a, b, s] for (a, b), s in self.special_targets.items()]
         d["heldout_pairs"] = [list(p) for p in self.heldout_pairs]
+        if self.chain_length == 2:  # a pair task's dict is what it was before chains existed
+            del d["chain_length"]
         return d
 
     @classmethod
@@ -453,7 +536,7 @@ class AnchorTask:
             raise InputError(f"cannot generate {n} samples", fix="ask for at least one")
         seed = self.seed if seed is None else int(seed)
         rng = np.random.default_rng([seed, _SPLIT_INDEX[split], 20240917])
-        pair_pool = self.heldout_pairs if split == "test_task" else self.seen_pairs
+        pair_pool = self.heldout_chains if split == "test_task" else self.seen_chains
         pair_arr = np.array(pair_pool, dtype=np.int64)[rng.integers(0, len(pair_pool), n)]
         if self.key_split == "probekit_v1":
             keys, positions = self._keys_v1(rng, split, n)
@@ -462,11 +545,12 @@ class AnchorTask:
         tokens = rng.integers(self.item_low, self.item_high, (n, self.seq_len))
         rows = np.arange(n)
         tokens[rows, positions] = keys
-        tokens[rows, positions + 1] = pair_arr[:, 0]
-        tokens[rows, positions + 2] = pair_arr[:, 1]
-        comp_shift = {p: self.composite_shift(p) for p in self.pairs}
-        tgt_shift = {p: self.target_shift(p) for p in self.pairs}
-        sym_shift = {p: self.symmetric_shift(p) for p in self.pairs}
+        for j in range(self.chain_length):
+            tokens[rows, positions + 1 + j] = pair_arr[:, j]
+        pool = [tuple(p) for p in pair_pool]
+        comp_shift = {p: self.composite_shift(p) for p in pool}
+        tgt_shift = {p: self.target_shift(p) for p in pool}
+        sym_shift = {p: self.symmetric_shift(p) for p in pool}
         plist = [tuple(p) for p in pair_arr.tolist()]
         comp = keys + np.array([comp_shift[p] for p in plist], dtype=np.int64)
         tgt = keys + np.array([tgt_shift[p] for p in plist], dtype=np.int64)
@@ -479,7 +563,7 @@ class AnchorTask:
         )
         targets = comp if split == "test_task" else tgt
         first = keys + np.array([self.anchors[a] for a in pair_arr[:, 0].tolist()], np.int64)
-        held = {tuple(p) for p in self.heldout_pairs}
+        held = {tuple(p) for p in self.heldout_chains}
         t = torch.from_numpy
         return AnchorData(
             split=split,
@@ -577,13 +661,13 @@ class AnchorTask:
         train_key = data.keys % m != data.positions % m
         classified = data.classify(predictions)
         rows = []
+        held = set(self.heldout_chains)
         for pair in sorted({tuple(p) for p in data.pairs.tolist()}):
-            sel = (data.pairs[:, 0] == pair[0]) & (data.pairs[:, 1] == pair[1])
+            sel = (data.pairs == torch.tensor(pair)).all(1)
             row = {
-                "pair": f"({pair[0]},{pair[1]})",
-                "a1": pair[0],
-                "a2": pair[1],
-                "heldout": pair in self.heldout_pairs,
+                "pair": "(" + ",".join(str(a) for a in pair) + ")",
+                **{f"a{i}": a for i, a in enumerate(pair, 1)},
+                "heldout": pair in held,
                 "n": int(sel.sum()),
                 "accuracy": float((predictions[sel] == data.targets[sel]).float().mean()),
                 **_shares(classified, sel, ""),

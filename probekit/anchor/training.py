@@ -23,6 +23,10 @@ A run's output folder::
     out/checkpoint/          config.json + model.safetensors (Hugging Face), optimizer.safetensors
                              (AdamW moments), trainer_state.json (step, schedule),
                              run_config.json (kind "anchor")
+    out/checkpoints/step-000500/
+                             with keep_checkpoints: a kept checkpoint of a step (the same
+                             without optimizer.safetensors), never rewritten; in a stack
+                             out/checkpoints/<run name>/step-000500/
 
 Nothing is pickled. Each step's batch is a function of (seed, step) alone, so a run killed at any
 point and started again with the same command resumes from its last checkpoint and ends with
@@ -63,7 +67,13 @@ import torch.nn.functional as F
 
 from probekit.anchor.config import PER_RUN, TrainConfig
 from probekit.anchor.evaluation import Evaluator
-from probekit.anchor.stack_io import resume_stack, save_stack
+from probekit.anchor.stack_io import (
+    KEPT,
+    keep_stack,
+    remove_kept_leftovers,
+    resume_stack,
+    save_stack,
+)
 from probekit.errors import ConfigError, NumericalError
 from probekit.io import atomic_write_text
 from probekit.training.checkpoint import previous_of, recover_checkpoint, remove_leftovers
@@ -254,7 +264,7 @@ class AnchorStack(Trainer):
     def evaluate(self) -> list[dict[str, Any]]:
         """One metrics row per run (appended to ``metrics`` and written to
         ``metrics.jsonl``); resets the loss sums."""
-        scores = self.evaluator(self.params, self.mcfg)
+        scores = self.evaluator(self.params, self.mcfg, per_pair=True)
         rows = []
         for m, c in enumerate(self.cfgs):
             batch = self.loss_sum[m] / self.loss_count if self.loss_count else float("nan")
@@ -285,13 +295,23 @@ class AnchorStack(Trainer):
         return s % self.settings.checkpoint_every == 0 or s == self.settings.steps
 
     def save_if_due(self) -> None:
-        """Checkpoint every ``checkpoint_every`` steps and at the end."""
+        """Checkpoint every ``checkpoint_every`` steps and at the end; first the kept
+        checkpoint of the step, if any (so a kill between the two loses neither: the resumed
+        run passes the step again)."""
+        self.keep_if_due()
         if self.checkpoint_due():
             save_stack(self)
+
+    # --- checkpoints over training ---
+    def keep_if_due(self) -> None:
+        """Write the kept checkpoints of this step (``keep_checkpoints``), if it is one."""
+        if self.settings.keeps(self.step):
+            keep_stack(self, self.single)
 
     def recover(self) -> None:
         recover_checkpoint(self.out / "checkpoint")
         remove_leftovers(self.out, LEFTOVERS)
+        remove_kept_leftovers(self.out)
 
     def resume(self) -> None:
         if resume_stack(self):
@@ -322,12 +342,21 @@ class AnchorStack(Trainer):
         """The evaluation of the initialization (``eval_at_start``), once."""
         if self.step == 0 and not self.metrics and self.settings.eval_at_start:
             self.evaluate()
+        if self.step == 0:
+            self.keep_if_due()  # the initialization, when step 0 is kept
 
     def trained_for(self, seconds: float) -> None:
         self.elapsed += seconds
 
     def sync_intervals(self) -> list[int]:
-        return [self.settings.eval_every, self.settings.checkpoint_every]
+        keep = self.settings.keep_checkpoints
+        every = [keep] if isinstance(keep, int) else []
+        return [self.settings.eval_every, self.settings.checkpoint_every, *every]
+
+    def other_sync_points(self) -> list[int]:
+        """The kept steps of a list ``keep_checkpoints``."""
+        keep = self.settings.keep_checkpoints
+        return list(keep) if isinstance(keep, list) else []
 
     def elements_per_step(self) -> int:
         return self.M * self.settings.batch_size
@@ -462,7 +491,7 @@ def check_stack_fits(configs: list[TrainConfig]) -> torch.device:
 
 def start_over(out: Path) -> None:
     """``resume=False``: remove the folder's checkpoints and metrics before training."""
-    for name in ("checkpoint", "checkpoint.previous"):
+    for name in ("checkpoint", "checkpoint.previous", KEPT):
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)
 

@@ -149,6 +149,29 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def add_dtype_flags(parser: Flags) -> None:
+    """``--dtype`` (the dtype the computation runs in) and ``--storage`` (the dtype the weights
+    are kept in meanwhile, :func:`probekit.load`'s ``storage``) of the commands that load a
+    checkpoint to diagnose it."""
+    parser.add_argument(
+        "--dtype",
+        choices=["stored", "float32", "bfloat16", "float16"],
+        default="stored",
+        help="load the weights in this dtype (default: as stored in the checkpoint); every "
+        "measure accumulates in float32 or float64",
+    )
+    parser.add_argument(
+        "--storage",
+        choices=["auto", "stored", "dtype"],
+        default="auto",
+        help="the dtype the weights are kept in while the computation runs in --dtype: "
+        "stored keeps them as the checkpoint stores them (bf16/fp16, 2 bytes a parameter) and "
+        "computes in float32 (or --dtype) on the fly, the numbers of --dtype float32 in about "
+        "half its memory; dtype casts them to --dtype; auto (default): dtype, or stored when "
+        "the --dtype copy would not fit in free memory",
+    )
+
+
 def add_device(parser: Flags, *, default: str | None, help: str) -> None:
     """``--device``: where the model runs (each subcommand says which names it takes)."""
     parser.add_argument("--device", default=default, help=help)
@@ -210,13 +233,18 @@ def add_quiet(parser: Flags, *, help: str, no_progress_alias: bool = False) -> N
         )
 
 
-def add_data_flags(diag: Flags) -> None:
+def add_data_flags(
+    diag: Flags, *, text_help: str | None = None, random_tokens: bool = True
+) -> argparse._MutuallyExclusiveGroup:
     """What a diagnosis reads (``diagnose``, ``compare``, ``timeline``): a text file, a data
-    set or drawn tokens (one of them; without any, what the checkpoint implies)."""
+    set or drawn tokens (one of them; without any, what the checkpoint implies). Another
+    command reading text (``study``) passes its own ``text_help`` and no ``random_tokens``;
+    the group is returned for its own choices."""
     choice = diag.add_mutually_exclusive_group()
     choice.add_argument(
         "--text",
-        help="a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
+        help=text_help
+        or "a UTF-8 text file to tokenize with the model's tokenizer, read only as far as "
         "needed (binary files are refused; bytes that are not UTF-8 are read as U+FFFD, with "
         "a warning) (default: the task's test data for probekit runs, else the Python "
         "standard library's sources for a model with a tokenizer, else tokens drawn "
@@ -228,11 +256,13 @@ def add_data_flags(diag: Flags) -> None:
         "datasets cache), a save_to_disk folder, or a local .jsonl/.json/.parquet/.csv/.txt "
         "file; with --dataset-config, --split, --column",
     )
-    choice.add_argument(
-        "--random-tokens",
-        action="store_true",
-        help="tokens drawn uniformly from the vocabulary (describe random tokens, not language)",
-    )
+    if random_tokens:
+        choice.add_argument(
+            "--random-tokens",
+            action="store_true",
+            help="tokens drawn uniformly from the vocabulary (describe random tokens, not "
+            "language)",
+        )
     diag.add_argument("--dataset-config", help="the data set's configuration (with --dataset)")
     diag.add_argument(
         "--split",
@@ -244,6 +274,7 @@ def add_data_flags(diag: Flags) -> None:
         help="the data set's text column (with --dataset; default text, or else its only "
         "string column)",
     )
+    return choice
 
 
 DATASET_FLAG_EXAMPLES = {
@@ -377,12 +408,38 @@ def add_estimate(parser: Flags) -> None:
     )
 
 
-def weight_dtypes(stored: str, dtype: str) -> tuple[str, str]:
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def weight_dtypes(
+    stored: str,
+    dtype: str,
+    storage: str = "dtype",
+    config: dict | None = None,
+    free: int | None = None,
+) -> tuple[str, str]:
     """The dtype the weights are kept in memory in and the dtype each block computes in, for
-    weights stored in ``stored`` loaded with ``--dtype`` ``dtype`` (``"stored"``: as stored):
-    today both are the loaded dtype."""
-    loaded = stored if dtype == "stored" else dtype
-    return loaded, loaded
+    weights stored in ``stored`` loaded with ``--dtype`` ``dtype`` (``"stored"``: as stored;
+    float32 with ``--storage stored``) and ``--storage`` ``storage``, as
+    :func:`probekit.load` chooses them (``"auto"``: kept as stored only when the ``dtype``
+    copy of the weights of ``config`` would not fit in ``free`` bytes while the stored ones
+    would; :func:`probekit.model.checkpoint.weights_bytes`)."""
+    compute = dtype if dtype != "stored" else "float32" if storage == "stored" else stored
+    narrower = stored in HALF_DTYPES and compute == "float32"
+    if not narrower or storage == "dtype":
+        return compute, compute
+    if storage == "auto":
+        import torch
+
+        from probekit.model.checkpoint import weights_bytes
+
+        if config is None or free is None:
+            return compute, compute
+        as_dtype = weights_bytes(config, torch.float32)
+        as_stored = weights_bytes(config, torch.float32, getattr(torch, stored))
+        if as_dtype <= free or as_stored > free:
+            return compute, compute
+    return stored, compute
 
 
 @dataclass
@@ -428,13 +485,15 @@ def estimate_diagnosis(
     seq_len: int,
     batch_size: int | None = None,
     dtype: str = "stored",
+    keep: str = "dtype",
     device: str | None = None,
     timed: bool | None = None,
     timings: dict | None = None,
     **plan: Any,
 ) -> Estimate:
     """The expected time and peak memory of diagnosing the checkpoint in ``folder`` on
-    ``n_sequences`` x ``seq_len`` tokens, from its config and safetensors headers alone
+    ``n_sequences`` x ``seq_len`` tokens (loaded with ``--dtype`` ``dtype`` and ``--storage``
+    ``keep``, :func:`weight_dtypes`), from its config and safetensors headers alone
     (:mod:`probekit.model.estimate`): the planned block passes and heads per analysis, their
     FLOPs and one block pass and one head timed here (``timed``; None: when the work has
     :data:`TIMED_FLOPS` or more; the timings kept in ``timings`` by shape, for several
@@ -448,11 +507,11 @@ def estimate_diagnosis(
     context = config.get("max_position_embeddings") or config.get("n_positions") or seq_len
     seq_len = min(seq_len, int(context))
     work = est.workload(shapes, n_sequences, seq_len, batch_size, **plan)
-    storage, compute = weight_dtypes(stored, dtype)
     where = device or _default_device()
+    free = available_memory(where)
+    storage, compute = weight_dtypes(stored, dtype, keep, config, available_memory("cpu"))
     peak = est.peak_bytes(work, storage, compute, stored)
     weights = est.weight_bytes(shapes, storage, compute)
-    free = available_memory(where)
     total, flops = work.total, work.flops(work.total)
     counts = f"{total.block_passes:,} block passes and {total.heads:,} heads" + (
         f" and {total.backwards} backward{'s' if total.backwards > 1 else ''}"
@@ -516,8 +575,10 @@ def _remedies(work: Any, stored: str, storage: str, compute: str, free: int | No
 
     weights = est.weight_bytes(work.shapes, storage, compute)
     out = []
+    if storage == "float32" and stored in HALF_DTYPES:
+        out.append(f"--storage stored (the weights kept in {stored}, float32 numbers)")
     if storage == "float32":
-        half = stored if stored in ("bfloat16", "float16") else "bfloat16"
+        half = stored if stored in HALF_DTYPES else "bfloat16"
         out.append(f"--dtype {half} (half the weights' memory; computes in {half})")
     if free is None or weights + est.BASE_PROCESS_BYTES < free:
         out.append("--batch-size 1, fewer --n-sequences or a shorter --seq-len")

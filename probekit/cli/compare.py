@@ -18,6 +18,7 @@ from typing import Any
 from probekit.cli.common import (
     add_command,
     add_data_flags,
+    add_dtype_flags,
     add_estimate,
     add_executor,
     add_force,
@@ -79,6 +80,8 @@ def compare_command(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         pairs=args.pairs,
         n_bootstrap=args.bootstrap,
+        dtype=args.dtype,
+        storage=args.storage,
     )
     for name, error in failed.items():
         print(f"probekit: error: checkpoint {name} failed: {error}", file=sys.stderr)
@@ -103,6 +106,8 @@ def _estimates(
                 path,
                 n_sequences=args.n_sequences,
                 seq_len=args.seq_len,
+                dtype=args.dtype,
+                keep=args.storage,
                 timed=timed,
                 timings=timings,
                 pairs=args.pairs,
@@ -168,6 +173,7 @@ def _add_shared_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", choices=["adjacent", "all"], default="adjacent",
                    help="layer pairs to swap")  # fmt: skip
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap replicates, 0 to 10000")
+    add_dtype_flags(p)
     add_executor(p, what="checkpoints")
     add_quiet(p, help="no progress output or estimate: only the page's path")
     add_estimate(p)

@@ -25,6 +25,7 @@ from probekit.cli.common import (
     add_command,
     add_data_flags,
     add_device,
+    add_dtype_flags,
     add_estimate,
     add_force,
     add_out,
@@ -53,12 +54,16 @@ if TYPE_CHECKING:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flag checks of ``probekit diagnose``: the integers in :data:`LIMITS`, ``--device``,
-    and not both ``--device`` and ``--device-map``."""
+    and not both ``--device`` (or ``--storage stored``) and ``--device-map``."""
     check_int_flags(args)
     check_device(args.device)
     dataset_choice(args)
     if getattr(args, "device_map", None) is not None and args.device is not None:
         raise ConfigError("--device and --device-map were both given", fix="pass only one of them")
+    if getattr(args, "device_map", None) is not None and getattr(args, "storage", None) == "stored":
+        raise ConfigError(
+            "--storage stored and --device-map were both given", fix="pass only one of them"
+        )
 
 
 def checkpoint_of(args: argparse.Namespace) -> tuple[str, RunInfo | None, list[str]]:
@@ -89,7 +94,8 @@ def prepare(args: argparse.Namespace) -> tuple[str, RunInfo | None, Path]:
 def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
     """The :class:`~probekit.sources.Source` ``probekit diagnose``'s flags name: the
     checkpoint folder ``path`` written by ``run`` (as :func:`prepare` found them), loaded as
-    ``--device``, ``--dtype`` and ``--device-map`` say, with the data the data flags choose."""
+    ``--device``, ``--dtype``, ``--storage`` and ``--device-map`` say, with the data the
+    data flags choose."""
     return resolve(
         path,
         run,
@@ -103,6 +109,7 @@ def _source(args: argparse.Namespace, path: str, run: RunInfo | None) -> Source:
         tuned_lens=args.tuned_lens and args.lens is None,  # a saved lens is read, not fitted
         device=args.device,
         dtype=args.dtype,
+        storage=args.storage,
         device_map=args.device_map,
         label=None if os.path.lexists(args.model) else args.model,  # a Hub name
     )
@@ -140,6 +147,7 @@ def estimate(args: argparse.Namespace, path: str, timed: bool | None) -> Any:
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         dtype=args.dtype,
+        keep=args.storage,
         device=args.device,
         timed=timed,
         pairs=args.pairs,
@@ -296,13 +304,7 @@ def _add_placement_flags(diag: argparse.ArgumentParser) -> None:
         help="spread the layers over the GPUs and the CPU with accelerate (a model bigger than "
         "one device); not with --device",
     )
-    diag.add_argument(
-        "--dtype",
-        choices=["stored", "float32", "bfloat16", "float16"],
-        default="stored",
-        help="load the weights in this dtype (default: as stored in the checkpoint); every "
-        "measure accumulates in float32 or float64",
-    )
+    add_dtype_flags(diag)
     diag.add_argument(
         "--seed", type=int, default=0, help="seed of the drawn tokens, 0 to 2**32-1 (default 0)"
     )

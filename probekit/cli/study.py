@@ -21,11 +21,13 @@ from probekit.cli.common import (
     TRAINER_HELP,
     Parser,
     add_command,
+    add_data_flags,
     add_executor,
     add_out,
     add_quiet,
     check_device,
     check_executor_flags,
+    dataset_choice,
 )
 from probekit.cli.train_flags import parse_ints
 
@@ -43,6 +45,8 @@ def study_command(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         steps=args.steps,
         corpus=args.corpus,
+        text=args.text,
+        dataset=dataset_choice(args),
         executor=args.executor,
         ray_address=args.ray_address,
         device=args.device,
@@ -141,12 +145,21 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         choices=["cpu", "paper"],
         default=None,
         help="a preset: cpu (finishes on a 2-core machine in under an hour) or paper (the "
-        "papers' sizes, for a GPU cluster; see --dry-run); the other flags override it "
+        "papers' sizes, for a GPU cluster; see --dry-run: on a machine without a GPU it is "
+        "refused when its estimated time here exceeds a day, and smaller flags are the way to "
+        "run its shapes on a CPU, there is no override); the other flags override it "
         "(default: a small study)",
     )
     p.add_argument("--seeds", type=parse_ints, default=None, help="seeds, comma-separated")
     p.add_argument("--steps", type=int, default=None, help="pretraining steps per member")
-    p.add_argument(
+    data = add_data_flags(
+        p,
+        text_help="a UTF-8 text file to pretrain on, read as bytes (binary files are refused; "
+        "bytes that are not UTF-8 are read as U+FFFD); its last 5%% is the validation split "
+        "(default: the Python standard library's sources)",
+        random_tokens=False,
+    )
+    data.add_argument(
         "--corpus",
         default=None,
         help="a folder of .py text files to pretrain on (default: the Python standard library)",

@@ -278,6 +278,7 @@ def _add_task(p: argparse.ArgumentParser) -> None:
             ("--task-seed", int, DEFAULT_TASK.seed, "seed of the data"),
         ),
     )
+    _add_chain_flag(t)
 
 
 def _add_optimization(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -347,6 +348,7 @@ def _add_run(p: argparse.ArgumentParser) -> None:
         ("--no-resume", "start over even if --out holds a checkpoint"),
     )
     _add_switches(r, switches)
+    _add_keep_flag(r)
     add_quiet(r, help="hide the progress bar", no_progress_alias=True)
 
 
@@ -366,7 +368,7 @@ _MODEL_FLAGS = (
     "init_ref_width",
 )
 """The model settings set by the flag of the same name."""
-_TASK_FLAGS = (
+_TASK_FLAGS: tuple[tuple[str, str], ...] = (
     ("anchors", "anchors"),
     ("special_targets", "special_targets"),
     ("special_form", "special_form"),
@@ -379,7 +381,7 @@ _TASK_FLAGS = (
     ("seed", "task_seed"),
 )
 """The (task setting, flag) pairs."""
-_RUN_FLAGS = (
+_RUN_FLAGS: tuple[str, ...] = (
     "steps",
     "batch_size",
     "lr",
@@ -395,6 +397,48 @@ _RUN_FLAGS = (
     "deterministic",
 )
 """The run settings set by the flag of the same name (train adds seed and weight_decay)."""
+
+
+# --- longer compositions and checkpoints over training ---
+_TASK_FLAGS += (("chain_length", "chain_length"),)
+_RUN_FLAGS += ("keep_checkpoints",)
+
+
+def _keep(text: str) -> int | list[int] | None:
+    """``--keep-checkpoints 500`` (every 500 steps) or ``0,100,500`` (those steps); ``none``."""
+    if text.strip().lower() in ("", "none"):
+        return None
+    if "," not in text:
+        try:
+            return int(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of steps") from err
+    return parse_ints(text)
+
+
+def _add_chain_flag(t: Flags) -> None:
+    """``--chain-length``: the task's chains of anchors."""
+    t.add_argument(
+        "--chain-length",
+        type=int,
+        default=DEFAULT_TASK.chain_length,
+        help="anchors composed per input (2: the pairs of the papers; 3 or 4: chains, held out "
+        "when their first two anchors are a --heldout pair; widen --item-range so that every "
+        "target stays in the vocabulary, e.g. 40,120)",
+    )
+
+
+def _add_keep_flag(r: Flags) -> None:
+    """``--keep-checkpoints``: the steps whose checkpoints are kept."""
+    r.add_argument(
+        "--keep-checkpoints",
+        type=_keep,
+        default=DEFAULT_RUN.keep_checkpoints,
+        metavar="EVERY|S1,S2,...",
+        help="besides the resumable checkpoint, keep a Hugging Face checkpoint of these steps in "
+        "OUT/checkpoints/step-NNNNNN/ (EVERY: steps 0, EVERY, 2 EVERY, ... and the last; or a "
+        "comma list of steps), for probekit timeline OUT; default none",
+    )
 
 
 def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The LM task's corpus: the Python standard library's own source (or a folder of text files),
-read as bytes.
+"""The LM task's corpus: the Python standard library's own source (or a folder of text files,
+or any texts: a text file, a data set's column), read as bytes.
 
 Every Python interpreter ships its standard library as ``.py`` files, so this corpus needs no
 download. Tokens are bytes (0..255) plus three specials: ``PAD`` = 256, ``BOS`` = 257 and
@@ -7,6 +7,13 @@ download. Tokens are bytes (0..255) plus three specials: ``PAD`` = 256, ``BOS`` 
 path relative to the corpus root (:func:`probekit.tasks.text.split_of`, stable across machines
 and Python patch releases; the generic text sources split the standard library by the same
 rule), and each file is followed by ``EOS`` in the token stream.
+
+Other texts (:meth:`ByteCorpus.from_texts`: e.g. :func:`probekit.tasks.text.file_texts` or
+:func:`~probekit.tasks.text.dataset_texts`) are UTF-8 encoded, each followed by ``EOS``, and
+their stream's last ``validation_fraction`` forms the validation split (a held-out tail, as a
+text has no files to hash). :meth:`ByteCorpus.save` writes such a corpus to a folder that
+``ByteCorpus(folder)`` (and so an LM run's ``corpus_root``) reads back as it was;
+:meth:`ByteCorpus.fingerprint` names its content.
 
 Example:
     >>> corpus = ByteCorpus(max_files=20)
@@ -16,9 +23,13 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from probekit.errors import ConfigError
@@ -26,6 +37,10 @@ from probekit.tasks.text import VALIDATION_FRACTION, corpus_files, split_of, std
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
+
+SAVED_FILE = "byte_corpus.json"
+"""The file that marks a folder written by :meth:`ByteCorpus.save` (its splits beside it, as
+``train.npy`` and ``validation.npy``)."""
 
 
 class ByteCorpus:
@@ -51,13 +66,17 @@ class ByteCorpus:
             raise ConfigError(
                 f"corpus folder {self.root} does not exist", fix="pass a folder of text files"
             )
+        self.source = f"the .py files under {self.root}" if root is not None else "the stdlib"
+        self._streams: dict[str, torch.Tensor] = {}
+        if (self.root / SAVED_FILE).is_file():  # a corpus written by save(): read as it was
+            self._read_saved()
+            return
         files = corpus_files(self.root, pattern)
         if max_files is not None:
             files = files[:max_files]
         self.splits: dict[str, list[Path]] = {"train": [], "validation": []}
         for path in files:
             self.splits[split_of(path, self.root, validation_fraction)].append(path)
-        self._streams: dict[str, torch.Tensor] = {}
         for split in ("train", "validation"):
             if len(self.stream(split)) < 2:
                 raise ConfigError(
@@ -65,6 +84,78 @@ class ByteCorpus:
                     f"({len(files)} files matching {pattern!r})",
                     fix="point the corpus at a folder with more text files",
                 )
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: Iterable[str],
+        source: str = "the texts",
+        validation_fraction: float = VALIDATION_FRACTION,
+        max_tokens: int | None = None,
+    ) -> ByteCorpus:
+        """The corpus of ``texts`` (``source``: what they are, in words): each UTF-8 encoded
+        and followed by ``EOS``, read until ``max_tokens`` tokens (the rest is not read); the
+        last ``validation_fraction`` of the stream is the validation split. Text with fewer
+        than 2 tokens in a split is a :class:`ConfigError`.
+
+        Example:
+            >>> corpus = ByteCorpus.from_texts(["hello world\\n"] * 20, "a greeting")
+            >>> len(corpus.stream("train")), len(corpus.stream("validation"))
+            (247, 13)
+        """
+        if not 0 < validation_fraction < 1:
+            raise ConfigError(
+                f"validation_fraction {validation_fraction} is outside (0, 1)", fix="use e.g. 0.05"
+            )
+        chunks: list[np.ndarray] = []
+        n, eos = 0, np.array([EOS], dtype=np.int16)
+        for text in texts:
+            data = text.encode("utf-8", errors="replace")
+            chunks += [np.frombuffer(data, dtype=np.uint8).astype(np.int16), eos]
+            n += len(data) + 1
+            if max_tokens is not None and n >= max_tokens:
+                break
+        stream = torch.from_numpy(np.concatenate(chunks)) if chunks else torch.zeros(0)
+        stream = stream.to(torch.int16)[:max_tokens]
+        cut = len(stream) - round(len(stream) * validation_fraction)
+        corpus = cls.__new__(cls)
+        corpus.root, corpus.source = Path(), source
+        corpus.splits = {"train": [], "validation": []}
+        corpus._streams = {"train": stream[:cut], "validation": stream[cut:]}
+        for split in ("train", "validation"):
+            if len(corpus._streams[split]) < 2:
+                raise ConfigError(
+                    f"{source} holds {len(stream)} bytes: too little text for a {split} split",
+                    fix="pass a longer text",
+                )
+        return corpus
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write the corpus's splits to ``folder`` (``ByteCorpus(folder)`` reads them back as
+        they are); returns the folder."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "validation"):
+            np.save(folder / f"{split}.npy", self.stream(split).numpy())
+        about = {"source": self.source, "fingerprint": self.fingerprint()}
+        (folder / SAVED_FILE).write_text(json.dumps(about, indent=1))  # last: the folder is whole
+        return folder
+
+    def _read_saved(self) -> None:
+        about = json.loads((self.root / SAVED_FILE).read_text())
+        self.source = about["source"]
+        self.splits = {"train": [], "validation": []}
+        for split in self.splits:
+            self._streams[split] = torch.from_numpy(np.load(self.root / f"{split}.npy"))
+
+    def fingerprint(self) -> str:
+        """A short hash of the corpus's token streams (the same text split alike gives the
+        same fingerprint on any machine)."""
+        digest = hashlib.sha256()
+        for split in ("train", "validation"):
+            digest.update(self.stream(split).numpy().astype("<i2").tobytes())
+            digest.update(b"|")
+        return digest.hexdigest()[:16]
 
     def stream(self, split: str) -> torch.Tensor:
         """All tokens of a split as one 1-D int16 tensor (files joined by ``EOS``)."""
@@ -110,4 +201,4 @@ class ByteCorpus:
         return torch.stack([stream[s : s + length] for s in starts.tolist()]).long()
 
 
-__all__ = ["BOS", "EOS", "PAD", "VOCAB_SIZE", "ByteCorpus"]
+__all__ = ["BOS", "EOS", "PAD", "SAVED_FILE", "VOCAB_SIZE", "ByteCorpus"]

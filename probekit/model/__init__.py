@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.model.checkpoint import (  # noqa: F401
         estimate_parameters,
         from_pretrained_complete,
+        largest_weight,
         stored_dtype,
+        weights_bytes,
     )
     from probekit.model.handle import Model  # noqa: F401
     from probekit.model.headless import POOLING_MODES, Headless, Pooling  # noqa: F401
@@ -47,6 +49,7 @@ if TYPE_CHECKING:  # the same names, so a type checker sees them as they are, no
     from probekit.model.hub import hub_name  # noqa: F401
     from probekit.model.loading import check_loadable, load  # noqa: F401
     from probekit.model.sites import OUTPUT_KINDS, SITES, WEIGHT_NAMES, HookList  # noqa: F401
+    from probekit.model.storage import STORAGE_CHOICES, storage_dtypes  # noqa: F401
     from probekit.model.structure import BLOCK_KINDS, BlockStructure  # noqa: F401
     from probekit.model.trace import Trace  # noqa: F401
     from probekit.numerics import all_finite, available_memory  # noqa: F401
@@ -55,6 +58,8 @@ _MODULES: dict[str, str] = {
     "estimate_parameters": "checkpoint",
     "from_pretrained_complete": "checkpoint",
     "stored_dtype": "checkpoint",
+    "largest_weight": "checkpoint",
+    "weights_bytes": "checkpoint",
     "Model": "handle",
     "POOLING_MODES": "headless",
     "Headless": "headless",
@@ -71,6 +76,8 @@ _MODULES: dict[str, str] = {
     "BLOCK_KINDS": "structure",
     "BlockStructure": "structure",
     "Trace": "trace",
+    "STORAGE_CHOICES": "storage",
+    "storage_dtypes": "storage",
 }
 
 _EXPORTS: dict[str, str] = {
@@ -108,4 +115,9 @@ __all__ = [
     "from_pretrained_complete",
     "load",
     "stored_dtype",
+    # --- storage dtype apart from compute dtype ---
+    "STORAGE_CHOICES",
+    "largest_weight",
+    "storage_dtypes",
+    "weights_bytes",
 ]

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import struct
@@ -39,6 +40,14 @@ if TYPE_CHECKING:
 CHECKPOINT_MARKERS = ("config.json", "modules.json")
 """Files that make a folder a checkpoint of its own: a transformers checkpoint's config.json,
 a sentence-transformers model's modules.json (its transformer may sit in a subfolder)."""
+
+log = logging.getLogger(__name__)
+
+
+KEPT_CHECKPOINTS = "checkpoints"
+"""The folder of a run folder that holds the checkpoints kept over training, one
+``step-000500/`` each (an anchor run's ``keep_checkpoints``; in a stack one folder per run
+below it): ``probekit timeline RUN`` and the timelines of a run folder read them."""
 
 
 def is_checkpoint_folder(path: str | os.PathLike) -> bool:
@@ -333,10 +342,65 @@ def available_memory(device: str) -> int | None:
     return free_memory(device)
 
 
-def check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> None:
-    """Refuse, before anything is built, a config far bigger than its weights or than memory."""
+def largest_weight(config: dict) -> int:
+    """The number of values of the largest weight matrix a config describes: the
+    ``vocab x d_model`` embedding or unembedding, or an MLP's ``d_model x d_ff`` where that is
+    larger. A model whose weights are kept in their stored dtype apart from the computation's
+    (:func:`probekit.model.storage.compute_in`) holds this one in the computation's dtype
+    beside them, at the most.
+
+    Example:
+        >>> largest_weight({"hidden_size": 4096, "intermediate_size": 14336,
+        ...                 "vocab_size": 128256})
+        525336576
+    """
+    d = _config_int(config, "hidden_size", "n_embd", "d_model")
+    d_ff = _config_int(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * d) or 4 * d
+    return d * max(_config_int(config, "vocab_size"), d_ff)
+
+
+def weights_bytes(config: dict, dtype: torch.dtype, stored: torch.dtype | None = None) -> int:
+    """About the bytes of memory the weights of the model ``config`` describes take computed in
+    ``dtype``: every parameter in ``dtype``, or with ``stored`` (weights kept in their stored
+    dtype apart, :func:`probekit.model.storage.compute_in`) every parameter in ``stored`` plus
+    the largest weight matrix (:func:`largest_weight`) in ``dtype``.
+
+    Example:
+        >>> import torch
+        >>> config = {"n_layer": 2, "n_embd": 32, "vocab_size": 50}
+        >>> weights_bytes(config, torch.float32)
+        104704
+        >>> weights_bytes(config, torch.float32, stored=torch.bfloat16)
+        68736
+    """
     import torch
 
+    size = torch.empty((), dtype=dtype).element_size()
+    if stored is None:
+        return estimate_parameters(config) * size
+    stored_size = torch.empty((), dtype=stored).element_size()
+    return estimate_parameters(config) * stored_size + largest_weight(config) * size
+
+
+def check_fits(
+    path: Path,
+    config: dict,
+    stored: int,
+    dtype: torch.dtype,
+    *,
+    stored_in: torch.dtype | None = None,
+    storage: str = "dtype",
+) -> torch.dtype:
+    """Refuse, before anything is built, a config far bigger than its weights or than memory;
+    return the dtype to keep the weights in (``dtype``, or ``stored_in`` when they are kept in
+    their stored dtype apart from the computation's).
+
+    ``storage`` (:data:`probekit.model.storage.STORAGE_CHOICES`): ``"dtype"`` refuses weights
+    whose ``dtype`` copy does not fit in the free memory; ``"stored"`` keeps them in
+    ``stored_in`` where that has fewer bits than ``dtype`` and refuses them when that does not
+    fit; ``"auto"`` keeps them in ``dtype`` when that fits, else in ``stored_in`` when that fits
+    (one logged line says so), else refuses, saying what to do.
+    """
     estimate = estimate_parameters(config)
     if estimate > 8 * max(stored, 1) and estimate > 10**6:
         raise CheckpointError(
@@ -344,15 +408,46 @@ def check_fits(path: Path, config: dict, stored: int, dtype: torch.dtype) -> Non
             f"hold {stored:.3g} values",
             fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
         )
-    need = estimate * torch.empty((), dtype=dtype).element_size()
+    narrower = stored_in if stored_in is not None and _bits(stored_in) < _bits(dtype) else None
     available = available_memory("cpu")  # weights are read into host memory first
-    if available is not None and need > available:
-        raise CheckpointError(
-            f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
-            f"{estimate:.3g} parameters; {available / 2**30:.3g} GiB are available",
-            fix="free memory, load in half precision (dtype=torch.bfloat16), or use a "
-            "machine with more memory",
-        )
+    keep = narrower if narrower is not None and storage == "stored" else dtype
+    need = weights_bytes(config, dtype, None if keep == dtype else keep)
+    if available is None or need <= available:
+        return keep
+    if narrower is not None and storage == "auto":
+        keep = narrower
+        apart = weights_bytes(config, dtype, keep)
+        if apart <= available:
+            log.warning(
+                "the %s copy of the weights in %s (%.3g GiB) does not fit in the %.3g GiB of "
+                "free memory: keeping them in their stored %s (%.3g GiB) and computing every "
+                "block in %s on the fly (the same numbers)",
+                _name(dtype), path, need / 2**30, available / 2**30, _name(keep),
+                apart / 2**30, _name(dtype),
+            )  # fmt: skip
+            return keep
+        need = apart
+    raise CheckpointError(
+        f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
+        f"{estimate:.3g} parameters in {_name(dtype)}"
+        + ("" if keep == dtype else f" (weights kept in {_name(keep)})")
+        + f"; {available / 2**30:.3g} GiB are available",
+        fix="free memory, diagnose fewer sequences, compute in half precision (--dtype "
+        "bfloat16, dtype=torch.bfloat16), offload layers to disk (--device-map auto), or use a "
+        "machine with more memory",
+    )
+
+
+def _bits(dtype: torch.dtype) -> int:
+    """The bits of a floating dtype."""
+    import torch
+
+    return torch.finfo(dtype).bits
+
+
+def _name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``."""
+    return str(dtype).removeprefix("torch.")
 
 
 def check_regular_file(path: Path) -> None:
@@ -425,6 +520,7 @@ def named_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 __all__ = [
     "CHECKPOINT_MARKERS",
+    "KEPT_CHECKPOINTS",
     "OTHER_FRAMEWORK_WEIGHTS",
     "PICKLE_SUFFIXES",
     "SAFETENSORS_DTYPES",
@@ -440,6 +536,8 @@ __all__ = [
     "is_checkpoint_folder",
     "is_pickled_weights",
     "is_unread_weights",
+    "largest_weight",
     "named_weights",
     "stored_dtype",
+    "weights_bytes",
 ]

@@ -33,7 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probekit.model.checkpoint import _config_int, check_checkpoint_dir, estimate_parameters
+from probekit.model.checkpoint import (
+    _config_int,
+    check_checkpoint_dir,
+    estimate_parameters,
+    largest_weight,
+)
 from probekit.model.inputs import default_batch_size
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -62,6 +67,7 @@ class Shapes:
     gated: bool
     tied: bool
     parameters: int
+    largest: int
 
     @classmethod
     def from_config(cls, config: dict[str, Any], parameters: int | None = None) -> Shapes:
@@ -80,6 +86,7 @@ class Shapes:
             gated=config.get("hidden_act", config.get("activation_function")) in GATED_ACTIVATIONS,
             tied=bool(config.get("tie_word_embeddings", True)),
             parameters=parameters or estimate_parameters(config),
+            largest=largest_weight(config),
         )
 
     @property
@@ -120,12 +127,13 @@ def head_flops(shapes: Shapes, sequences: int, seq_len: int) -> float:
 
 def weight_bytes(shapes: Shapes, storage: str, compute: str) -> int:
     """Bytes of the weights in memory kept in the ``storage`` dtype and run in ``compute``:
-    the parameters in their dtype when the two agree; else the stored weights and one block's
-    copy in the compute dtype, made on the fly."""
+    the parameters in their dtype when the two agree; else the stored weights and one weight
+    matrix at a time in the compute dtype, made when it is read (the largest: the unembedding,
+    or an MLP matrix where that is larger; :mod:`probekit.model.storage`)."""
     kept = shapes.parameters * DTYPE_BYTES[storage]
     if storage == compute:
         return kept
-    return kept + shapes.block_parameters * DTYPE_BYTES[compute]
+    return kept + shapes.largest * DTYPE_BYTES[compute]
 
 
 def activation_bytes(shapes: Shapes, sequences: int, seq_len: int, backward: bool) -> int:
@@ -268,7 +276,8 @@ def peak_bytes(
     pages (``stored`` dtype), which stay resident after the load besides the weights made
     from them, unless the weights kept are those pages (``mapped``); and the larger of a
     batch's forward work and the gradients' backward (:func:`activation_bytes`) with every
-    block's parameter gradients (``gradient_norms`` reads them; in the compute dtype).
+    block's parameter gradients (``gradient_norms`` reads them; in the dtype the weights are
+    kept in).
 
     Measured on Qwen2.5-0.5B's shape (bf16 files loaded in float32, 4 x 128 tokens): 5.55 GiB
     at the peak, in the gradients, against 5.4 GiB from this sum."""
@@ -278,7 +287,7 @@ def peak_bytes(
     forward = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
     backward = 0
     if work.total.backwards:
-        gradients = shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[compute]
+        gradients = shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[storage]
         backward = gradients + activation_bytes(
             shapes, work.gradient_batch, work.seq_len, backward=True
         )

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,7 +109,8 @@ def _pure_copy(module: nn.Module, memo: dict[int, nn.Module]) -> nn.Module:
     if fused is not None:
         memo[id(module)] = fused
         return fused
-    clone = copy.copy(module)
+    clone = type(module).__new__(type(module))  # copy.copy, also of a parametrized module
+    clone.__dict__.update(module.__dict__)
     clone.__dict__.pop("forward", None)  # a patch bound to the original would run it instead
     for name in _HOOK_DICTS:
         if name in clone.__dict__:

@@ -39,6 +39,7 @@ from probekit.model.headless import (
 )
 from probekit.model.hub import hub_name, resolve
 from probekit.model.runtime import Runtime
+from probekit.model.storage import STORAGE_CHOICES, compute_in
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -56,6 +57,7 @@ def load(
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    storage: str = "auto",
     copy_model: bool = True,
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
@@ -77,6 +79,19 @@ def load(
     Directories load onto CUDA when present, else the CPU, in the dtype their weights are
     stored in (bf16 / fp16 / fp32, see :func:`stored_dtype`) unless ``dtype`` is set; every
     measure is accumulated in float64 whatever the model's dtype.
+
+    ``storage`` says which dtype the weights are kept in, apart from the one they compute in
+    (``dtype``): ``"dtype"`` casts them to ``dtype`` (a float32 computation of a bf16
+    checkpoint holds a float32 copy: 4 bytes per parameter); ``"stored"`` keeps them as the
+    checkpoint stores them (bf16 / fp16: 2 bytes per parameter) and computes every block, norm,
+    embedding and head in ``dtype`` (float32 when ``dtype`` is None) on the fly, each weight
+    copied to float32 when read and dropped after (:mod:`probekit.model.storage`): the numbers
+    of a float32 load (bf16 and fp16 convert to float32 exactly) in the memory of the stored
+    weights plus the largest weight matrix in float32 (the ``vocab x d_model`` unembedding,
+    :func:`~probekit.model.checkpoint.weights_bytes`); ``"auto"`` (the default) is
+    ``"dtype"``, except that a checkpoint folder whose ``dtype`` copy would not fit in the free
+    memory while its stored weights would loads as ``"stored"``, with one logged line saying
+    so. A model too big either way is refused before loading, saying what to do.
 
     Base models without an LM head (``GPT2Model``, ``LlamaModel``, ``BertModel``, ... of every
     family whose head class the bridge supports, found from transformers' auto mappings) and
@@ -101,10 +116,11 @@ def load(
     if isinstance(source, Model):
         return source
     placement = _placement(source, device, device_map, max_memory, offload_folder)
+    _check_storage(storage, placement)
     if isinstance(source, str | os.PathLike):  # checked before transformers is imported
-        model = _load_folder(local_folder(source, revision), device, dtype, placement)
+        model = _load_folder(local_folder(source, revision), device, dtype, placement, storage)
     else:
-        model = _load_object(source, device, dtype, copy_model)
+        model = _load_object(source, device, dtype, copy_model, storage)
     model.check_finite()
     model.check_structure()
     return model
@@ -159,7 +175,24 @@ def _placement(
     return out
 
 
-def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model: bool) -> Model:
+def _check_storage(storage: Any, placement: dict) -> None:
+    """Refuse a ``storage`` of :func:`load` that is not one of
+    :data:`~probekit.model.storage.STORAGE_CHOICES`, or ``"stored"`` with a ``device_map``."""
+    if storage not in STORAGE_CHOICES:
+        raise InputError(
+            f"storage={storage!r} is none of {', '.join(map(repr, STORAGE_CHOICES))}",
+            fix='pass storage="stored" to keep the weights as stored and compute in float32',
+        )
+    if storage == "stored" and placement:
+        raise InputError(
+            'storage="stored" and a device_map were both given',
+            fix="pass only one of them (weights kept as stored stay on one device)",
+        )
+
+
+def _load_object(
+    source: Any, device: Any, dtype: torch.dtype | None, copy_model: bool, storage: str = "auto"
+) -> Model:
     """A handle on an in-memory Hugging Face model (copied unless told not to) or a bridge."""
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import PreTrainedModel
@@ -176,36 +209,66 @@ def _load_object(source: Any, device: Any, dtype: torch.dtype | None, copy_model
     if arch not in supported_architectures() and head is None:
         raise unsupported(arch)
     hf_model = copy.deepcopy(source) if copy_model else source
+    apart = _apart(next(hf_model.parameters()).dtype, dtype, storage)
+    if apart is not None:
+        dtype = None  # kept as stored, computed in `apart`
     if device is not None or dtype is not None:
         # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
         # unbound function missing its self
         hf_model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
     if head is not None:
-        return _headless_model(hf_model, head, None, None, None)
-    return Model(Runtime(attach_bridge(hf_model, arch)))
+        return _headless_model(hf_model, head, None, None, None, apart)
+    return Model(_runtime(attach_bridge(hf_model, arch), apart))
+
+
+def _apart(stored: torch.dtype, dtype: torch.dtype | None, storage: str) -> torch.dtype | None:
+    """The dtype weights kept in ``stored`` compute in under ``storage="stored"`` (``dtype``,
+    default float32), or None where they are cast to it (not narrower than it)."""
+    compute = dtype or torch.float32
+    if storage != "stored" or torch.finfo(stored).bits >= torch.finfo(compute).bits:
+        return None
+    return compute
+
+
+def _runtime(bridge: Any, apart: torch.dtype | None, headless: Headless | None = None) -> Runtime:
+    """The :class:`Runtime` of ``bridge``, its weights computed in ``apart`` when not None
+    (:func:`~probekit.model.storage.compute_in`)."""
+    if apart is not None:
+        compute_in(bridge, bridge.original_model, apart)
+    return Runtime(bridge, headless)
 
 
 def _load_folder(
-    path: Path, device: Any, dtype: torch.dtype | None, placement: dict | None = None
+    path: Path,
+    device: Any,
+    dtype: torch.dtype | None,
+    placement: dict | None = None,
+    storage: str = "auto",
 ) -> Model:
     """A handle on the checkpoint folder ``path``, every file checked before it is read."""
-    folder, pooling, arch, head, dtype = _checked_folder(path, dtype, fits=not placement)
+    folder, pooling, arch, head, dtype, apart = _checked_folder(
+        path, dtype, fits=not placement, storage=storage
+    )
     hf_model = _from_folder(folder, arch, dtype, placement or {})
     if not placement:
         # transformers wraps its `to` in functools.wraps(nn.Module.to), which mypy reads as an
         # unbound function (self = the device)
         hf_model.to(device or _default_device())  # type: ignore[arg-type]
     if head is not None:
-        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling)
-    return Model(Runtime(attach_bridge(hf_model, arch, _tokenizer(path))), source=str(path))
+        return _headless_model(hf_model, head, _tokenizer(folder), str(path), pooling, apart)
+    bridge = attach_bridge(hf_model, arch, _tokenizer(path))
+    return Model(_runtime(bridge, apart), source=str(path))
 
 
-def check_loadable(source: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+def check_loadable(
+    source: str | os.PathLike, dtype: torch.dtype | None = None, storage: str = "auto"
+) -> None:
     """Every check :func:`load` makes of the checkpoint folder (or cached Hub snapshot)
     ``source`` before it reads a weight: it is a folder with a config.json that parses to an
     object of a supported architecture (or a sentence-transformers folder), safetensors weights
     whose headers parse and whose files hold all the data they declare (none truncated), and a
-    model that fits in memory. Raises the :class:`~probekit.errors.CheckpointError` or
+    model that fits in memory (its weights kept as ``storage`` says, see :func:`load`). Raises
+    the :class:`~probekit.errors.CheckpointError` or
     :class:`~probekit.errors.UnsupportedModelError` that :func:`load` would; reads headers only.
 
     Example:
@@ -215,16 +278,18 @@ def check_loadable(source: str | os.PathLike, dtype: torch.dtype | None = None) 
         ...
         probekit.errors.CheckpointError: ... is neither a transformers checkpoint ...
     """
-    _checked_folder(local_folder(source), dtype, fits=True)
+    _check_storage(storage, {})
+    _checked_folder(local_folder(source), dtype, fits=True, storage=storage)
 
 
 def _checked_folder(
-    path: Path, dtype: torch.dtype | None, *, fits: bool
-) -> tuple[Path, Pooling | None, str, str | None, torch.dtype]:
+    path: Path, dtype: torch.dtype | None, *, fits: bool, storage: str = "auto"
+) -> tuple[Path, Pooling | None, str, str | None, torch.dtype, torch.dtype | None]:
     """The checks of the checkpoint folder ``path`` before any weight is read (with ``fits``,
     also that the model fits in memory): the folder of the weights, the sentence-transformers
-    pooling (or None), the architecture, its head class for a base model (or None) and the
-    dtype to load in."""
+    pooling (or None), the architecture, its head class for a base model (or None), the
+    dtype to load the weights in and the dtype they compute in when that differs (weights kept
+    as stored, ``storage`` of :func:`load`; None: the same)."""
     pooling = None
     if (path / "modules.json").exists() and path.is_dir():
         folder, pooling = read_sentence_transformers(path)
@@ -233,9 +298,11 @@ def _checked_folder(
     if not (folder / "config.json").exists() and path.is_dir() and folder == path:
         check_not_a_checkpoint(path)
     config, stored = check_checkpoint_dir(folder)
-    dtype = dtype or stored_dtype(folder, config)
+    stored_in = stored_dtype(folder, config)
+    compute = dtype or (torch.float32 if storage == "stored" else stored_in)
+    load_in = compute
     if fits:
-        check_fits(folder, config, stored, dtype)
+        load_in = check_fits(folder, config, stored, compute, stored_in=stored_in, storage=storage)
     archs = config.get("architectures") or []
     arch = archs[0] if archs else config.get("model_type", "<unknown>")
     head = head_class_for(arch)  # base classes, even those the bridge lists
@@ -247,7 +314,7 @@ def _checked_folder(
             "model with an LM head, not a base model",
             fix="save the sentence-transformers model with its base (AutoModel) transformer",
         )
-    return folder, pooling, arch, head, dtype
+    return folder, pooling, arch, head, load_in, None if load_in == compute else compute
 
 
 def _from_folder(folder: Path, arch: str, dtype: torch.dtype, placement: dict) -> PreTrainedModel:
@@ -290,13 +357,15 @@ def _headless_model(
     tokenizer: Any,
     source: str | None,
     pooling: Pooling | None,
+    apart: torch.dtype | None = None,
 ) -> Model:
-    """A :class:`Model` over the base model ``base`` (no LM head), wrapped for the bridge."""
+    """A :class:`Model` over the base model ``base`` (no LM head), wrapped for the bridge
+    (computed in ``apart`` when not None: see :func:`_runtime`)."""
     arch = type(base).__name__
     wrapper = wrap_headless(base, head_name)
     bridge = attach_bridge(wrapper, head_name, tokenizer)
     headless = Headless(arch, has_final_norm(bridge, wrapper.base_model), pooling)
-    return Model(Runtime(bridge, headless), source=source)
+    return Model(_runtime(bridge, apart, headless), source=source)
 
 
 __all__ = ["check_loadable", "load"]

@@ -33,6 +33,7 @@ from probekit.errors import UnsupportedModelError
 from probekit.model.headless import Headless, stop_at_base_output
 from probekit.model.output import OutputHead, resolve_head
 from probekit.model.sites import MASKED_LM_SUFFIXES, REQUIRED_SITES, HookList, hook_name
+from probekit.model.storage import saved_as_stored, storage_dtypes
 from probekit.progress import advance
 
 if TYPE_CHECKING:
@@ -129,8 +130,11 @@ class Runtime:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the model's weights."""
-        return next(self.hf_model.parameters()).dtype
+        """The dtype the model computes in: its weights' dtype, or for weights kept in their
+        stored dtype apart (:func:`~probekit.model.storage.compute_in`), the dtype each is
+        read in."""
+        apart = storage_dtypes(self.hf_model)
+        return apart[1] if apart is not None else next(self.hf_model.parameters()).dtype
 
     def __repr__(self) -> str:
         return f"Runtime({self.architecture}, n_layers={self.n_layers})"
@@ -154,7 +158,7 @@ class Runtime:
         """Full forward of one prepared batch through the bridge with ``fwd_hooks`` active:
         the model's output (logits ``[B, T, V]``, or the final hidden state)."""
         advance(self.n_layers)  # its block passes, on a command's live progress line
-        with self.hooks(fwd_hooks):
+        with self.hooks(fwd_hooks), saved_as_stored(self.hf_model):
             return self.bridge(batch.tokens, attention_mask=batch.attention_mask, use_cache=False)
 
 

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -35,6 +36,8 @@ from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
 from probekit.lm.corpus import VOCAB_SIZE
 from probekit.lm.finetune import FinetuneConfig
+from probekit.sources import DatasetChoice
+from probekit.studies.data import StudyData
 from probekit.studies.runner import Study, carry_out, member_steps, preset_of, resumable
 from probekit.tasks.compositions import CompositionTask
 from probekit.training.families import depth_family
@@ -186,6 +189,8 @@ def depth_width(
     steps: int | None = None,
     finetune_steps: int | None = None,
     corpus: str | None = None,
+    text: str | os.PathLike | None = None,
+    dataset: str | DatasetChoice | None = None,
     task: CompositionTask | AnchorTask | str | None = None,
     from_scratch: bool = False,
     executor: str = "local",
@@ -195,8 +200,10 @@ def depth_width(
     dry_run: bool = False,
 ) -> DepthWidthStudy:
     """Petty et al.'s study in the folder ``out``: per budget x depth x seed, a
-    parameter-matched byte-level GPT-2 pretrained on the corpus (``corpus``: a folder of
-    ``.py`` files, default the standard library), fine-tuned on ``task`` (default the
+    parameter-matched byte-level GPT-2 pretrained on the corpus (one of ``corpus``: a folder
+    of ``.py`` files, ``text``: a text file, ``dataset``: a data set's name or file, or a
+    :class:`~probekit.sources.DatasetChoice` with its config, split and column; default the
+    standard library: see :mod:`probekit.studies.data`), fine-tuned on ``task`` (default the
     composition task with the scale's inputs; ``from_scratch``: no pretraining), scored.
     ``task="anchor"`` (or an :class:`~probekit.anchor.AnchorTask`): each member is trained on
     the anchor-function task from scratch instead (the second choice).
@@ -207,11 +214,19 @@ def depth_width(
     :class:`ConfigError` before any work. A killed study run again resumes.
     """
     preset = preset_of(scale, PRESETS, DEFAULTS)
+    data = StudyData.of(corpus, text, dataset, preset["lm_extra"].get("corpus_max_files"))
     config = _config(preset, budgets, depths, seeds, steps, finetune_steps, corpus, task)
+    config |= data.config()
     # the anchor task's tokens are not bytes: its members train on it from scratch
     config["from_scratch"] = bool(from_scratch) or config["task_kind"] == "anchor"
+    if config["from_scratch"] and (corpus or text or dataset):
+        raise ConfigError(
+            f"pretraining data ({data.describe()}) is given, but the members are trained on "
+            "the task from scratch",
+            fix="leave out the corpus, text and dataset, or pretrain (no from_scratch, no anchor)",
+        )
     device = device or ("cpu" if preset["device"] == "cpu" else "auto")
-    plan, jobs = _plan(config, device)
+    plan, jobs = _plan(config, device, data.corpus_root(Path(out)))
     study = DepthWidthStudy(Path(out), plan, pd.DataFrame(columns=COLUMNS), config)
     return carry_out(
         study,
@@ -221,12 +236,15 @@ def depth_width(
         columns=COLUMNS,
         dry_run_columns=DRY_RUN_COLUMNS,
         build="depth_width_result",
+        scale=scale,
         plan_device=preset["device"],
         device=device,
         executor=executor,
         ray_address=ray_address,
         progress=progress,
         dry_run=dry_run,
+        data=None if config["from_scratch"] else data,
+        seq_len=config["lm"]["seq_len"],
     )
 
 
@@ -289,8 +307,11 @@ def _task(
     return task
 
 
-def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """One planned row and one job per member; the runs' settings are checked here."""
+def _plan(
+    config: dict[str, Any], device: str, corpus_root: str | None
+) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """One planned row and one job per member (``corpus_root``: what the members pretrain
+    on); the runs' settings are checked here."""
     lm = config["lm"]
     depths = {int(b): d for b, d in config["depths"].items()}
     if config["task_kind"] == "anchor":
@@ -300,7 +321,7 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
     rows, jobs = [], []
     for shape in shapes.itertuples():
         for seed in config["seeds"]:
-            lm_cfg, ft_cfg = _run_configs(config, shape, seed, task)
+            lm_cfg, ft_cfg = _run_configs(config, shape, seed, task, corpus_root)
             tokens = (
                 0 if config["from_scratch"] else lm_cfg.steps * lm_cfg.batch_size * lm["seq_len"]
             )
@@ -397,7 +418,7 @@ def _shape_row(shape: Any, seed: int) -> dict[str, Any]:
 
 
 def _run_configs(
-    config: dict[str, Any], shape: Any, seed: int, task: CompositionTask
+    config: dict[str, Any], shape: Any, seed: int, task: CompositionTask, corpus_root: str | None
 ) -> tuple[LMConfig, FinetuneConfig]:
     """The member's pretraining and fine-tuning settings (checked: a ConfigError here)."""
     lm = dict(config["lm"])
@@ -409,7 +430,7 @@ def _run_configs(
         d_mlp=int(shape.d_mlp),
         seed=int(seed),
         steps=steps,
-        corpus_root=config["corpus"],
+        corpus_root=corpus_root,
         **lm,
         **config["lm_extra"],
     )

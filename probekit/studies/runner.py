@@ -15,13 +15,15 @@ A study folder::
 Finished members are never trained again; an unfinished one resumes from its own checkpoints
 (its runs save every ``eval_every`` steps). Members run through
 :func:`probekit.executor.run_tasks`, in this process or as Ray tasks. Before training the
-runner says the planned FLOPs and a time estimate (from the finished members' measured rate,
-else from :data:`CPU_FLOPS_PER_SECOND`); after each member, the time left at the measured rate.
+runner says the planned FLOPs and a time estimate (:func:`cpu_seconds`, a cost model fitted to
+measured members, scaled by the finished members' measured time over their estimate); after
+each member, the time left at that ratio.
 
 Example:
     >>> plan = pd.DataFrame({"name": ["a", "b"], "flops": [2e12, 4e12]})
-    >>> print(plan_cost(plan, rate=1e10))
-    2 members, 6.00e+12 training FLOPs: about 10 min at 1.0e+10 FLOP/s (measured here)
+    >>> print(plan_cost(plan, speed=2.0).split(": ")[1])
+    about 3 min (the estimate for a 2-core CPU times 2.00, the finished members' measured time \
+over theirs)
 """
 
 from __future__ import annotations
@@ -42,24 +44,39 @@ from probekit.executor import Failed, check_executor, log, run_tasks
 from probekit.io import atomic_write_text
 from probekit.lm.config import LMConfig
 from probekit.lm.finetune import FinetuneConfig
+from probekit.studies.data import StudyData
 
 STUDY_FILE = "study.json"
 MEMBER_FILE = "member.json"
 MEMBERS_CSV = "members.csv"
 SUMMARY_FILE = "summary.json"
 
-CPU_FLOPS_PER_SECOND = 2.0e10
-"""Training FLOPs per second of the byte-level LMs of ``--scale cpu`` (0.2-1M parameters) on
-the 2-core machine, measured (100 steps of a 300k-parameter member at depths 1, 4 and 8 took
-6-10 s for 1.8e11 FLOPs): the estimate before any member has finished."""
+CPU_FLOPS_PER_SECOND = 7.0e10
+"""The rate of the training FLOPs (6 x parameters x tokens) of the byte-level LMs of ``--scale
+cpu`` on the 2-core machine, fitted with :data:`CPU_SECONDS_PER_LAYER_TOKEN` and
+:data:`MEMBER_SECONDS` to the measured times of the 58 members of the two CPU-preset studies
+(docs/studies.md, "What a study costs")."""
 
-MEMBER_SECONDS = 3.0
+CPU_SECONDS_PER_LAYER_TOKEN = 6.7e-6
+"""Seconds per token per layer that the FLOP count leaves out (attention scores, LayerNorm,
+GELU, optimizer and each operation's dispatch): at the CPU preset's widths (32-144) this
+time grows with depth at a fixed parameter count, so a deep narrow member takes about three
+times a shallow wide one of the same FLOPs. Fitted with :data:`CPU_FLOPS_PER_SECOND`."""
+
+MEMBER_SECONDS = 5.0
 """A member's time besides its training steps on the 2-core machine (reading the corpus,
-building the model, the final evaluation), measured: added per member to the estimate."""
+building the model, the final evaluation), fitted with :data:`CPU_FLOPS_PER_SECOND`."""
 
 GPU_FLOPS_PER_SECOND = 2.0e14
 """The sustained training throughput assumed for ``--scale paper`` on one GPU: 200 TFLOP/s,
 about 20% of an H100's dense bf16 peak (an assumption, not a measurement)."""
+
+
+CPU_LIMIT_HOURS = 24.0
+"""The longest estimated CPU time (:func:`cpu_seconds`) a GPU-sized study (``--scale paper``)
+may start on a CPU with the local executor: above it the study is refused before any work
+(:func:`check_cpu_time`); smaller flags that bring it under are the way to run such shapes
+here."""
 
 
 @dataclass
@@ -78,9 +95,13 @@ class Study:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def check_study_folder(out: Path, kind: str, config: dict[str, Any]) -> None:
+def check_study_folder(
+    out: Path, kind: str, config: dict[str, Any], corpus: dict[str, Any] | None = None
+) -> None:
     """Write ``OUT/study.json`` or check the one there: another study or another config in
-    the same folder is refused (a :class:`ConfigError` naming the settings that differ)."""
+    the same folder is refused (a :class:`ConfigError` naming the settings that differ), and
+    so is other pretraining data (``corpus``: :meth:`~probekit.studies.data.StudyData.record`,
+    its fingerprint against the one saved; a study saved without one is not checked)."""
     path = out / STUDY_FILE
     wanted = json.loads(json.dumps({"study": kind, "config": config}))
     if path.is_file():
@@ -90,15 +111,30 @@ def check_study_folder(out: Path, kind: str, config: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{path} is unreadable ({err})", fix="remove it, or use another --out"
             ) from err
-        if saved != wanted:
+        if {k: saved.get(k) for k in wanted} != wanted:
             raise ConfigError(
                 f"{out} holds a {saved.get('study', '?')} study with other settings "
                 f"({_differences(saved, wanted)})",
                 fix="use another --out, or the settings it was started with",
             )
+        _check_same_corpus(out, saved.get("corpus"), corpus)
         return
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(wanted, indent=1))
+    record = {**wanted, "corpus": corpus} if corpus else wanted
+    atomic_write_text(path, json.dumps(record, indent=1))
+
+
+def _check_same_corpus(out: Path, saved: Any, corpus: dict[str, Any] | None) -> None:
+    """Refuse a resumed study whose pretraining text is not the saved fingerprint's."""
+    if not isinstance(saved, dict) or corpus is None:
+        return
+    if saved.get("fingerprint") != corpus["fingerprint"]:
+        raise ConfigError(
+            f"{out} holds a study pretrained on other data: {saved.get('source')} "
+            f"(fingerprint {saved.get('fingerprint')}) there, {corpus['source']} (fingerprint "
+            f"{corpus['fingerprint']}) now",
+            fix="resume it on the data it was started with, or use another --out",
+        )
 
 
 def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
@@ -153,8 +189,28 @@ def run_member(task: MemberTask) -> dict[str, Any]:
     return row
 
 
-def plan_cost(plan: pd.DataFrame, device: str = "cpu", rate: float | None = None) -> str:
-    """The planned members' FLOPs and a time estimate, in words."""
+def cpu_seconds(plan: pd.DataFrame) -> pd.Series:
+    """Each planned member's estimated seconds on the 2-core CPU: :data:`MEMBER_SECONDS` +
+    FLOPs / :data:`CPU_FLOPS_PER_SECOND` + :data:`CPU_SECONDS_PER_LAYER_TOKEN` x depth x
+    tokens trained on (``flops / (6 n_params)``). ``plan`` needs ``flops``, ``depth`` and
+    ``n_params`` (without them, the FLOPs alone).
+
+    Example:
+        >>> plan = pd.DataFrame({"flops": [6e12], "depth": [2], "n_params": [1_000_000]})
+        >>> round(float(cpu_seconds(plan).iloc[0]), 1)  # 5 + 6e12 / 7e10 + 6.7e-6 * 2 * 1e6
+        104.1
+    """
+    seconds = MEMBER_SECONDS + plan["flops"].astype(float) / CPU_FLOPS_PER_SECOND
+    if {"depth", "n_params"} <= set(plan.columns):
+        tokens = plan["flops"].astype(float) / (6.0 * plan["n_params"].astype(float))
+        seconds = seconds + CPU_SECONDS_PER_LAYER_TOKEN * plan["depth"] * tokens
+    return seconds
+
+
+def plan_cost(plan: pd.DataFrame, device: str = "cpu", speed: float | None = None) -> str:
+    """The planned members' FLOPs and a time estimate, in words: on a GPU at
+    :data:`GPU_FLOPS_PER_SECOND`; on the CPU by :func:`cpu_seconds`, times ``speed`` (the
+    measured time of the finished members over their estimate, when some have finished)."""
     flops = float(plan["flops"].sum())
     head = f"{len(plan)} members, {flops:.2e} training FLOPs"
     if device == "gpu":
@@ -163,13 +219,46 @@ def plan_cost(plan: pd.DataFrame, device: str = "cpu", rate: float | None = None
             f"{head}: about {hours:,.0f} GPU-hours at {GPU_FLOPS_PER_SECOND:.0e} FLOP/s per GPU "
             "(assumed: about 20% of an H100's dense bf16 peak)"
         )
-    if rate is None:
-        seconds = flops / CPU_FLOPS_PER_SECOND + MEMBER_SECONDS * len(plan)
+    seconds = float(cpu_seconds(plan).sum())
+    if speed is None:
         return (
-            f"{head}: about {_duration(seconds)} on this CPU at {CPU_FLOPS_PER_SECOND:.1e} "
-            f"FLOP/s and {MEMBER_SECONDS:g} s per member (measured on a 2-core machine)"
+            f"{head}: about {_duration(seconds)} on a 2-core CPU ({CPU_FLOPS_PER_SECOND:.0e} "
+            f"FLOP/s, {CPU_SECONDS_PER_LAYER_TOKEN * 1e6:g} µs per token per layer and "
+            f"{MEMBER_SECONDS:g} s per member, fitted to measured members)"
         )
-    return f"{head}: about {_duration(flops / rate)} at {rate:.1e} FLOP/s (measured here)"
+    return (
+        f"{head}: about {_duration(seconds * speed)} (the estimate for a 2-core CPU times "
+        f"{speed:.2f}, the finished members' measured time over theirs)"
+    )
+
+
+def uses_cpu(device: str) -> bool:
+    """Whether members trained locally on ``device`` run on the CPU ("auto": no CUDA here)."""
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return device.startswith("cpu")
+
+
+def check_cpu_time(plan: pd.DataFrame, scale: str | None, device: str, executor: str) -> None:
+    """Refuse a GPU-sized study (``scale="paper"``) that would train here on the CPU for more
+    than :data:`CPU_LIMIT_HOURS` by the dry run's estimate: one :class:`ConfigError` naming
+    the estimate and the ways out, before any work. Ray members may run on a cluster's GPUs:
+    not refused."""
+    if scale != "paper" or executor != "local" or not uses_cpu(device):
+        return
+    seconds = float(cpu_seconds(plan).sum())
+    if seconds <= CPU_LIMIT_HOURS * 3600:
+        return
+    raise ConfigError(
+        f"the paper-scale study would train {len(plan)} members on this CPU for about "
+        f"{_duration(seconds)} by the dry run's estimate ({float(plan['flops'].sum()):.2e} "
+        f"FLOPs; the limit is {CPU_LIMIT_HOURS:g} h)",
+        fix="run it on a GPU (--device cuda) or a cluster (--executor ray --ray-address ...), "
+        "see its plan with --dry-run, or shrink it (--budgets, --depths, --seeds, --steps) "
+        "or use --scale cpu",
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -177,7 +266,11 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 3 * 365 * 86400:
+        return f"{seconds / 86400:,.0f} days"
+    return f"{seconds / (365 * 86400):,.0f} years"
 
 
 def run_members(
@@ -205,7 +298,7 @@ def run_members(
             todo.append(i)
         else:
             rows[name] = row
-    clock = _Clock(plan, rows, progress)
+    clock = StudyClock(plan, rows, progress)
     clock.before([plan["name"].iloc[i] for i in todo])
     tasks = [
         MemberTask(train, out / "members" / plan["name"].iloc[i], dict(jobs[i]), _planned(plan, i))
@@ -245,43 +338,44 @@ def _planned(plan: pd.DataFrame, i: int) -> dict[str, Any]:
     return json.loads(plan.iloc[i].to_json())
 
 
-class _Clock:
-    """The time estimates: before training (planned FLOPs at the finished members' rate, else
-    the CPU rate) and after each member (the FLOPs left at the rate measured so far)."""
+class StudyClock:
+    """The time estimates: before training (:func:`cpu_seconds` of the planned members, scaled
+    by the finished members' measured time over their estimate) and after each member (the
+    members left, scaled by the same ratio measured so far)."""
 
     def __init__(self, plan: pd.DataFrame, rows: dict[str, dict[str, Any]], say: bool) -> None:
-        self.flops = dict(zip(plan["name"], plan["flops"], strict=True))
-        self.done_flops = sum(float(r.get("flops", 0.0)) for r in rows.values())
+        self.plan = plan.set_index("name", drop=False)
+        self.estimate = dict(zip(plan["name"], cpu_seconds(plan), strict=True))
+        self.done_estimate = sum(float(self.estimate[n]) for n in rows)
         self.done_seconds = sum(float(r.get("seconds", 0.0)) for r in rows.values())
-        self.left = 0.0
+        self.left: list[str] = []
         self.say = say
-        self.started = time.perf_counter()
 
-    def rate(self) -> float | None:
-        if self.done_seconds > 0 and self.done_flops > 0:
-            return self.done_flops / self.done_seconds
+    def speed(self) -> float | None:
+        """The finished members' measured seconds over their estimate, or None."""
+        if self.done_seconds > 0 and self.done_estimate > 0:
+            return self.done_seconds / self.done_estimate
         return None
 
     def before(self, names: Sequence[str]) -> None:
-        self.left = sum(float(self.flops[n]) for n in names)
+        self.left = list(names)
         if not self.say:
             return
-        finished = len(self.flops) - len(names)
+        finished = len(self.estimate) - len(names)
         if not names:
             log(f"all {finished} members are finished: nothing to train")
             return
-        plan = pd.DataFrame({"flops": [self.flops[n] for n in names]})
         again = f" ({finished} finished before, not trained again)" if finished else ""
-        log("to train: " + plan_cost(plan, rate=self.rate()) + again)
+        log("to train: " + plan_cost(self.plan.loc[list(names)], speed=self.speed()) + again)
 
     def after(self, name: str, row: dict[str, Any]) -> None:
-        planned = float(self.flops[name])
-        self.left -= planned
-        self.done_flops += planned
+        self.left = [n for n in self.left if n != name]
+        self.done_estimate += float(self.estimate[name])
         self.done_seconds += float(row.get("seconds", 0.0))
-        rate = self.rate()
-        if self.say and rate:
-            left = _duration(self.left / rate) if self.left > 0 else "nothing"
+        speed = self.speed()
+        if self.say and speed:
+            seconds = sum(float(self.estimate[n]) for n in self.left) * speed
+            left = _duration(seconds) if self.left else "nothing"
             log(f"member {name} finished in {float(row.get('seconds', 0)):.0f} s; {left} left")
 
 
@@ -326,23 +420,42 @@ def carry_out(
     columns: Sequence[str],
     dry_run_columns: Sequence[str],
     build: str,
+    scale: str | None,
     plan_device: str,
     device: str,
     executor: str,
     ray_address: str | None,
     progress: bool,
     dry_run: bool,
+    data: StudyData | None = None,
+    seq_len: int = 0,
 ) -> S:
     """A planned study's course: with ``dry_run``, print the plan and its cost (on
-    ``plan_device``'s rate) and return; else check the executor and the study folder before
-    any work, run the members (``train`` each), raise the failures as one error, and write the
-    result (``build``: :func:`write_results`)."""
+    ``plan_device``'s rate, and this CPU's for a GPU-sized plan here) and return; else check
+    the CPU time (:func:`check_cpu_time`), the executor, the pretraining ``data`` (read and
+    checked for the plan's most ``tokens`` and ``seq_len``; None: the members are not
+    pretrained) and the study folder before any work, run the members (``train`` each),
+    raise the failures as one error, and write the result (``build``: :func:`write_results`)."""
     if dry_run:
+        if data is not None:
+            data.check()
         if progress:
-            print_plan(study.plan, dry_run_columns, plan_cost(study.plan, device=plan_device))
+            cost = plan_cost(study.plan, device=plan_device)
+            if plan_device == "gpu" and executor == "local" and uses_cpu(device):
+                cost += "\non this CPU (no GPU here): " + plan_cost(study.plan).split(": ", 1)[1]
+            if data is not None:
+                cost = f"pretrained on {data.describe()}\n{cost}"
+                cost += _data_note(data, int(study.plan["tokens"].max()), seq_len)
+            print_plan(study.plan, dry_run_columns, cost)
         return study
-    check_executor(executor, study.out if executor == "ray" else None)  # before any work
-    check_study_folder(study.out, kind, study.meta)
+    check_cpu_time(study.plan, scale, device, executor)  # before any work
+    check_executor(executor, study.out if executor == "ray" else None)
+    if data is None:
+        check_study_folder(study.out, kind, study.meta)
+    else:
+        corpus = data.read(int(study.plan["tokens"].max()), seq_len)
+        check_study_folder(study.out, kind, study.meta, data.record(corpus))
+        data.write(corpus, study.out)
     study.members, study.failed = run_members(
         study.out,
         study.plan,
@@ -356,6 +469,19 @@ def carry_out(
     )
     raise_failures(study.failed, study.out)
     return write_results(study, build)
+
+
+def _data_note(data: StudyData, tokens: int, seq_len: int) -> str:
+    """For a dry run on a folder of files (the standard library by default, quick to read):
+    the line saying that a real run would refuse it (too little text for the plan), or
+    nothing. A text file or data set is not read by a dry run."""
+    if data.prepared:
+        return ""
+    try:
+        data.read(tokens, seq_len)
+    except ProbekitError as err:
+        return f"\nnote: a real run would be refused: {err}"
+    return ""
 
 
 def write_results(study: S, build: str) -> S:
@@ -419,6 +545,8 @@ def print_plan(plan: pd.DataFrame, columns: Sequence[str], cost: str) -> None:
 
 __all__ = [
     "CPU_FLOPS_PER_SECOND",
+    "CPU_LIMIT_HOURS",
+    "CPU_SECONDS_PER_LAYER_TOKEN",
     "GPU_FLOPS_PER_SECOND",
     "MEMBERS_CSV",
     "MEMBER_FILE",
@@ -427,7 +555,9 @@ __all__ = [
     "MemberTask",
     "Study",
     "carry_out",
+    "check_cpu_time",
     "check_study_folder",
+    "cpu_seconds",
     "finished_row",
     "member_steps",
     "plan_cost",
@@ -437,5 +567,6 @@ __all__ = [
     "resumable",
     "run_member",
     "run_members",
+    "uses_cpu",
     "write_results",
 ]

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +29,8 @@ from probekit.errors import ConfigError
 from probekit.lm import training as _training
 from probekit.lm.config import LMConfig
 from probekit.lm.corpus import VOCAB_SIZE
+from probekit.sources import DatasetChoice
+from probekit.studies.data import StudyData
 from probekit.studies.runner import Study, carry_out, member_steps, preset_of, resumable
 from probekit.training.families import gpt2_parameter_count
 
@@ -115,6 +118,8 @@ def width_transition(
     scale: str | None = None,
     steps: int | None = None,
     corpus: str | None = None,
+    text: str | os.PathLike | None = None,
+    dataset: str | DatasetChoice | None = None,
     executor: str = "local",
     ray_address: str | None = None,
     device: str | None = None,
@@ -122,7 +127,9 @@ def width_transition(
     dry_run: bool = False,
 ) -> TransitionStudy:
     """Levine et al.'s grid in the folder ``out``: every depth x width x seed pretrained on
-    the byte corpus (``corpus``: a folder of ``.py`` files, default the standard library).
+    the byte corpus (one of ``corpus``: a folder of ``.py`` files, ``text``: a text file,
+    ``dataset``: a data set's name or file or a :class:`~probekit.sources.DatasetChoice`;
+    default the standard library: see :mod:`probekit.studies.data`).
 
     ``scale``: ``"cpu"``, ``"paper"`` (never trained here: its ``dry_run`` prints the cost)
     or None; the other arguments override the scale's settings. Fewer than 3 depths and
@@ -145,10 +152,12 @@ def width_transition(
         "tokens_per_parameter": preset.get("tokens_per_parameter"),
         "corpus": corpus,
     }
+    data = StudyData.of(corpus, text, dataset, preset["lm_extra"].get("corpus_max_files"))
+    config |= data.config()
     if not config["seeds"] or any(not isinstance(s, int) or s < 0 for s in config["seeds"]):
         raise ConfigError(f"seeds {config['seeds']} must be integers >= 0", fix="e.g. 0,1")
     device = device or ("cpu" if preset["device"] == "cpu" else "auto")
-    plan, jobs = _plan(config, device)
+    plan, jobs = _plan(config, device, data.corpus_root(Path(out)))
     study = TransitionStudy(Path(out), plan, pd.DataFrame(columns=COLUMNS), config)
     return carry_out(
         study,
@@ -158,22 +167,28 @@ def width_transition(
         columns=COLUMNS,
         dry_run_columns=DRY_RUN_COLUMNS,
         build="transition_result",
+        scale=scale,
         plan_device=preset["device"],
         device=device,
         executor=executor,
         ray_address=ray_address,
         progress=progress,
         dry_run=dry_run,
+        data=data,
+        seq_len=lm["seq_len"],
     )
 
 
-def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
-    """One planned row and one job per member; the runs' settings are checked here."""
+def _plan(
+    config: dict[str, Any], device: str, corpus_root: str | None
+) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """One planned row and one job per member (``corpus_root``: what the members pretrain
+    on); the runs' settings are checked here."""
     rows, jobs = [], []
     for depth in config["depths"]:
         for width in config["widths"]:
             for seed in config["seeds"]:
-                cfg = _lm_config(config, depth, width, seed)
+                cfg = _lm_config(config, depth, width, seed, corpus_root)
                 n = gpt2_parameter_count(
                     depth, width, 4 * width, VOCAB_SIZE, cfg.seq_len, tie_embeddings=True
                 )
@@ -195,7 +210,9 @@ def _plan(config: dict[str, Any], device: str) -> tuple[pd.DataFrame, list[dict[
     return pd.DataFrame(rows), jobs
 
 
-def _lm_config(config: dict[str, Any], depth: int, width: int, seed: int) -> LMConfig:
+def _lm_config(
+    config: dict[str, Any], depth: int, width: int, seed: int, corpus_root: str | None
+) -> LMConfig:
     """One member's LM run settings (checked: a ConfigError here)."""
     lm = dict(config["lm"])
     n = gpt2_parameter_count(depth, width, 4 * width, VOCAB_SIZE, lm["seq_len"], True)
@@ -208,7 +225,7 @@ def _lm_config(config: dict[str, Any], depth: int, width: int, seed: int) -> LMC
         n_heads=heads_of(width, config["head_dim"]),
         seed=seed,
         steps=int(steps),
-        corpus_root=config["corpus"],
+        corpus_root=corpus_root,
         **lm,
         **config["lm_extra"],
     )

@@ -23,6 +23,7 @@ import torch
 from probekit.errors import CheckpointError, InputError, NumericalError, UnsupportedModelError
 from probekit.io import read_json
 from probekit.model import Model
+from probekit.model.storage import plain_name, stored_tensor
 from probekit.numerics import all_finite, available_memory, tolerance, within_tolerance
 
 FORMAT = "probekit.tuned_lens"
@@ -64,8 +65,8 @@ def _parameters(model: Model) -> dict[str, torch.Tensor]:
     ``unembedding``."""
     hf = model.hf_model
     head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
-    special = {} if head is None else {id(head.weight): "unembedding"}
-    embedding = hf.get_input_embeddings().weight
+    special = {} if head is None else {id(stored_tensor(head)): "unembedding"}
+    embedding = stored_tensor(hf.get_input_embeddings())  # as stored (load(storage=...))
     if not isinstance(embedding, torch.Tensor):
         raise UnsupportedModelError(
             f"the input embedding of {type(hf).__name__} has no weight tensor",
@@ -74,7 +75,7 @@ def _parameters(model: Model) -> dict[str, torch.Tensor]:
     special[id(embedding)] = "embedding"  # wins when tied
     out = {"embedding": embedding}
     for name, weight in hf.named_parameters():
-        out[special.get(id(weight), name.replace("._original_component", ""))] = weight
+        out[special.get(id(weight), plain_name(name).replace("._original_component", ""))] = weight
     return out
 
 

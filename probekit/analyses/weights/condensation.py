@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probekit import figures
-from probekit.analyses.across_checkpoints import TimelineResult, timeline
+from probekit.analyses.across_checkpoints import TimelineResult, run_checkpoints, timeline
 from probekit.analyses.common import cosine_matrix
 from probekit.analyses.weights.spectra import stable_rank
 from probekit.errors import InputError
@@ -338,7 +339,7 @@ class CondensationTimelineResult(TimelineResult):
 
 
 def condensation_timeline(
-    checkpoints: Sequence[Any],
+    checkpoints: Sequence[Any] | str | os.PathLike,
     steps: Sequence[float] | None = None,
     *,
     threshold: float = 0.7,
@@ -348,7 +349,9 @@ def condensation_timeline(
     """Condensation score, groups and stable ranks of each checkpoint of one run.
 
     Args:
-        checkpoints: model sources in training order (directories, HF models, handles).
+        checkpoints: model sources in training order (directories, HF models, handles), or
+            a run folder that kept checkpoints over training (steps read from their folders,
+            :func:`~probekit.analyses.across_checkpoints.run_checkpoints`).
         steps: the step of each checkpoint (default 0, 1, 2, ...).
         threshold: grouping threshold of :func:`condensation`.
         onset_score: mean condensation score that marks the onset of condensation.
@@ -361,6 +364,10 @@ def condensation_timeline(
         >>> res.summary["n_checkpoints"], res.summary["onset_step"]
         (2, None)
     """
+    if isinstance(checkpoints, str | os.PathLike):  # a run folder: the checkpoints it kept
+        kept = run_checkpoints(checkpoints)
+        checkpoints = [path for _, _, path in kept]
+        steps = [step for _, step, _ in kept] if steps is None else steps
     checkpoints = list(checkpoints)
     if not checkpoints:
         raise InputError("no checkpoints given", fix="pass a list of checkpoint directories")
