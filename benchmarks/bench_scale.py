@@ -11,8 +11,9 @@ time, shard by shard (``safetensors.torch.save_file`` per shard), so building th
 never holds more than one shard.
 
 Then it runs ``probekit diagnose`` on it in a fresh process (``--random-tokens --n-sequences
-4 --seq-len 128``, ``--n-sequences 1`` for 8B; ``--dtype float32 --threads 2 --device cpu
---no-images`` unless told otherwise) and prints:
+4 --seq-len 128``, ``--n-sequences 1`` for 8B; ``--dtype float32 --storage auto --threads 2
+--device cpu --no-images`` unless told otherwise: float32 numbers, the weights kept in their
+stored bf16 where a float32 copy would not fit) and prints:
 
 - ``uptime`` before and after (the machine may be shared) and the float32 matmul rate on the
   model's own block products (``[tokens, d] x`` each weight of a block, the threads used; the
@@ -32,6 +33,7 @@ Usage (from the repository root)::
     python benchmarks/bench_scale.py --shape qwen2.5-0.5b
     python benchmarks/bench_scale.py --shape llama-3.1-8b --out /data/ckpt --keep
     python benchmarks/bench_scale.py --shape llama-3.2-1b --dtype bfloat16
+    python benchmarks/bench_scale.py --shape llama-3.2-1b --storage stored
     python benchmarks/bench_scale.py --shape llama-3.2-3b --build-only --out /data/ckpt3b
 
 ``--shape tiny-llama`` (2 layers, 2 shards) runs the whole path in seconds (the test's).
@@ -378,7 +380,8 @@ def run_diagnosis(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     argv = [
         sys.executable, "-m", "probekit", "diagnose", str(folder), "--out", str(report),
         "--force", "--random-tokens", "--n-sequences", str(args.n_sequences),
-        "--seq-len", str(args.seq_len), "--dtype", args.dtype, "--threads", str(args.threads),
+        "--seq-len", str(args.seq_len), "--dtype", args.dtype, "--storage", args.storage,
+        "--threads", str(args.threads),
         "--device", "cpu", "--no-images", *shlex.split(args.diagnose_args),
     ]  # fmt: skip
     print(f"running: {shlex.join(argv[1:])}", flush=True)
@@ -420,9 +423,9 @@ def report(shape: str, args: argparse.Namespace, run: dict[str, Any], rate: floa
     from probekit.cli.common import weight_dtypes
     from probekit.model import estimate as est
 
-    shapes, stored, _ = est.read_shapes(args.folder)
+    shapes, stored, config = est.read_shapes(args.folder)
     work = est.workload(shapes, args.n_sequences, args.seq_len)
-    storage, compute = weight_dtypes(stored, args.dtype)
+    storage, compute = weight_dtypes(stored, args.dtype, args.storage, config, args.free)
     weights = est.weight_bytes(shapes, storage, compute) / 2**30
     phases = phase_seconds(run["stderr"])
     lines = [f"{'analysis':18s} {'seconds':>8s} {'block passes':>12s} {'heads':>6s} "
@@ -492,6 +495,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the checkpoint and the report")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", help="the diagnosis's --dtype (default float32)")
+    p.add_argument(
+        "--storage",
+        choices=["auto", "stored", "dtype"],
+        default="auto",
+        help="the diagnosis's --storage (default auto: the weights kept as stored when their "
+        "--dtype copy would not fit)",
+    )
     p.add_argument("--diagnose-args", default="", help="more flags for probekit diagnose")
     p.add_argument("--build-only", action="store_true", help="build the checkpoint, no diagnosis")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
@@ -528,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         rate = matmul_rate(shapes, work.batch * args.seq_len, args.threads, seconds)
         print(f"float32 matmul rate on the block's products at {work.batch * args.seq_len} "
               f"rows, {args.threads} thread(s): {rate:.1f} GFLOP/s", flush=True)  # fmt: skip
+        from probekit.numerics import available_memory
+
+        args.free = available_memory("cpu")  # what the diagnosis's --storage auto sees
         run = run_diagnosis(args.folder, args)
         said, _, _ = estimate_line(run["stderr"])
         print(said or "no estimate printed")
