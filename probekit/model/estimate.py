@@ -341,6 +341,9 @@ MEASURES_PER_HEAD = 0.5
 vocabulary) as a share of the head's product: about a half at Qwen2.5-0.5B's shape (151,936
 x 896 at 128 tokens, CPU seconds, two threads)."""
 
+NO_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+"""The special tokens of the one-layer copy timed (its vocabulary is 8: none of the model's)."""
+
 HEAD_SLICE = 16384
 """Vocabulary rows the head timing multiplies by (its time scaled to the whole vocabulary),
 so that timing a 128k-vocabulary head does not allocate its whole float32 matrix."""
@@ -366,7 +369,7 @@ def time_block_and_head(
 
     dtype = getattr(torch, compute)
     one = transformers.AutoConfig.for_model(
-        **{**config, "num_hidden_layers": 1, "n_layer": 1, "vocab_size": 8}
+        **{**config, "num_hidden_layers": 1, "n_layer": 1, "vocab_size": 8, **NO_TOKENS}
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
