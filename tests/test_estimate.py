@@ -262,3 +262,14 @@ def test_the_weights_are_kept_as_the_load_keeps_them():
     assert weight_dtypes("bfloat16", "float32", "auto", config, 20 * 2**30)[0] == "bfloat16"
     assert weight_dtypes("bfloat16", "float32", "auto", config, 64 * 2**30)[0] == "float32"
     assert weight_dtypes("bfloat16", "float32", "auto", config, 10 * 2**30)[0] == "float32"
+
+
+@pytest.mark.parametrize("storage", [None, "bfloat16"])
+def test_one_block_and_one_head_are_timed_as_the_weights_are_kept(storage):
+    config = toy_hf_model("llama").config.to_dict()
+    timing = est.time_block_and_head(config, 2, 8, "float32", repeats=1, storage=storage)
+    assert timing.block > 0 and timing.head > 0
+    work = est.workload(est.Shapes.from_config(config), 2, 8)
+    seconds = timing.seconds(work, work.plan["contributions"])
+    passes = work.plan["contributions"]
+    assert seconds == pytest.approx(passes.block_passes * timing.block + passes.heads * timing.head)

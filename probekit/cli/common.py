@@ -528,11 +528,13 @@ def estimate_diagnosis(
     ]
     seconds = None
     if timed or (timed is None and flops >= TIMED_FLOPS):
-        key = (shapes, work.batch, seq_len, compute, where)
+        key = (shapes, work.batch, seq_len, storage, compute, where)
         cache = {} if timings is None else timings
         try:
             if key not in cache:
-                cache[key] = est.time_block_and_head(config, work.batch, seq_len, compute, where)
+                cache[key] = est.time_block_and_head(
+                    config, work.batch, seq_len, compute, where, storage=storage
+                )
         except Exception as err:  # noqa: BLE001 - a config transformers cannot build alone
             lines.append(f"timing here: not available ({type(err).__name__}: {err})"[:300])
         else:

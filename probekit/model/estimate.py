@@ -356,32 +356,39 @@ def time_block_and_head(
     compute: str = "float32",
     device: str = "cpu",
     repeats: int = 3,
+    storage: str | None = None,
 ) -> Timing:
     """:class:`Timing` of the model ``config`` describes: one block of its real shape with
     random weights (a one-layer copy of the model, built from the config) run on
     ``sequences`` x ``seq_len`` random residuals, and one unembedding product (a
     :data:`HEAD_SLICE`-row slice of the vocabulary, scaled to the whole), medians of
     ``repeats`` after a warm-up, in inference mode on ``device`` (on a CPU: the threads torch
-    uses now). A head's output measures add :data:`MEASURES_PER_HEAD` of its product's
-    time."""
+    uses now). Weights kept in a ``storage`` dtype apart from ``compute`` are copied to it on
+    each read, as :func:`probekit.model.storage.compute_in` makes them. A head's output
+    measures add :data:`MEASURES_PER_HEAD` of its product's time."""
     import torch
     import transformers
 
+    from probekit.model.storage import compute_in
+
     dtype = getattr(torch, compute)
+    kept = getattr(torch, storage or compute)
     one = transformers.AutoConfig.for_model(
         **{**config, "num_hidden_layers": 1, "n_layer": 1, "vocab_size": 8, **NO_TOKENS}
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        hf = transformers.AutoModel.from_config(one, dtype=dtype).eval().to(device)
+        hf = transformers.AutoModel.from_config(one, dtype=kept).eval().to(device)
         shapes = Shapes.from_config(config)
         x = torch.randn(sequences, seq_len, shapes.d_model, dtype=dtype, device=device)
         rows = min(HEAD_SLICE, max(shapes.vocab, 1))
-        unembed = torch.randn(rows, shapes.d_model, dtype=dtype, device=device)
+        unembed = torch.randn(rows, shapes.d_model, dtype=kept, device=device)
+    if kept != dtype:
+        compute_in(hf, hf, dtype)
     flat = x.reshape(-1, shapes.d_model)
     with torch.inference_mode():
         block = _median_seconds(lambda: hf(inputs_embeds=x, use_cache=False), repeats, device)
-        head = _median_seconds(lambda: torch.mm(flat, unembed.T), repeats, device)
+        head = _median_seconds(lambda: torch.mm(flat, unembed.to(dtype).T), repeats, device)
     whole = head * max(shapes.vocab, 1) / rows
     return Timing(block=block, head=(1 + MEASURES_PER_HEAD) * whole)
 
