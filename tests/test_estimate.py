@@ -273,3 +273,25 @@ def test_one_block_and_one_head_are_timed_as_the_weights_are_kept(storage):
     seconds = timing.seconds(work, work.plan["contributions"])
     passes = work.plan["contributions"]
     assert seconds == pytest.approx(passes.block_passes * timing.block + passes.heads * timing.head)
+
+
+def test_compare_estimates_each_checkpoint_and_loads_none(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    import probekit.compare
+    from probekit.cli import main
+
+    other = tmp_path / "other"
+    shutil.copytree(checkpoint, other)
+    monkeypatch.setattr(probekit.compare, "compare_checkpoints", _refused)
+    argv = ["compare", str(checkpoint), str(other), "--out", str(tmp_path / "c"), "--estimate"]
+    assert main([*argv, "--random-tokens", "--n-sequences", "2", "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "estimate: llama: plan:" in out and "estimate: other: plan:" in out
+    assert "2 of 2 checkpoints" in out and not (tmp_path / "c").exists()
+
+
+def _refused(*args, **kwargs):
+    raise AssertionError("a checkpoint was diagnosed")
