@@ -136,21 +136,24 @@ def test_weight_bytes_keep_the_stored_dtype_with_one_matrix_computed_apart():
     assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * 64 * 128
 
 
-def test_the_peak_counts_the_files_pages_and_the_block_gradients():
+def test_the_peak_counts_the_load_or_the_work_with_the_block_gradients():
     shapes = est.Shapes.from_config(toy_hf_model("llama").config.to_dict(), parameters=10**9)
     work = est.workload(shapes, 4, 16)
+    forward = est.activation_bytes(shapes, 4, 16, backward=False)
+    backward = est.activation_bytes(shapes, 4, 16, backward=True)
     gradients = shapes.n_layers * shapes.block_parameters * 4
-    backward = gradients + est.activation_bytes(shapes, 4, 16, backward=True)
-    assert est.peak_bytes(work, "bfloat16", "bfloat16", "bfloat16") == (
-        est.BASE_PROCESS_BYTES + 2 * 10**9 + 2 * 10**9 + backward - gradients // 2
-    )
-    converted = est.peak_bytes(work, "float32", "float32", "bfloat16")
-    assert converted == est.BASE_PROCESS_BYTES + 4 * 10**9 + 2 * 10**9 + backward
-    mapped = est.peak_bytes(work, "bfloat16", "float32", "bfloat16", mapped=True)
-    weights = est.weight_bytes(shapes, "bfloat16", "float32")  # gradients in bf16 too
-    assert mapped == est.BASE_PROCESS_BYTES + weights + backward - gradients // 2
+    base = est.BASE_PROCESS_BYTES
+    as_stored = est.peak_bytes(work, "bfloat16", "bfloat16", "bfloat16")
+    assert as_stored == base + 2 * 10**9 + forward + backward + gradients // 2
+    converted = est.peak_bytes(work, "float32", "float32", "bfloat16")  # the load's copy
+    assert converted == base + 4 * 10**9 + 2 * 10**9
+    kept = est.peak_bytes(work, "bfloat16", "float32", "bfloat16")  # gradients in bf16
+    weights = est.weight_bytes(shapes, "bfloat16", "float32")
+    assert kept == base + weights + forward + backward + gradients // 2
     headless = est.workload(shapes, 4, 16, vocabulary=False)  # no backward: no gradients
-    assert est.peak_bytes(headless, "float32", "float32", "bfloat16") < converted
+    assert est.peak_bytes(headless, "bfloat16", "bfloat16", "bfloat16") == (
+        base + 2 * 10**9 + est.activation_bytes(shapes, 4, 16, backward=False)
+    )
 
 
 @pytest.fixture(scope="module")

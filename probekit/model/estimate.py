@@ -44,9 +44,10 @@ from probekit.model.inputs import default_batch_size
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per value of the dtypes a checkpoint is stored or computed in."""
 
-BASE_PROCESS_BYTES = 600 * 2**20
-"""The resident memory of a ``probekit diagnose`` process before its weights: Python, torch,
-transformers and TransformerLens imported, the tokenizer and the analyses' code."""
+BASE_PROCESS_BYTES = 768 * 2**20
+"""The resident memory of a ``probekit diagnose`` process besides its weights and its work:
+Python, torch, transformers, TransformerLens and the report's libraries imported (about half
+a GiB), and what a loaded model holds beside its weights (about a quarter GiB, measured)."""
 
 GATED_ACTIVATIONS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu", "swish")
 """``hidden_act`` values of configs whose MLP is gated (three matrices: gate, up, down)."""
@@ -268,30 +269,29 @@ def workload(
     return Workload(shapes, n_sequences, seq_len, batch, grad, counts)
 
 
-def peak_bytes(
-    work: Workload, storage: str, compute: str, stored: str, mapped: bool = False
-) -> int:
+def peak_bytes(work: Workload, storage: str, compute: str, stored: str) -> int:
     """The peak resident memory of the diagnosis: the process itself
-    (:data:`BASE_PROCESS_BYTES`); the weights (:func:`weight_bytes`); the checkpoint files'
-    pages (``stored`` dtype), which stay resident after the load besides the weights made
-    from them, unless the weights kept are those pages (``mapped``); and the larger of a
-    batch's forward work and the gradients' backward (:func:`activation_bytes`) with every
-    block's parameter gradients (``gradient_norms`` reads them; in the dtype the weights are
-    kept in).
+    (:data:`BASE_PROCESS_BYTES`), the weights (:func:`weight_bytes`), and the larger of the
+    load's conversion (the checkpoint's ``stored`` weights read beside the weights made from
+    them, when the two dtypes differ) and the analyses' work: a batch's forward work
+    (:func:`activation_bytes`), which the allocator keeps once it has been used, and on top
+    of it the gradients' backward (its saved activations and every block's parameter
+    gradients, which ``gradient_norms`` reads, in the dtype the weights are kept in).
 
     Measured on Qwen2.5-0.5B's shape (bf16 files loaded in float32, 4 x 128 tokens): 5.55 GiB
-    at the peak, in the gradients, against 5.4 GiB from this sum."""
+    at the peak, in the gradients, against 5.07 GiB from this sum. After a load the process
+    holds its weights and about a quarter GiB besides, whatever their dtype and size
+    (measured at 4 and 12 layers of that shape, bf16 and float32), counted in the base."""
     shapes = work.shapes
     weights = weight_bytes(shapes, storage, compute)
-    files = 0 if mapped else shapes.parameters * DTYPE_BYTES[stored]
-    forward = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
-    backward = 0
+    loading = shapes.parameters * DTYPE_BYTES[stored] if stored != storage else 0
+    analyses = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
     if work.total.backwards:
         gradients = shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[storage]
-        backward = gradients + activation_bytes(
+        analyses += gradients + activation_bytes(
             shapes, work.gradient_batch, work.seq_len, backward=True
         )
-    return BASE_PROCESS_BYTES + weights + files + max(forward, backward)
+    return BASE_PROCESS_BYTES + weights + max(loading, analyses)
 
 
 @dataclass(frozen=True)
