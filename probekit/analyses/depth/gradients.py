@@ -13,7 +13,17 @@ inside the selected positions, over all batches together (token-weighted). Per l
 Only the blocks' parameters get gradients (the embedding, unembedding and final norm are frozen
 for the call: their gradients are not measured and at a real vocabulary they are the largest);
 the per-token cross-entropy is taken in float32 and summed in float64. The model's parameters
-keep their ``.grad`` and ``requires_grad`` as they were before the call. A backward that
+keep their ``.grad`` and ``requires_grad`` as they were before the call.
+
+The norms are those of the gradient of the whole loss, so with several batches each weight's
+gradient is summed over the batches first (in its ``.grad``, in the dtype the weight is kept
+in) and its norm taken once the last batch's backward has added its share. A hook on each
+weight (``register_post_accumulate_grad_hook``; under ``storage="stored"`` on the stored tensor,
+the one the backward accumulates into) takes that norm (float64) as soon as the weight's
+gradient is complete and frees the gradient at once: with one batch (an 8B model's default
+at 128 tokens) at most one weight's gradient is alive at any time, never every block's; with
+several, the sums of the earlier batches are held until the last backward frees them one by
+one (the norm of a sum cannot be taken from per-batch norms). A backward that
 overflows although the forward is finite (huge weights, float16) raises
 :class:`~probekit.errors.NumericalError` naming the first layer whose gradients are not finite,
 as a forward that overflows does (no NaN norm is returned).
@@ -101,6 +111,62 @@ def _own_gradients(model: Model) -> Iterator[None]:
             p.requires_grad_(requires_grad)
 
 
+class _WeightNorms:
+    """Each measured weight's gradient norm, taken by a hook the moment the backward of the
+    last batch has accumulated the weight's gradient, which the hook then frees (see the
+    module). The weights whose gradient holds NaN or infinite values after any backward are
+    kept by layer and name for :func:`check_gradients_finite`."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.last = False  # whether the backward running now is the last batch's
+        self.norms: dict[int, float] = {}  # id of a weight -> its gradient's L2 norm
+        self.not_finite: dict[int, set[str]] = {}  # layer -> names of its non-finite weights
+
+    def hook(self, layer: int, name: str) -> Any:
+        def fn(param: torch.Tensor) -> None:
+            grad = param.grad
+            if grad is None:
+                return
+            if not all_finite(grad):
+                self.not_finite.setdefault(layer, set()).add(name)
+            elif self.last:
+                self.norms[id(param)] = float(grad.double().norm())
+            if self.last:
+                param.grad = None  # its norm is taken: no later backward adds to it
+
+        return fn
+
+    @contextmanager
+    def attached(self) -> Iterator[None]:
+        """The hooks on every block's weights while the block runs, removed in ``finally``."""
+        handles = [
+            param.register_post_accumulate_grad_hook(self.hook(layer, name))
+            for layer in range(self.model.n_layers)
+            for name, param in self.model.blocks[layer].named_parameters()
+            if param.requires_grad
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def layer_rows(self, layer: int, resid_grad_norm: float) -> list[dict]:
+        """The three measures of one layer from its weights' gradient norms."""
+        # one norm per stored weight; views of a fused weight (q, k, v of c_attn) together
+        norms = [
+            math.sqrt(sum(self.norms[id(p)] ** 2 for p in group if id(p) in self.norms))
+            for group in self.model.layer_weights(layer)
+        ]
+        values = {
+            "mean_param_grad_norm": sum(norms) / len(norms),
+            "grad_norm": math.sqrt(sum(x * x for x in norms)),
+            "resid_grad_norm": resid_grad_norm,
+        }
+        return [{"layer": layer, "measure": m, "value": v} for m, v in values.items()]
+
+
 def _keep_inputs(model: Model, kept: dict[int, torch.Tensor]) -> list:
     """Forward hooks that keep each block's input residual with its gradient retained; the
     first block's input (after frozen embeddings) is made a leaf that requires grad."""
@@ -119,21 +185,6 @@ def _keep_inputs(model: Model, kept: dict[int, torch.Tensor]) -> list:
     return [(model.hook_name(i, "resid_in"), keep(i)) for i in range(model.n_layers)]
 
 
-def _layer_rows(model: Model, layer: int, resid_grad_norm: float) -> list[dict]:
-    """The three measures of one layer from the parameters' accumulated ``.grad``."""
-    # one norm per stored weight; views of a fused weight (q, k, v of c_attn) together
-    norms = [
-        math.sqrt(sum(float(p.grad.double().norm()) ** 2 for p in group if p.grad is not None))
-        for group in model.layer_weights(layer)
-    ]
-    values = {
-        "mean_param_grad_norm": sum(norms) / len(norms),
-        "grad_norm": math.sqrt(sum(x * x for x in norms)),
-        "resid_grad_norm": resid_grad_norm,
-    }
-    return [{"layer": layer, "measure": m, "value": v} for m, v in values.items()]
-
-
 def _input_gradient(layer: int, kept: torch.Tensor) -> torch.Tensor:
     """The gradient of the loss at the kept residual input of ``layer``."""
     if kept.grad is None:
@@ -144,14 +195,18 @@ def _input_gradient(layer: int, kept: torch.Tensor) -> torch.Tensor:
     return kept.grad.detach()
 
 
-def check_gradients_finite(model: Model, kept: dict[int, torch.Tensor]) -> None:
+def check_gradients_finite(
+    model: Model, kept: dict[int, torch.Tensor], weights: _WeightNorms
+) -> None:
     """Raise :class:`NumericalError` naming the first layer (from layer 0 up) whose weight
-    gradients or residual-input gradient hold NaN or infinite values."""
+    gradients (as the hooks of ``weights`` found them) or residual-input gradient hold NaN or
+    infinite values."""
     for layer in range(model.n_layers):
+        bad = weights.not_finite.get(layer, set())
         names = [
             name.replace("_original_component.", "")
-            for name, p in model.blocks[layer].named_parameters()
-            if p.grad is not None and not all_finite(p.grad)
+            for name, _ in model.blocks[layer].named_parameters()
+            if name in bad
         ]
         resid = kept.get(layer)
         if resid is not None and resid.grad is not None and not all_finite(resid.grad):
@@ -204,8 +259,11 @@ def gradient_norms(
     selected, masks, total = _loss_masks(batches, positions)
     acc = TokenMeans()
     loss_value = 0.0
-    with _own_gradients(model):
-        for batch, mask, chosen in counted(list(zip(batches, masks, selected, strict=True))):
+    weights = _WeightNorms(model)
+    with _own_gradients(model), weights.attached():
+        work = list(zip(batches, masks, selected, strict=True))
+        for index, (batch, mask, chosen) in enumerate(counted(work)):
+            weights.last = index == len(work) - 1
             kept: dict[int, torch.Tensor] = {}
             with torch.enable_grad(), model.hooks(_keep_inputs(model, kept)):
                 logits = model.forward(batch)
@@ -222,11 +280,11 @@ def gradient_norms(
                 loss = tokens.double()[mask].sum() / total
                 del logits, tokens
                 loss.backward()
-            check_gradients_finite(model, kept)
+            check_gradients_finite(model, kept, weights)
             for layer, tensor in kept.items():
                 acc.add(layer, _input_gradient(layer, tensor).double().norm(dim=-1), chosen)
             loss_value += float(loss.detach())
-        rows = [r for i in range(model.n_layers) for r in _layer_rows(model, i, acc.mean(i))]
+        rows = [r for i in range(model.n_layers) for r in weights.layer_rows(i, acc.mean(i))]
     df = pd.DataFrame(rows)
     per_layer = df[df.measure == "mean_param_grad_norm"].set_index("layer")["value"]
     late = per_layer.index.isin(second_half(model.n_layers))
