@@ -136,24 +136,48 @@ def test_weight_bytes_keep_the_stored_dtype_with_one_matrix_computed_apart():
     assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * 64 * 128
 
 
-def test_the_peak_counts_the_load_or_the_work_with_the_block_gradients():
+def test_the_peak_counts_the_load_or_the_work_with_one_weights_gradient():
     shapes = est.Shapes.from_config(toy_hf_model("llama").config.to_dict(), parameters=10**9)
     work = est.workload(shapes, 4, 16)
+    assert work.gradient_batches == 1
     forward = est.activation_bytes(shapes, 4, 16, backward=False)
     backward = est.activation_bytes(shapes, 4, 16, backward=True)
-    gradients = shapes.n_layers * shapes.block_parameters * 4
+    largest = shapes.largest_block_weight  # one batch: one weight's gradient at a time
     base = est.BASE_PROCESS_BYTES
     as_stored = est.peak_bytes(work, "bfloat16", "bfloat16", "bfloat16")
-    assert as_stored == base + 2 * 10**9 + forward + backward + gradients // 2
+    assert as_stored == base + 2 * 10**9 + forward + backward + 2 * largest
     converted = est.peak_bytes(work, "float32", "float32", "bfloat16")  # the load's copy
     assert converted == base + 4 * 10**9 + 2 * 10**9
-    kept = est.peak_bytes(work, "bfloat16", "float32", "bfloat16")  # gradients in bf16
+    kept = est.peak_bytes(work, "bfloat16", "float32", "bfloat16")  # float32, then its bf16
     weights = est.weight_bytes(shapes, "bfloat16", "float32")
-    assert kept == base + weights + forward + backward + gradients // 2
+    assert kept == base + weights + forward + backward + (4 + 2) * largest
     headless = est.workload(shapes, 4, 16, vocabulary=False)  # no backward: no gradients
     assert est.peak_bytes(headless, "bfloat16", "bfloat16", "bfloat16") == (
         base + 2 * 10**9 + est.activation_bytes(shapes, 4, 16, backward=False)
     )
+
+
+def test_several_gradient_batches_hold_every_blocks_gradients():
+    shapes = est.Shapes.from_config(toy_hf_model("llama").config.to_dict(), parameters=10**9)
+    work = est.workload(shapes, 4, 16, batch_size=1)
+    assert work.gradient_batches == 4
+    every = shapes.n_layers * shapes.block_parameters
+    assert est.gradient_bytes(work, "bfloat16", "float32") == 2 * every  # summed in bf16
+    assert est.gradient_bytes(work, "float32", "float32") == 4 * every
+    forward = est.activation_bytes(shapes, 1, 16, backward=False)
+    backward = est.activation_bytes(shapes, 1, 16, backward=True)
+    weights = est.weight_bytes(shapes, "bfloat16", "float32")
+    assert est.peak_bytes(work, "bfloat16", "float32", "bfloat16") == (
+        est.BASE_PROCESS_BYTES + weights + forward + backward + 2 * every
+    )
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_largest_block_weight_bounds_every_blocks_weights(arch):
+    hf = toy_hf_model(arch, n_layers=2)
+    shapes = est.Shapes.from_config(hf.config.to_dict())
+    block = max(p.numel() for n, p in hf.named_parameters() if ".0." in n and p.ndim == 2)
+    assert block == shapes.largest_block_weight  # the MLP's
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,12 @@ class Shapes:
         return self.n_kv_heads * (self.d_model // max(self.n_heads, 1))
 
     @property
+    def largest_block_weight(self) -> int:
+        """The values of a block's largest weight matrix: an MLP matrix, or the attention's
+        fused query-key-value one where that is larger (an upper bound for unfused ones)."""
+        return self.d_model * max(self.d_mlp, self.d_model + 2 * self.kv_dim)
+
+    @property
     def block_parameters(self) -> int:
         """The weights of one block (its matrices; norms and biases are negligible)."""
         attention = 2 * self.d_model * self.d_model + 2 * self.d_model * self.kv_dim
@@ -230,6 +236,11 @@ class Workload:
     plan: dict[str, Passes]
 
     @property
+    def gradient_batches(self) -> int:
+        """The batches ``gradient_norms`` splits the sequences into (one backward each)."""
+        return math.ceil(self.n_sequences / max(self.gradient_batch, 1))
+
+    @property
     def total(self) -> Passes:
         out = Passes()
         for passes in self.plan.values():
@@ -269,14 +280,28 @@ def workload(
     return Workload(shapes, n_sequences, seq_len, batch, grad, counts)
 
 
+def gradient_bytes(work: Workload, storage: str, compute: str) -> int:
+    """Bytes of the weight gradients ``gradient_norms`` holds at its peak
+    (:mod:`probekit.analyses.depth.gradients`: each weight's gradient is freed once its norm is
+    taken). With one batch: one weight's gradient at a time, the largest block weight's,
+    computed in ``compute`` and, for weights kept in another ``storage`` dtype, its copy in
+    that dtype beside it. With several batches every block's gradients are summed over them
+    (in ``storage``) until the last backward, so all of them."""
+    shapes = work.shapes
+    if work.gradient_batches > 1:
+        return shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[storage]
+    kept = DTYPE_BYTES[storage] if storage != compute else 0
+    return shapes.largest_block_weight * (DTYPE_BYTES[compute] + kept)
+
+
 def peak_bytes(work: Workload, storage: str, compute: str, stored: str) -> int:
     """The peak resident memory of the diagnosis: the process itself
     (:data:`BASE_PROCESS_BYTES`), the weights (:func:`weight_bytes`), and the larger of the
     load's conversion (the checkpoint's ``stored`` weights read beside the weights made from
     them, when the two dtypes differ) and the analyses' work: a batch's forward work
     (:func:`activation_bytes`), which the allocator keeps once it has been used, and on top
-    of it the gradients' backward (its saved activations and every block's parameter
-    gradients, which ``gradient_norms`` reads, in the dtype the weights are kept in).
+    of it the gradients' backward (its saved activations and the weight gradients
+    :func:`gradient_bytes` counts: one weight's with one batch, every block's with several).
 
     Measured on Qwen2.5-0.5B's shape (bf16 files loaded in float32, 4 x 128 tokens): 5.55 GiB
     at the peak, in the gradients, against 5.07 GiB from this sum. After a load the process
@@ -287,8 +312,7 @@ def peak_bytes(work: Workload, storage: str, compute: str, stored: str) -> int:
     loading = shapes.parameters * DTYPE_BYTES[stored] if stored != storage else 0
     analyses = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
     if work.total.backwards:
-        gradients = shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[storage]
-        analyses += gradients + activation_bytes(
+        analyses += gradient_bytes(work, storage, compute) + activation_bytes(
             shapes, work.gradient_batch, work.seq_len, backward=True
         )
     return BASE_PROCESS_BYTES + weights + max(loading, analyses)
@@ -403,6 +427,7 @@ __all__ = [
     "activation_bytes",
     "block_flops",
     "diagnosis_plan",
+    "gradient_bytes",
     "head_flops",
     "peak_bytes",
     "read_shapes",
