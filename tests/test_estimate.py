@@ -322,3 +322,31 @@ def test_compare_estimates_each_checkpoint_and_loads_none(
 
 def _refused(*args, **kwargs):
     raise AssertionError("a checkpoint was diagnosed")
+
+
+@pytest.mark.parametrize(
+    "arch, n_layers, batch_size, settings",
+    [("llama", 3, None, {}), ("gpt2", 2, 2, {"pairs": "all", "token_lens": True})],
+)
+def test_the_progress_lines_count_the_planned_block_passes(
+    monkeypatch, arch, n_layers, batch_size, settings
+):
+    """Each analysis's progress line counts the block passes the plan says, the clean trace's
+    once (``benchmarks/bench_scale.py`` reads these counts from the lines)."""
+    from contextlib import contextmanager
+
+    done: dict[str, int] = {}
+    shown = report.phase
+
+    @contextmanager
+    def keeping(name, **kwargs):
+        with shown(name, **kwargs) as line:
+            yield line
+        done[name] = line.done
+
+    monkeypatch.setattr(report, "phase", keeping)
+    model = toy_model(arch, n_layers=n_layers)
+    report.diagnose(model, toy_tokens(4, 8), n_bootstrap=2, batch_size=batch_size, **settings)
+    n_batches = 1 if batch_size is None else 4 // batch_size
+    plan = est.diagnosis_plan(n_layers, n_batches, **settings)
+    assert done == {name: passes.block_passes for name, passes in plan.items()}

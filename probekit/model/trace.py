@@ -226,8 +226,8 @@ def record_trace(
 ) -> Trace:
     """The clean forward of ``batch`` through ``runtime`` (with ``fwd_hooks``) that keeps only
     each block's input residual and its call arguments; its hook-free block runs go where
-    ``route`` says (the handle's ``trace``)."""
-    advance(runtime.n_layers)  # its block passes, on a command's live progress line
+    ``route`` says (the handle's ``trace``). Its L block passes are counted on a command's
+    live progress line by the forward it runs (:meth:`Runtime.forward`), once."""
     residuals: list[torch.Tensor | None] = [None] * (runtime.n_layers + 1)
     calls: list[tuple[tuple, dict] | None] = [None] * runtime.n_layers
     hf_calls: list[tuple[tuple, dict] | None] = [None] * runtime.n_layers
