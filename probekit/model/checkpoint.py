@@ -315,13 +315,22 @@ def _config_int(config: dict, *keys: str, default: int = 0) -> int:
 
 def estimate_parameters(config: dict) -> int:
     """An estimate of the parameter count a Hugging Face config describes, from its
-    sizes alone (no model is built): per layer 4 d² attention and 2-3 d·d_ff MLP weights,
-    the token embedding, and learned position embeddings where the config has them.
+    sizes alone (no model is built): per layer the query and output projections (d² each),
+    the key and value projections (d² each, or ``d x kv_heads x head_dim`` with grouped-query
+    attention), 2-3 d·d_ff MLP weights, the token embedding, a separate output head when the
+    config says the embeddings are untied (``tie_word_embeddings: false``), and learned
+    position embeddings where the config has them. Norms and biases are left out (a fraction
+    of a percent).
 
     Example:
         >>> estimate_parameters({"n_layer": 12, "n_embd": 768, "vocab_size": 50257,
         ...                      "n_positions": 1024}) // 10**6
         124
+        >>> llama_8b = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+        ...             "num_attention_heads": 32, "num_key_value_heads": 8,
+        ...             "hidden_act": "silu", "vocab_size": 128256, "tie_word_embeddings": False}
+        >>> round(estimate_parameters(llama_8b) / 8_030_261_248, 4)  # its published count
+        1.0
     """
     layers = _config_int(config, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
     d = _config_int(config, "hidden_size", "n_embd", "d_model")
@@ -331,7 +340,13 @@ def estimate_parameters(config: dict) -> int:
     positions = _config_int(config, "n_positions")
     if config.get("position_embedding_type") == "absolute":
         positions = _config_int(config, "max_position_embeddings")
-    return layers * (4 * d * d + gated * d * d_ff) + (vocab + positions) * d
+    heads = _config_int(config, "num_attention_heads", "n_head", "n_heads")
+    kv_heads = _config_int(config, "num_key_value_heads", default=heads)
+    head_dim = _config_int(config, "head_dim", default=d // heads if heads else 0)
+    key_value = 2 * d * kv_heads * head_dim if heads and kv_heads and head_dim else 2 * d * d
+    attention = 2 * d * d + key_value
+    head = vocab * d if config.get("tie_word_embeddings") is False else 0
+    return layers * (attention + gated * d * d_ff) + (vocab + positions) * d + head
 
 
 def available_memory(device: str) -> int | None:
