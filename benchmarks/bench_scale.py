@@ -433,10 +433,14 @@ def report(shape: str, args: argparse.Namespace, run: dict[str, Any], rate: floa
     for name, passes in work.plan.items():
         seconds, _ = phases.get(name, (float("nan"), 0))
         flops = work.flops(passes)
-        share = flops / seconds / 1e9 / rate if seconds > 0 else float("nan")
+        # an analysis with no work of its own (skip effects: read from the shared cache
+        # that contributions filled) has no rate: said in words, not as nan%
+        share = f"{'(shared)':>12s}"
+        if seconds > 0 and flops:
+            share = f"{flops / seconds / 1e9 / rate:12.0%}"
         lines.append(
             f"{name:18s} {seconds:8.1f} {passes.block_passes:12,d} "
-            f"{passes.heads:6,d} {flops / 1e12:7.3f} {share:12.0%}"
+            f"{passes.heads:6,d} {flops / 1e12:7.3f} {share}"
         )
     flops = work.flops(work.total)
     analyses = sum(s for s, _ in phases.values())
