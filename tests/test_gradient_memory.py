@@ -25,7 +25,7 @@ def _alive_counts(model: probekit.Model, monkeypatch) -> list[int]:
     (before it frees that weight's gradient)."""
     counts: list[int] = []
     params = list(model.hf_model.parameters())
-    hook = gradients._WeightNorms.hook
+    hook = gradients.WeightNorms.hook
 
     def counting(self, layer: int, name: str):
         fn = hook(self, layer, name)
@@ -36,7 +36,7 @@ def _alive_counts(model: probekit.Model, monkeypatch) -> list[int]:
 
         return wrapped
 
-    monkeypatch.setattr(gradients._WeightNorms, "hook", counting)
+    monkeypatch.setattr(gradients.WeightNorms, "hook", counting)
     return counts
 
 

@@ -111,7 +111,7 @@ def _own_gradients(model: Model) -> Iterator[None]:
             p.requires_grad_(requires_grad)
 
 
-class _WeightNorms:
+class WeightNorms:
     """Each measured weight's gradient norm, taken by a hook the moment the backward of the
     last batch has accumulated the weight's gradient, which the hook then frees (see the
     module). The weights whose gradient holds NaN or infinite values after any backward are
@@ -196,7 +196,7 @@ def _input_gradient(layer: int, kept: torch.Tensor) -> torch.Tensor:
 
 
 def check_gradients_finite(
-    model: Model, kept: dict[int, torch.Tensor], weights: _WeightNorms
+    model: Model, kept: dict[int, torch.Tensor], weights: WeightNorms
 ) -> None:
     """Raise :class:`NumericalError` naming the first layer (from layer 0 up) whose weight
     gradients (as the hooks of ``weights`` found them) or residual-input gradient hold NaN or
@@ -259,7 +259,7 @@ def gradient_norms(
     selected, masks, total = _loss_masks(batches, positions)
     acc = TokenMeans()
     loss_value = 0.0
-    weights = _WeightNorms(model)
+    weights = WeightNorms(model)
     with _own_gradients(model), weights.attached():
         work = list(zip(batches, masks, selected, strict=True))
         for index, (batch, mask, chosen) in enumerate(counted(work)):
