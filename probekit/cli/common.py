@@ -421,25 +421,18 @@ def weight_dtypes(
     """The dtype the weights are kept in memory in and the dtype each block computes in, for
     weights stored in ``stored`` loaded with ``--dtype`` ``dtype`` (``"stored"``: as stored;
     float32 with ``--storage stored``) and ``--storage`` ``storage``, as
-    :func:`probekit.load` chooses them (``"auto"``: kept as stored only when the ``dtype``
-    copy of the weights of ``config`` would not fit in ``free`` bytes while the stored ones
-    would; :func:`probekit.model.checkpoint.weights_bytes`)."""
+    :func:`probekit.load` chooses them, by its own rule
+    (:func:`probekit.model.checkpoint.kept_dtype`: with ``"auto"``, kept as stored only when
+    the ``dtype`` copy of the weights of ``config`` would not fit in ``free`` bytes while the
+    stored ones would)."""
+    import torch
+
+    from probekit.model.checkpoint import kept_dtype
+
     compute = dtype if dtype != "stored" else "float32" if storage == "stored" else stored
-    narrower = stored in HALF_DTYPES and compute == "float32"
-    if not narrower or storage == "dtype":
-        return compute, compute
-    if storage == "auto":
-        import torch
-
-        from probekit.model.checkpoint import weights_bytes
-
-        if config is None or free is None:
-            return compute, compute
-        as_dtype = weights_bytes(config, torch.float32)
-        as_stored = weights_bytes(config, torch.float32, getattr(torch, stored))
-        if as_dtype <= free or as_stored > free:
-            return compute, compute
-    return stored, compute
+    free = free if config is not None else None  # no config: nothing to weigh, as load
+    keep = kept_dtype(config or {}, getattr(torch, compute), getattr(torch, stored), storage, free)
+    return str(keep).removeprefix("torch."), compute
 
 
 @dataclass

@@ -397,6 +397,44 @@ def weights_bytes(config: dict, dtype: torch.dtype, stored: torch.dtype | None =
     return estimate_parameters(config) * stored_size + largest_weight(config) * size
 
 
+def _narrower(dtype: torch.dtype, stored_in: torch.dtype | None) -> torch.dtype | None:
+    """``stored_in`` where it has fewer bits than ``dtype`` (weights worth keeping apart)."""
+    return stored_in if stored_in is not None and _bits(stored_in) < _bits(dtype) else None
+
+
+def kept_dtype(
+    config: dict,
+    dtype: torch.dtype,
+    stored_in: torch.dtype | None,
+    storage: str,
+    available: int | None,
+) -> torch.dtype:
+    """The dtype :func:`probekit.load` keeps the weights of ``config`` in when they compute in
+    ``dtype`` and are stored in ``stored_in``, with ``storage``
+    (:data:`probekit.model.storage.STORAGE_CHOICES`) and ``available`` free bytes (None:
+    unknown): ``stored_in`` where it is narrower than ``dtype`` and ``storage`` is
+    ``"stored"``, or ``"auto"`` and only the stored copy fits; else ``dtype``. Whether the
+    chosen copy fits is :func:`check_fits`' question; the estimate before a diagnosis asks
+    this one too (one rule for both).
+
+    Example:
+        >>> import torch
+        >>> config = {"n_layer": 2, "n_embd": 32, "vocab_size": 50}
+        >>> kept_dtype(config, torch.float32, torch.bfloat16, "auto", 90_000)
+        torch.bfloat16
+        >>> kept_dtype(config, torch.float32, torch.bfloat16, "auto", None)
+        torch.float32
+    """
+    narrower = _narrower(dtype, stored_in)
+    if narrower is None or storage == "dtype":
+        return dtype
+    if storage == "stored":
+        return narrower
+    if available is None or weights_bytes(config, dtype) <= available:
+        return dtype
+    return narrower if weights_bytes(config, dtype, narrower) <= available else dtype
+
+
 def check_fits(
     path: Path,
     config: dict,
@@ -423,25 +461,23 @@ def check_fits(
             f"hold {stored:.3g} values",
             fix="fix config.json (layers, sizes, vocabulary, positions) to match the weights",
         )
-    narrower = stored_in if stored_in is not None and _bits(stored_in) < _bits(dtype) else None
     available = available_memory("cpu")  # weights are read into host memory first
-    keep = narrower if narrower is not None and storage == "stored" else dtype
+    keep = kept_dtype(config, dtype, stored_in, storage, available)
     need = weights_bytes(config, dtype, None if keep == dtype else keep)
     if available is None or need <= available:
-        return keep
-    if narrower is not None and storage == "auto":
-        keep = narrower
-        apart = weights_bytes(config, dtype, keep)
-        if apart <= available:
+        if keep != dtype and storage == "auto" and available is not None:
             log.warning(
                 "the %s copy of the weights in %s (%.3g GiB) does not fit in the %.3g GiB of "
                 "free memory: keeping them in their stored %s (%.3g GiB) and computing every "
                 "block in %s on the fly (the same numbers)",
-                _name(dtype), path, need / 2**30, available / 2**30, _name(keep),
-                apart / 2**30, _name(dtype),
+                _name(dtype), path, weights_bytes(config, dtype) / 2**30, available / 2**30,
+                _name(keep), need / 2**30, _name(dtype),
             )  # fmt: skip
-            return keep
-        need = apart
+        return keep
+    narrower = _narrower(dtype, stored_in)
+    if narrower is not None and storage == "auto":  # neither copy fits: say the smaller one
+        keep = narrower
+        need = weights_bytes(config, dtype, keep)
     raise CheckpointError(
         f"the model in {path} needs about {need / 2**30:.3g} GiB of memory for its "
         f"{estimate:.3g} parameters in {_name(dtype)}"
