@@ -110,7 +110,7 @@ def diagnose(
     lens: TunedLens | str | os.PathLike | None = None,
     lens_data: Data | None = None,
     lens_steps: int | None = None,
-    variants_per_pass: int | None = 1,
+    variants_per_pass: int | None = None,
     autocast: str | None = None,
     data_source: str | None = None,
     token_lens: bool = False,
@@ -126,9 +126,11 @@ def diagnose(
     or its folder) or ``lens_data`` (data to fit one on, kept apart from ``data``; ``lens_steps``
     steps, default one pass) is given. One :class:`~probekit.analyses.depth.shared.Shared`
     cache serves the analyses, so no variant runs twice (the whole-layer skips of
-    ``contributions`` and ``skip_effects``, the clean traces); ``variants_per_pass`` (None: from
-    free accelerator memory) stacks that many hook-free variants into one forward and
-    ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
+    ``contributions`` and ``skip_effects``, the clean traces); ``variants_per_pass`` stacks
+    that many hook-free variants into one block run (None, the default: on a CPU enough for
+    1024 token rows, on an accelerator from its free memory;
+    :meth:`~probekit.analyses.depth.shared.Shared.per_pass`) and ``autocast``
+    (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast``.
     ``data_source`` names the data in words (:func:`~probekit.sources.data_source`; recorded
     in the meta): the "at chance" warning says random tokens are unpredictable to any model
     only when they are random tokens. ``token_lens`` adds the token-resolved logit lens
@@ -187,7 +189,7 @@ class DiagnosisSettings:
     intervention: InterventionSetting = InterventionSetting()
     lens: TunedLens | str | os.PathLike | None = None
     lens_steps: int | None = None
-    variants_per_pass: int | None = 1
+    variants_per_pass: int | None = None
     autocast: str | None = None
     images: bool = True
     token_lens: bool = False

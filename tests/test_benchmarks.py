@@ -127,7 +127,9 @@ def test_bench_scale_builds_a_sharded_checkpoint_and_diagnoses_it(tmp_path, caps
     assert shards == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
     assert (tmp_path / "tiny-llama" / "model.safetensors.index.json").is_file()
     table = {line.split()[0]: line.split() for line in out.splitlines() if line}
-    assert table["contributions"][2] == "9" and table["layer_swaps"][3] == "1"  # passes, heads
+    contributions, swaps = table["contributions"], table["layer_swaps"]
+    assert contributions[2] == contributions[3] == "9"  # passes, runs (2 layers: none shared)
+    assert swaps[4] == "1"  # heads
     assert re.search(r"tiny-llama: diagnosis [\d.]+ min, peak [\d.]+ GiB \(weights 0.00 GiB\)", out)
     assert bench_scale.main([*argv, "--build-only"]) == 0  # a kept checkpoint is reused
     assert "reusing the checkpoint" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import torch
 
 from probekit import report
 from probekit.model import estimate as est
+from probekit.model.inputs import stacked_variants
 from probekit.toy import toy_hf_model, toy_model, toy_tokens
 
 
@@ -36,9 +37,11 @@ def _counted_diagnosis(monkeypatch, model, data, **settings) -> dict[str, est.Pa
 
     def blocks(self, module, call, residuals):
         counts[current[0]]["blocks"] += len(residuals)
+        counts[current[0]]["runs"] += 1
 
     def forward(self, *args):
         counts[current[0]]["blocks"] += n_layers
+        counts[current[0]]["runs"] += n_layers
         counts[current[0]]["heads"] += 1
 
     wrap(trace.Trace, "run_module", blocks)
@@ -63,7 +66,10 @@ def _counted_diagnosis(monkeypatch, model, data, **settings) -> dict[str, est.Pa
     monkeypatch.setattr(report, "run_analyses", each_counted)
     report.diagnose(model, data, n_bootstrap=2, **settings)
     assert "-" not in counts, counts["-"]  # nothing ran outside an analysis
-    return {name: est.Passes(c["blocks"], c["heads"], c["backwards"]) for name, c in counts.items()}
+    return {
+        name: est.Passes(c["blocks"], c["heads"], c["backwards"], c["runs"])
+        for name, c in counts.items()
+    }
 
 
 def _planned(n_layers: int, n_batches: int, **settings) -> dict[str, est.Passes]:
@@ -86,7 +92,16 @@ def test_the_plan_is_what_a_diagnosis_runs(monkeypatch, arch, n_layers, batch_si
         monkeypatch, model, toy_tokens(4, 8), batch_size=batch_size, **settings
     )
     n_batches = 1 if batch_size is None else 4 // batch_size
-    assert counted == _planned(n_layers, n_batches, **settings)
+    chunk = stacked_variants(8 * (batch_size or 4))  # the variants a CPU block run stacks
+    assert counted == _planned(n_layers, n_batches, chunk=chunk, **settings)
+
+
+def test_one_variant_per_run_plans_one_run_per_block_pass(monkeypatch):
+    """``variants_per_pass=1`` runs every block pass alone: as many runs as passes."""
+    model = toy_model("llama", n_layers=3)
+    counted = _counted_diagnosis(monkeypatch, model, toy_tokens(4, 8), variants_per_pass=1)
+    assert counted == _planned(3, 1)
+    assert all(p.block_runs == p.block_passes for p in counted.values())
 
 
 def test_the_workload_splits_the_data_as_the_model_does():
@@ -144,16 +159,17 @@ def test_the_peak_counts_the_load_or_the_work_with_one_weights_gradient():
     backward = est.activation_bytes(shapes, 4, 16, backward=True)
     largest = shapes.largest_block_weight  # one batch: one weight's gradient at a time
     base = est.BASE_PROCESS_BYTES
+    stacked = est.stacked_bytes(shapes, 4, 16, work.chunk)  # the variants resumed together
     as_stored = est.peak_bytes(work, "bfloat16", "bfloat16", "bfloat16")
-    assert as_stored == base + 2 * 10**9 + forward + backward + 2 * largest
+    assert as_stored == base + 2 * 10**9 + forward + max(backward + 2 * largest, stacked)
     converted = est.peak_bytes(work, "float32", "float32", "bfloat16")  # the load's copy
     assert converted == base + 4 * 10**9 + 2 * 10**9
     kept = est.peak_bytes(work, "bfloat16", "float32", "bfloat16")  # float32, then its bf16
     weights = est.weight_bytes(shapes, "bfloat16", "float32")
-    assert kept == base + weights + forward + backward + (4 + 2) * largest
+    assert kept == base + weights + forward + max(backward + (4 + 2) * largest, stacked)
     headless = est.workload(shapes, 4, 16, vocabulary=False)  # no backward: no gradients
     assert est.peak_bytes(headless, "bfloat16", "bfloat16", "bfloat16") == (
-        base + 2 * 10**9 + est.activation_bytes(shapes, 4, 16, backward=False)
+        base + 2 * 10**9 + est.activation_bytes(shapes, 4, 16, backward=False) + stacked
     )
 
 
@@ -167,8 +183,9 @@ def test_several_gradient_batches_hold_every_blocks_gradients():
     forward = est.activation_bytes(shapes, 1, 16, backward=False)
     backward = est.activation_bytes(shapes, 1, 16, backward=True)
     weights = est.weight_bytes(shapes, "bfloat16", "float32")
+    stacked = est.stacked_bytes(shapes, 1, 16, work.chunk)
     assert est.peak_bytes(work, "bfloat16", "float32", "bfloat16") == (
-        est.BASE_PROCESS_BYTES + weights + forward + backward + 2 * every
+        est.BASE_PROCESS_BYTES + weights + forward + max(backward + 2 * every, stacked)
     )
 
 
@@ -228,6 +245,31 @@ def test_a_diagnosis_that_would_not_fit_is_refused_before_loading(
     assert "needs about" in err and "GiB are free" in err
     assert "--dtype bfloat16" in err and "a machine with more memory" in err
     assert main([*argv, "--estimate"]) == 0  # the estimate says so too, and exits 0
+    assert "does not fit in the free memory" in capsys.readouterr().out
+
+
+def test_auto_storage_keeps_the_weights_as_stored_when_only_that_peak_fits(
+    checkpoint, tmp_path, monkeypatch, capsys
+):
+    """--storage auto weighs the whole peak, not the weights alone: a float32 copy whose
+    weights fit but whose diagnosis would not is kept in bf16 (float32 numbers)."""
+    import probekit.numerics
+    from probekit.cli import main
+    from probekit.cli.common import estimate_diagnosis
+
+    settings = dict(n_sequences=4, seq_len=8, dtype="float32", timed=False)
+    copied = estimate_diagnosis(str(checkpoint), keep="dtype", **settings)
+    kept = estimate_diagnosis(str(checkpoint), keep="stored", **settings)
+    assert kept.peak < copied.peak
+    free = (kept.peak + copied.peak) // 2
+    monkeypatch.setattr(probekit.numerics, "available_memory", lambda device="cpu": free)
+    argv = ["diagnose", str(checkpoint), "--out", str(tmp_path / "r"), "--random-tokens"]
+    argv += ["--n-sequences", "4", "--seq-len", "8", "--dtype", "float32", "--estimate"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "--storage auto keeps the weights as stored" in err
+    assert "kept in bfloat16, computed in float32" in out and "does not fit" not in out
+    assert main([*argv, "--storage", "dtype"]) == 0  # asked for a float32 copy: refused
     assert "does not fit in the free memory" in capsys.readouterr().out
 
 
@@ -300,6 +342,24 @@ def test_one_block_and_one_head_are_timed_as_the_weights_are_kept(storage):
     seconds = timing.seconds(work, work.plan["contributions"])
     passes = work.plan["contributions"]
     assert seconds == pytest.approx(passes.block_passes * timing.block + passes.heads * timing.head)
+
+
+def test_a_stacked_run_reads_its_weights_once_and_adds_arithmetic_per_variant():
+    config = toy_hf_model("llama").config.to_dict()
+    timing = est.time_block_and_head(config, 2, 8, "float32", repeats=1, chunk=4)
+    assert timing.chunk == 4 and timing.stacked > 0 and 0 <= timing.per_variant <= timing.block
+    made = est.Timing(block=1.0, head=0.0, stacked=3.0, chunk=5)  # 0.5 + 5 x 0.5
+    assert made.per_variant == 0.5
+    work = est.workload(est.Shapes.from_config(config), 2, 8)
+    assert made.seconds(work, est.Passes(10, 0, 0, 4)) == pytest.approx(4 * 0.5 + 10 * 0.5)
+
+
+def test_stacked_runs_group_as_the_trace_does():
+    """Three variants resumed at 1, 2 and 3 of four layers, two per run: one run at
+    position 1, one at 2 (two variants), two at 3 (three variants)."""
+    assert est.stacked_runs([1, 2, 3], None, 4, chunk=2) == 4
+    # a swap of layers 0 and 1 runs block 1 then 0: alone at positions 0 and 1
+    assert est.stacked_runs([0, 1], [[1, 0, 2], [1, 2]], 3, chunk=2) == 1 + 2 + 1
 
 
 def test_compare_estimates_each_checkpoint_and_loads_none(

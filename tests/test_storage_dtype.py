@@ -83,6 +83,29 @@ def test_stored_bf16_computed_in_float32_equals_a_float32_load(sharded):
     assert {id(p): (p.data_ptr(), p.dtype) for p in model.hf_model.parameters()} == stored
 
 
+def test_the_unembedding_by_vocabulary_slices_gives_a_float32_loads_numbers(sharded, monkeypatch):
+    """Slices of 7 rows (the toy vocabulary is several times that): the logits of a forward,
+    of the heads the analyses apply, and the gradient through the head are those of a float32
+    load; the embedding table stays as stored, unparametrized."""
+    monkeypatch.setattr(storage, "UNEMBED_SLICE", 7)
+    want_model = probekit.load(sharded, device="cpu", dtype=torch.float32)
+    model = probekit.load(sharded, device="cpu", dtype=torch.float32, storage="stored")
+    assert model.d_vocab > 3 * storage.UNEMBED_SLICE
+    embedding = model.hf_model.get_input_embeddings()
+    assert embedding.weight.dtype == torch.bfloat16 and not hasattr(embedding, "parametrizations")
+    data = toy_tokens(4, 8)
+    [batch] = model.prepare(data)
+    with torch.no_grad():
+        assert (model.forward(batch) - want_model.forward(batch)).abs().max() <= TOLERANCE
+    for analyzer in (probekit.logit_lens, probekit.contributions):
+        assert _differences(analyzer(want_model, data).df, analyzer(model, data).df) <= TOLERANCE
+    grads = probekit.gradient_norms(model, data).df
+    want = probekit.gradient_norms(want_model, data).df
+    resid = grads.measure == "resid_grad_norm"  # through the head: float32 in both
+    assert _differences(want[resid], grads[resid]) <= TOLERANCE
+    assert _differences(want, grads) <= 2e-3  # the weights' gradients summed in bf16
+
+
 def test_probekits_readers_of_weights_see_float32(sharded):
     want = probekit.load(sharded, device="cpu", dtype=torch.float32)
     model = probekit.load(sharded, device="cpu", storage="stored")

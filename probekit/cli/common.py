@@ -21,7 +21,7 @@ import difflib
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -499,9 +499,9 @@ def estimate_diagnosis(
     shapes, stored, config = est.read_shapes(folder)
     context = config.get("max_position_embeddings") or config.get("n_positions") or seq_len
     seq_len = min(seq_len, int(context))
-    work = est.workload(shapes, n_sequences, seq_len, batch_size, **plan)
     where = device or _default_device()
     free = available_memory(where)
+    work = est.workload(shapes, n_sequences, seq_len, batch_size, where, free, **plan)
     storage, compute = weight_dtypes(stored, dtype, keep, config, available_memory("cpu"))
     peak = est.peak_bytes(work, storage, compute, stored)
     weights = est.weight_bytes(shapes, storage, compute)
@@ -521,12 +521,12 @@ def estimate_diagnosis(
     ]
     seconds = None
     if timed or (timed is None and flops >= TIMED_FLOPS):
-        key = (shapes, work.batch, seq_len, storage, compute, where)
+        key = (shapes, work.batch, seq_len, storage, compute, where, work.chunk)
         cache = {} if timings is None else timings
         try:
             if key not in cache:
                 cache[key] = est.time_block_and_head(
-                    config, work.batch, seq_len, compute, where, storage=storage
+                    config, work.batch, seq_len, compute, where, storage=storage, chunk=work.chunk
                 )
         except Exception as err:  # noqa: BLE001 - a config transformers cannot build alone
             lines.append(f"timing here: not available ({type(err).__name__}: {err})"[:300])
@@ -535,7 +535,13 @@ def estimate_diagnosis(
             each = {name: timing.seconds(work, p) for name, p in work.plan.items()}
             seconds = sum(each.values())
             lines.append(
-                f"timing here: one block pass {timing.block * 1e3:.1f} ms, one head and its "
+                f"timing here: one block pass {timing.block * 1e3:.1f} ms"
+                + (
+                    f" ({timing.per_variant * 1e3:.1f} ms each, {work.chunk} stacked)"
+                    if work.chunk > 1
+                    else ""
+                )
+                + f", one head and its "
                 f"measures {timing.head * 1e3:.1f} ms ({_load_line()}); expected "
                 f"{_minutes(seconds)}: "
                 + ", ".join(f"{name} {_minutes(s)}" for name, s in each.items() if s > 0)
@@ -581,6 +587,33 @@ def _remedies(work: Any, stored: str, storage: str, compute: str, free: int | No
     return out
 
 
+def storage_that_fits(
+    args: argparse.Namespace, found: Estimate, again: Callable[[], Estimate]
+) -> Estimate:
+    """With ``--storage auto`` and a ``--dtype`` wider than the stored weights: when the
+    estimate ``found`` (the weights copied to ``--dtype``) does not fit in the free memory and
+    the estimate with the weights kept as stored (``again()``, asked with ``args.storage``
+    set to ``"stored"``) does, keep them as stored (the same numbers,
+    :mod:`probekit.model.storage`), say so on stderr and return that estimate.
+    :func:`probekit.model.checkpoint.kept_dtype` weighs the weights alone; this weighs the
+    diagnosis's whole peak (with several batches, every block's gradient sums).
+    Otherwise ``found``, ``args`` unchanged."""
+    if found.fits or getattr(args, "storage", None) != "auto" or args.dtype == "stored":
+        return found
+    args.storage = "stored"
+    kept = again()
+    if not kept.fits:
+        args.storage = "auto"
+        return found
+    print(
+        f"probekit: --storage auto keeps the weights as stored ({args.dtype} numbers): with "
+        f"a {args.dtype} copy the peak would be about {_gib(found.peak)}, above the "
+        f"{_gib(found.free or 0)} free",
+        file=sys.stderr,
+    )
+    return kept
+
+
 def check_estimate_fits(estimate: Estimate) -> None:
     """Refuse, before the weights load, a diagnosis whose expected peak exceeds the free
     memory (it would be killed mid-way), naming what to do."""
@@ -615,5 +648,6 @@ __all__ = [
     "add_estimate",
     "check_estimate_fits",
     "estimate_diagnosis",
+    "storage_that_fits",
     "weight_dtypes",
 ]

@@ -35,6 +35,7 @@ from probekit.cli.common import (
     check_int_flags,
     dataset_choice,
     estimate_diagnosis,
+    storage_that_fits,
 )
 from probekit.errors import ConfigError
 from probekit.sources import (
@@ -172,7 +173,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     path, _, lines = checkpoint_of(args)
     for line in lines:
         print(f"probekit: {line}", file=sys.stderr)
-    found = estimate(args, path, timed=True)
+    found = storage_that_fits(args, estimate(args, path, True), lambda: estimate(args, path, True))
     for line in found.lines:
         print(f"estimate: {line}")
     if not found.fits:
@@ -192,6 +193,7 @@ def diagnose_command(args: argparse.Namespace) -> int:
     path, run, out = prepare(args)  # before the slow imports and the load
     found = _estimate_or_none(args, path)
     if found is not None:
+        found = storage_that_fits(args, found, lambda: _estimate_or_none(args, path) or found)
         if not args.quiet and found.seconds is not None:  # work of more than seconds
             print(f"probekit: estimate: {found.summary}", file=sys.stderr)
         if args.device_map is None:  # a device map offloads what does not fit

@@ -39,7 +39,7 @@ from probekit.model.checkpoint import (
     estimate_parameters,
     largest_weight,
 )
-from probekit.model.inputs import default_batch_size
+from probekit.model.inputs import default_batch_size, variants_per_run
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per value of the dtypes a checkpoint is stored or computed in."""
@@ -157,21 +157,61 @@ def activation_bytes(shapes: Shapes, sequences: int, seq_len: int, backward: boo
 @dataclass(frozen=True)
 class Passes:
     """What one analysis runs: block passes and output heads (each at one batch's tokens),
-    and full forwards differentiated (each a backward of about twice a forward's work)."""
+    full forwards differentiated (each a backward of about twice a forward's work), and the
+    block runs the block passes take (``block_runs``; -1: one pass per run): hook-free
+    variants stacked along the batch run several passes in one run
+    (:meth:`probekit.model.Trace.resume_stacked`)."""
 
     block_passes: int = 0
     heads: int = 0
     backwards: int = 0
+    block_runs: int = -1
+
+    def __post_init__(self) -> None:
+        if self.block_runs == -1:
+            object.__setattr__(self, "block_runs", self.block_passes)
 
     def __add__(self, other: Passes) -> Passes:
         return Passes(
             self.block_passes + other.block_passes,
             self.heads + other.heads,
             self.backwards + other.backwards,
+            self.block_runs + other.block_runs,
         )
 
     def times(self, n: int) -> Passes:
-        return Passes(n * self.block_passes, n * self.heads, n * self.backwards)
+        return Passes(
+            n * self.block_passes, n * self.heads, n * self.backwards, n * self.block_runs
+        )
+
+
+def stacked_runs(
+    starts: list[int], orders: list[list[int]] | None, n_layers: int, chunk: int
+) -> int:
+    """Block runs of hook-free variants resumed together, grouped as
+    :meth:`probekit.model.Trace.resume_stacked` groups them: per position, the variants that
+    run the same block, ``chunk`` at a time (``orders[v]``: variant v's blocks from its
+    start; default the remaining layers in order).
+
+    Example:
+        >>> stacked_runs([1, 2, 3], None, n_layers=3, chunk=2)  # 1 + 1 variants: 2 runs
+        2
+        >>> stacked_runs([1, 2, 3], None, n_layers=3, chunk=1)  # one per pass: 3 passes
+        3
+    """
+    plan = [
+        list(range(start, n_layers)) if orders is None else list(orders[v])
+        for v, start in enumerate(starts)
+    ]
+    runs = 0
+    for pos in range(min(starts, default=n_layers), n_layers):
+        sizes: dict[int, int] = {}
+        for v, start in enumerate(starts):
+            if start <= pos:
+                layer = plan[v][pos - start]
+                sizes[layer] = sizes.get(layer, 0) + 1
+        runs += sum(math.ceil(size / chunk) for size in sizes.values())
+    return runs
 
 
 def swap_pairs(n_layers: int, pairs: str = "adjacent") -> list[tuple[int, int]]:
@@ -190,20 +230,31 @@ def diagnosis_plan(
     token_lens: bool = False,
     vocabulary: bool = True,
     gradient_batches: int | None = None,
+    chunk: int = 1,
 ) -> dict[str, Passes]:
-    """The block passes and heads of each analysis of a diagnosis over ``n_batches`` batches
-    (``gradient_batches``: the gradients' own, default the same), in the order they run (see
-    the module)."""
+    """The block passes, heads and block runs of each analysis of a diagnosis over
+    ``n_batches`` batches (``gradient_batches``: the gradients' own, default the same), in
+    the order they run (see the module); ``chunk``: the hook-free variants one block run
+    stacks (:func:`~probekit.model.inputs.variants_per_run`)."""
     L = n_layers
     forward = Passes(L, 1)
     retrace = forward if n_batches > 1 else Passes()  # the shared trace keeps one batch
-    skips = sum(L - 1 - layer for layer in range(L))
-    ablations = 2 * sum(L - layer for layer in range(L))
+    after = [layer + 1 for layer in range(L)]  # a skipped or ablated layer's variant resumes
+    skip_runs = stacked_runs(after, None, L, chunk)
+    skips = Passes(sum(L - 1 - layer for layer in range(L)), L, 0, skip_runs)
+    ablations = Passes(L, 0, 0, L) + skips  # the ablated block alone, then as a skip
     swaps = swap_pairs(L, pairs)
+    orders = [_swapped(L, i, j)[i:] for i, j in swaps]
+    swapped = Passes(
+        sum(L - i for i, _ in swaps),
+        len(swaps),
+        0,
+        stacked_runs([i for i, _ in swaps], orders, L, chunk),
+    )
     plan = {
-        "contributions": forward + Passes(skips + ablations, 3 * L),
+        "contributions": forward + skips + ablations.times(2),
         "skip_effects": Passes(),
-        "layer_swaps": retrace + Passes(sum(L - i for i, _ in swaps), len(swaps)),
+        "layer_swaps": retrace + swapped,
         "residual": forward,
         "logit_lens": retrace + Passes(0, L),
         "token_lens": retrace + Passes(0, L),
@@ -223,6 +274,13 @@ def diagnosis_plan(
     return out
 
 
+def _swapped(n_layers: int, first: int, second: int) -> list[int]:
+    """The layer order with ``first`` and ``second`` exchanged."""
+    order = list(range(n_layers))
+    order[first], order[second] = order[second], order[first]
+    return order
+
+
 @dataclass(frozen=True)
 class Workload:
     """A diagnosis of a model of ``shapes`` on ``n_sequences`` x ``seq_len`` tokens: how it
@@ -234,6 +292,7 @@ class Workload:
     batch: int
     gradient_batch: int
     plan: dict[str, Passes]
+    chunk: int = 1
 
     @property
     def gradient_batches(self) -> int:
@@ -260,24 +319,37 @@ def workload(
     n_sequences: int,
     seq_len: int,
     batch_size: int | None = None,
+    device: str = "cpu",
+    free: int | None = None,
     **plan: Any,
 ) -> Workload:
     """The :class:`Workload` of a diagnosis; its batches as :meth:`probekit.model.Model.prepare`
-    splits them (``batch_size``, else :func:`~probekit.model.inputs.default_batch_size`);
-    ``plan`` goes to :func:`diagnosis_plan`."""
+    splits them (``batch_size``, else :func:`~probekit.model.inputs.default_batch_size`) and
+    the variants one block run stacks on ``device`` (``free`` bytes there, for an
+    accelerator: :func:`~probekit.model.inputs.variants_per_run`); ``plan`` goes to
+    :func:`diagnosis_plan`."""
     width = shapes.vocab if plan.get("vocabulary", True) else shapes.d_model
     batch = batch_size or default_batch_size(seq_len, width, shapes.d_model, shapes.n_layers)
     grad = batch_size or default_batch_size(
         seq_len, width, shapes.d_model, shapes.n_layers, backward=True
     )
     batch, grad = min(batch, n_sequences), min(grad, n_sequences)
+    chunk = variants_per_run(
+        batch * seq_len,
+        device.split(":")[0],
+        d_model=shapes.d_model,
+        d_vocab=shapes.vocab,
+        n_layers=shapes.n_layers,
+        free=free,
+    )
     counts = diagnosis_plan(
         shapes.n_layers,
         math.ceil(n_sequences / batch),
         gradient_batches=math.ceil(n_sequences / grad),
+        chunk=chunk,
         **plan,
     )
-    return Workload(shapes, n_sequences, seq_len, batch, grad, counts)
+    return Workload(shapes, n_sequences, seq_len, batch, grad, counts, chunk)
 
 
 def gradient_bytes(work: Workload, storage: str, compute: str) -> int:
@@ -310,28 +382,58 @@ def peak_bytes(work: Workload, storage: str, compute: str, stored: str) -> int:
     shapes = work.shapes
     weights = weight_bytes(shapes, storage, compute)
     loading = shapes.parameters * DTYPE_BYTES[stored] if stored != storage else 0
-    analyses = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
+    forward = activation_bytes(shapes, work.batch, work.seq_len, backward=False)
+    backward = 0
     if work.total.backwards:
-        analyses += gradient_bytes(work, storage, compute) + activation_bytes(
+        backward = gradient_bytes(work, storage, compute) + activation_bytes(
             shapes, work.gradient_batch, work.seq_len, backward=True
         )
+    stacked = stacked_bytes(shapes, work.batch, work.seq_len, work.chunk)
+    analyses = forward + max(backward, stacked)
     return BASE_PROCESS_BYTES + weights + max(loading, analyses)
+
+
+def stacked_bytes(shapes: Shapes, sequences: int, seq_len: int, chunk: int) -> int:
+    """Bytes the stacked variants of a batch of ``sequences`` x ``seq_len`` tokens hold
+    besides the clean trace: the input and output residual of each of the L variants resumed
+    together (a component's skips or sublayer ablations), and one block run of ``chunk`` of
+    them (its MLP's hidden layers, attention's projections and scores, in float32)."""
+    tokens = sequences * seq_len
+    residuals = 2 * shapes.n_layers * tokens * shapes.d_model
+    hidden = chunk * tokens * ((3 if shapes.gated else 2) * shapes.d_mlp + 6 * shapes.d_model)
+    scores = chunk * sequences * shapes.n_heads * seq_len * seq_len
+    return 4 * (residuals + hidden + scores)
 
 
 @dataclass(frozen=True)
 class Timing:
     """Median seconds of one block pass and of one head with its output measures' share
-    (``head``) at one batch's tokens on this machine, in the compute dtype."""
+    (``head``) at one batch's tokens on this machine, in the compute dtype; ``stacked``: of
+    one block run of ``chunk`` variants stacked (the block pass's time when ``chunk`` is 1).
+
+    A block run costs ``overhead + chunk x per_variant`` (the weights read once per run, the
+    arithmetic per variant), the two parts from the two timings."""
 
     block: float
     head: float
+    stacked: float = 0.0
+    chunk: int = 1
+
+    @property
+    def per_variant(self) -> float:
+        """Seconds each variant adds to a block run (the block pass's time when unstacked)."""
+        if self.chunk <= 1:
+            return self.block
+        return min(self.block, max(0.0, (self.stacked - self.block) / (self.chunk - 1)))
 
     def seconds(self, work: Workload, passes: Passes) -> float:
         """The time ``passes`` take at these timings (a backward twice its forward)."""
+        overhead = self.block - self.per_variant
         forward = work.shapes.n_layers * self.block + self.head
         backward = 2 * forward * work.gradient_batch / work.batch
         return (
-            passes.block_passes * self.block
+            passes.block_runs * overhead
+            + passes.block_passes * self.per_variant
             + passes.heads * self.head
             + (passes.backwards * backward)
         )
@@ -381,6 +483,7 @@ def time_block_and_head(
     device: str = "cpu",
     repeats: int = 3,
     storage: str | None = None,
+    chunk: int = 1,
 ) -> Timing:
     """:class:`Timing` of the model ``config`` describes: one block of its real shape with
     random weights (a one-layer copy of the model, built from the config) run on
@@ -389,7 +492,8 @@ def time_block_and_head(
     ``repeats`` after a warm-up, in inference mode on ``device`` (on a CPU: the threads torch
     uses now). Weights kept in a ``storage`` dtype apart from ``compute`` are copied to it on
     each read, as :func:`probekit.model.storage.compute_in` makes them. A head's output
-    measures add :data:`MEASURES_PER_HEAD` of its product's time."""
+    measures add :data:`MEASURES_PER_HEAD` of its product's time. With ``chunk`` above 1 the
+    block is also timed on ``chunk`` times the residuals (a stacked run)."""
     import torch
     import transformers
 
@@ -413,8 +517,14 @@ def time_block_and_head(
     with torch.inference_mode():
         block = _median_seconds(lambda: hf(inputs_embeds=x, use_cache=False), repeats, device)
         head = _median_seconds(lambda: torch.mm(flat, unembed.to(dtype).T), repeats, device)
+        stacked = block
+        if chunk > 1:
+            xs = x.repeat(chunk, 1, 1)
+            stacked = _median_seconds(
+                lambda: hf(inputs_embeds=xs, use_cache=False), repeats, device
+            )
     whole = head * max(shapes.vocab, 1) / rows
-    return Timing(block=block, head=(1 + MEASURES_PER_HEAD) * whole)
+    return Timing(block, (1 + MEASURES_PER_HEAD) * whole, stacked, chunk)
 
 
 __all__ = [
@@ -431,6 +541,8 @@ __all__ = [
     "head_flops",
     "peak_bytes",
     "read_shapes",
+    "stacked_bytes",
+    "stacked_runs",
     "swap_pairs",
     "time_block_and_head",
     "weight_bytes",

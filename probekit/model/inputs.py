@@ -38,6 +38,52 @@ autograd saves: norms, attention projections and probabilities, the MLP's hidden
 the backward's default batch size."""
 
 
+STACKED_ROWS = 1024
+"""Token rows one block run takes on a CPU when hook-free variants of one batch are stacked
+along the batch dimension (:meth:`probekit.model.Trace.resume_stacked`): a batch of fewer
+tokens runs ``STACKED_ROWS // tokens`` variants at a time (:func:`stacked_variants`). Measured
+on one Llama-3.1-8B block, one thread (``benchmarks/bench_scale.py``'s shape): per 128 tokens
+445 ms alone and 362 ms stacked eight times with float32 weights; 755 ms and 391 ms with the
+weights kept in bf16 and copied to float32 on each read (the copy is made once per run, not
+per variant). A batch of 1024 tokens or more runs one variant at a time, as before."""
+
+
+def stacked_variants(tokens: int) -> int:
+    """Hook-free variants a CPU block run stacks for a batch of ``tokens`` tokens
+    (:data:`STACKED_ROWS`).
+
+    Example:
+        >>> stacked_variants(128), stacked_variants(512), stacked_variants(4096)
+        (8, 2, 1)
+    """
+    return max(1, STACKED_ROWS // max(1, tokens))
+
+
+def variants_per_run(
+    tokens: int,
+    device_type: str,
+    *,
+    d_model: int,
+    d_vocab: int,
+    n_layers: int,
+    free: int | None,
+    half: bool = False,
+) -> int:
+    """Hook-free variants of a batch of ``tokens`` tokens one block run stacks by default: on
+    a CPU :func:`stacked_variants`; on an accelerator as many as half its ``free`` bytes hold
+    (each variant's activations and output, about ``16 d_model + d_vocab`` floats per token,
+    half as many under autocast to a ``half`` dtype), at most ``n_layers``.
+
+    Example:
+        >>> variants_per_run(128, "cpu", d_model=64, d_vocab=100, n_layers=2, free=None)
+        8
+    """
+    if device_type == "cpu":
+        return stacked_variants(tokens)
+    per_variant = 4 * tokens * (16 * d_model + d_vocab) * (1 if half else 2)
+    return max(1, min(n_layers, int(0.5 * (free or 0) // max(per_variant, 1))))
+
+
 def default_batch_size(
     seq_len: int, width: int, d_model: int, n_layers: int, backward: bool = False
 ) -> int:
@@ -274,6 +320,7 @@ __all__ = [
     "BACKWARD_FLOATS_PER_LAYER",
     "INTEGER_DTYPES",
     "OUTPUT_BATCH_BYTES",
+    "STACKED_ROWS",
     "check_batch",
     "check_head",
     "check_labels",
@@ -286,5 +333,7 @@ __all__ = [
     "default_labels",
     "probe_batch",
     "require_targets",
+    "stacked_variants",
+    "variants_per_run",
     "tokenize",
 ]

@@ -25,6 +25,7 @@ from probekit.errors import UnsupportedModelError
 from probekit.model.bridge import lacks_final_norm
 from probekit.model.headless import Headless
 from probekit.model.sites import global_hooks, hook_registries
+from probekit.model.storage import sliced_product
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -158,7 +159,10 @@ def unembed(
     (one ``addmm``, as ``nn.Linear`` computes it): a caller that measures each variant's
     logits before making the next reuses one tensor instead of fresh memory per variant
     (which the system zeroes page by page on first touch). Otherwise ``out`` is not used; the
-    returned tensor is the logits either way.
+    returned tensor is the logits either way. An unembedding whose weight is kept in its
+    stored dtype (:func:`~probekit.model.storage.compute_in`) is computed by vocabulary slices
+    (:func:`~probekit.model.storage.sliced_product`, also under a gradient), so its float32
+    copy is never whole.
 
     Example:
         >>> from probekit.toy import toy_model
@@ -171,20 +175,21 @@ def unembed(
         (True, True)
     """
     linear = getattr(unembedding, "original_component", None)
+    hooked = global_hooks() or any(hook_registries(unembedding)) or hasattr(linear, "_hf_hook")
+    autocast = torch.is_autocast_enabled(normed.device.type)
+    if isinstance(linear, nn.Module) and not hooked and not autocast:  # kept as stored
+        sliced = sliced_product(linear, normed, _usable(out, normed, linear))
+        if sliced is not None:
+            return sliced
     if out is None or type(linear) is not nn.Linear:
         return unembedding(normed)
     grad = torch.is_grad_enabled() and (normed.requires_grad or linear.weight.requires_grad)
     plain = (
-        normed.device.type == "cpu"
-        and out.device == normed.device
-        and out.dtype == normed.dtype == linear.weight.dtype
-        and out.shape == (*normed.shape[:-1], linear.out_features)
-        and out.is_contiguous()
+        _usable(out, normed, linear) is not None
+        and out.dtype == linear.weight.dtype
         and not torch.is_autocast_enabled("cpu")
         and not grad
-        and not hasattr(linear, "_hf_hook")
-        and not global_hooks()
-        and not any(hook_registries(unembedding))
+        and not hooked
     )
     if not plain:
         return unembedding(normed)
@@ -194,6 +199,18 @@ def unembed(
     else:
         torch.addmm(linear.bias, rows, linear.weight.t(), out=target)
     return out
+
+
+def _usable(out: torch.Tensor | None, normed: torch.Tensor, linear: nn.Module) -> Any:
+    """``out`` when the logits of ``normed`` can be written into it: a contiguous CPU tensor
+    of their shape and dtype, with no gradient taken (None otherwise)."""
+    if out is None or normed.device.type != "cpu" or out.device != normed.device:
+        return None
+    if torch.is_grad_enabled() and normed.requires_grad:
+        return None
+    shape = (*normed.shape[:-1], getattr(linear, "out_features", -1))
+    ok = out.dtype == normed.dtype and out.shape == shape and out.is_contiguous()
+    return out if ok else None
 
 
 __all__ = ["OutputHead", "resolve_head", "unembed"]

@@ -8,8 +8,12 @@ parametrization): the stored tensor stays in memory as it is, and each read of
 readers of weights: ``W_U``, ``W_E``, the frozen norm, the weight analyses) returns a fresh
 float32 copy that lives only as long as the operation using it. bfloat16 and float16 values are
 exactly representable in float32, so the numbers are those of a float32 load, while the memory
-is the stored weights plus one weight matrix in float32 at a time (the largest is the
-``vocab x d_model`` unembedding) and the activations. Floating buffers (rotary frequencies,
+is the stored weights plus one weight matrix in float32 at a time and the activations. The
+two ``vocab x d_model`` matrices are never copied whole by the analyses' forwards: an
+embedding lookup gathers stored rows (the table is not parametrized) and the unembedding is
+computed by vocabulary slices (:func:`sliced_product`, the forward of every linear layer to
+the vocabulary), so the largest copy a forward makes is a block's largest matrix (readers of
+the whole unembedding, ``W_U``, still copy it). Floating buffers (rotary frequencies,
 masks) are small and become float32 outright, and the embedding's output is float32, so the
 whole residual stream is.
 
@@ -35,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import types
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -134,7 +139,11 @@ def _unique_modules(roots: Iterable[nn.Module]) -> list[nn.Module]:
 def compute_in(bridge: nn.Module, hf_model: nn.Module, dtype: torch.dtype) -> None:
     """Make every floating parameter of the modules of ``bridge`` and ``hf_model`` that is not
     in ``dtype`` read as a ``dtype`` copy of its stored tensor (kept as it is), and every
-    floating buffer ``dtype`` outright; mark ``hf_model`` (:func:`storage_dtypes`).
+    floating buffer ``dtype`` outright; mark ``hf_model`` (:func:`storage_dtypes`). An
+    embedding table (``nn.Embedding``) stays as stored and unparametrized: a lookup gathers
+    its rows as they are and the bridge's embedding output is made ``dtype``
+    (:func:`_embeddings_output_in`; exact), so no forward copies the whole table (2 GiB in
+    float32 at Llama 3's 128,256 x 4,096); its readers (``W_E``) get the stored tensor.
 
     Call it once the bridge is attached (the bridge's split views of a fused weight, GPT-2's
     ``q``/``k``/``v`` of ``c_attn``, are then parameters of their own, upcast on read too).
@@ -154,10 +163,16 @@ def compute_in(bridge: nn.Module, hf_model: nn.Module, dtype: torch.dtype) -> No
             if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
                 module._buffers[name] = buffers.setdefault(id(buffer), buffer.to(dtype))
     for module in modules:
+        if isinstance(module, nn.Embedding):
+            continue  # a lookup reads its rows as stored; the bridge's output is made dtype
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_floating_point() and param.dtype != dtype:
                 param.requires_grad_(False)
                 parametrize.register_parametrization(module, name, Upcast(dtype), unsafe=True)
+    vocab = getattr(getattr(hf_model, "config", None), "vocab_size", None)
+    for module in modules:
+        if isinstance(module, nn.Linear) and module.out_features == vocab:
+            module.forward = types.MethodType(_sliced_forward, module)  # type: ignore[method-assign]
     _embeddings_output_in(bridge, dtype)
     if hasattr(bridge, "cfg") and hasattr(bridge.cfg, "dtype"):
         bridge.cfg.dtype = dtype
@@ -200,6 +215,84 @@ def stored_tensor(module: nn.Module, name: str = "weight") -> torch.Tensor:
     return getattr(module, name)
 
 
+UNEMBED_SLICE = 8192
+"""Vocabulary rows of a stored unembedding copied to the compute dtype at a time by
+:func:`sliced_product` (at d_model 4096: 128 MiB in float32, against 2 GiB for Llama 3's
+whole 128,256-row matrix)."""
+
+
+class _SlicedProduct(torch.autograd.Function):
+    """``rows @ stored.T`` with ``stored`` copied to ``rows``' dtype :data:`UNEMBED_SLICE`
+    rows at a time, in the forward and in the backward (the gradient of ``rows`` only: the
+    stored weight is frozen)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, stored: torch.Tensor, out: Any) -> torch.Tensor:
+        ctx.save_for_backward(stored)
+        vocab = stored.shape[0]
+        logits = rows.new_empty(rows.shape[0], vocab) if out is None else out
+        for first in range(0, vocab, UNEMBED_SLICE):
+            part = stored[first : first + UNEMBED_SLICE].to(rows.dtype)
+            logits[:, first : first + UNEMBED_SLICE] = torch.mm(rows, part.t())
+        return logits
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (stored,) = ctx.saved_tensors
+        out = grad.new_zeros(grad.shape[0], stored.shape[1])
+        for first in range(0, stored.shape[0], UNEMBED_SLICE):
+            part = stored[first : first + UNEMBED_SLICE].to(grad.dtype)
+            out.addmm_(grad[:, first : first + UNEMBED_SLICE], part)
+        return out, None, None
+
+
+def sliced_product(
+    linear: nn.Module, x: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """``linear(x)`` for an ``nn.Linear`` whose frozen weight :func:`compute_in`
+    keeps in its stored dtype, with the weight copied to the compute dtype
+    :data:`UNEMBED_SLICE` rows at a time instead of whole (the same numbers: each output
+    column is the same product), written into ``out`` (``x``'s rows by the output features,
+    contiguous) when given; its backward gives ``x`` its gradient the same way. None when
+    ``linear`` is not such a layer (the caller runs it as it is).
+
+    Example:
+        >>> import torch
+        >>> from probekit.toy import toy_model
+        >>> model = toy_model("llama", n_layers=2)
+        >>> model.hf_model.to(torch.bfloat16)  # doctest: +ELLIPSIS
+        LlamaForCausalLM(...)
+        >>> compute_in(model.bridge, model.hf_model, torch.float32)
+        >>> x = torch.randn(2, 3, model.d_model)
+        >>> linear = model.bridge.unembed.original_component
+        >>> bool(torch.allclose(sliced_product(linear, x), linear(x), atol=1e-5))
+        True
+    """
+    from torch.nn.utils import parametrize
+
+    if not isinstance(linear, nn.Linear):
+        return None  # (a parametrized nn.Linear is of a subclass parametrize makes)
+    if not parametrize.is_parametrized(linear, "weight"):
+        return None
+    stored = stored_tensor(linear)
+    if stored.requires_grad and torch.is_grad_enabled():
+        return None
+    rows = x.reshape(-1, x.shape[-1])
+    target = None if out is None else out.view(-1, stored.shape[0])
+    logits = _SlicedProduct.apply(rows, stored, target).view(*x.shape[:-1], stored.shape[0])
+    if linear.bias is None:
+        return logits
+    bias = linear.bias.to(logits.dtype)
+    return logits.add_(bias) if out is not None else logits + bias
+
+
+def _sliced_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The forward :func:`compute_in` gives the unembedding (a linear layer to the
+    vocabulary): :func:`sliced_product`, or the plain one when that does not apply."""
+    logits = sliced_product(self, x)
+    return torch.nn.functional.linear(x, self.weight, self.bias) if logits is None else logits
+
+
 def plain_name(name: str) -> str:
     """The name of a parameter as the model names it without :func:`compute_in`'s
     parametrization.
@@ -219,12 +312,14 @@ def storage_dtypes(hf_model: nn.Module) -> tuple[torch.dtype, torch.dtype] | Non
 
 __all__ = [
     "STORAGE_CHOICES",
+    "UNEMBED_SLICE",
     "StoredCopy",
     "Upcast",
     "compute_in",
     "pack_saved",
     "plain_name",
     "saved_as_stored",
+    "sliced_product",
     "storage_dtypes",
     "stored_tensor",
     "unpack_saved",

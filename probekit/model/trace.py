@@ -129,6 +129,7 @@ class Trace:
         residuals: Sequence[torch.Tensor | None] | None = None,
         orders: Sequence[Sequence[int] | None] | None = None,
         observe: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+        chunk: int | None = None,
     ) -> list[torch.Tensor]:
         """The final residuals of several hook-free variants resumed together.
 
@@ -136,8 +137,12 @@ class Trace:
         one) and runs ``orders[v]`` (default ``start .. n_layers-1``; a permutation of the
         remaining positions, as in :meth:`resume`). Step by step, the variants that run the
         same block at the same position are stacked along the batch dimension and the block
-        runs once for all of them (one variant alone runs exactly as :meth:`resume` does).
-        ``observe(v, layer, h_in, h_out)`` sees every block run. Apply the model's head
+        runs once for all of them (one variant alone runs exactly as :meth:`resume` does), at
+        most ``chunk`` variants per run (None: all of them): the blocks run in order, each once
+        per chunk of the variants that reach it, so a model whose weights are read anew per
+        run (kept in their stored dtype, :mod:`probekit.model.storage`) reads each block's
+        once per chunk, not once per variant. ``observe(v, layer, h_in, h_out)`` sees every
+        block run. Apply the model's head
         (``model.head``) to each returned residual for its logits.
 
         Example:
@@ -149,6 +154,9 @@ class Trace:
             True
         """
         n, k = self.runtime.n_layers, len(starts)
+        if chunk is not None and (type(chunk) is not int or chunk < 1):
+            raise InputError(f"chunk={chunk!r} is not a positive integer", fix="pass 1 or more")
+        step = k if chunk is None else chunk
         residuals = [None] * k if residuals is None else list(residuals)
         orders = [None] * k if orders is None else list(orders)
         plan = []
@@ -167,12 +175,14 @@ class Trace:
             for v in range(k):
                 if starts[v] <= pos:
                     groups.setdefault(plan[v][pos - starts[v]], []).append(v)
-            for layer, members in groups.items():
-                outs = self.run_stacked(layer, [hs[v] for v in members])
-                for v, h_out in zip(members, outs, strict=True):
-                    if observe is not None:
-                        observe(v, layer, hs[v], h_out)
-                    hs[v] = h_out
+            for layer, group in groups.items():
+                for first in range(0, len(group), step):
+                    members = group[first : first + step]
+                    outs = self.run_stacked(layer, [hs[v] for v in members])
+                    for v, h_out in zip(members, outs, strict=True):
+                        if observe is not None:
+                            observe(v, layer, hs[v], h_out)
+                        hs[v] = h_out
         return hs
 
     @torch.no_grad()

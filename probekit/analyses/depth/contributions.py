@@ -27,8 +27,11 @@ embedding; see :data:`probekit.analyses.common.HIDDEN_MEASURES`) is measured in 
 
 Fast path: one clean forward keeps the residual entering every block; removing layer l only
 changes what comes after it, so the ablated forward resumes at l+1 from the cached residual
-(sublayer ablations resume at l, inside :func:`probekit.interventions.ablate`). Numbers equal
-a full hooked forward per variant. Given the
+(a sublayer ablation runs block l alone inside :func:`probekit.interventions.ablate` and
+resumes hook-free at l+1 from its output); the resumed forwards of a batch's variants run
+stacked along the batch dimension, block by block
+(:meth:`~probekit.analyses.depth.shared.Shared.resume_variants`). Numbers equal a full hooked
+forward per variant (within float noise). Given the
 ``cache`` of a diagnosis (:class:`~probekit.analyses.depth.shared.Shared`), the clean trace
 and the whole-layer skips are those ``skip_effects`` uses too, each run once.
 
@@ -42,7 +45,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -52,7 +55,6 @@ import torch
 from probekit import figures
 from probekit.analyses.common import (
     TokenMeans,
-    check_outputs_finite,
     headline_measure,
     loss_mask,
     measure_positions,
@@ -259,18 +261,20 @@ def _ablation_means(
         for component in components:
             ts = windows[component].ts[i]
             for intervene_at, measure in slot_masks(batch, ts, positions, bool(setting.keep_first)):
-                for layer in range(n_layers):
-                    if component == "layer":
-                        values = shared.skip(batch, layer, intervene_at, replacement).measures
-                    else:
-                        value = replacement.update(
-                            layer, component, updates.get((layer, component))
-                        )
-                        values = _sublayer_ablated(
-                            shared, batch, layer, component, intervene_at, value
-                        )
+                if component == "layer":
+                    per_layer: Iterable[dict[str, torch.Tensor]] = (
+                        shared.skip(batch, layer, intervene_at, replacement).measures
+                        for layer in range(n_layers)
+                    )
+                else:
+                    values = [
+                        replacement.update(layer, component, updates.get((layer, component)))
+                        for layer in range(n_layers)
+                    ]
+                    per_layer = _sublayer_ablations(shared, batch, component, intervene_at, values)
+                for layer, measures in enumerate(per_layer):
                     key = (layer, component)
-                    _add_change(reduction, shared.model, key, values, batch.labels, measure, ids)
+                    _add_change(reduction, shared.model, key, measures, batch.labels, measure, ids)
                     step()
     return reduction, clean.mean("clean_loss")
 
@@ -285,29 +289,33 @@ def _donor_updates(
     return clean_updates(model, batch)
 
 
-def _sublayer_ablated(
+def _sublayer_ablations(
     shared: Shared,
     batch,
-    layer: int,
     component: str,
     intervene_at: torch.Tensor | None,
-    value: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """The output measures with ``component`` of ``layer`` replaced by ``value`` (None: zeroed)
-    at the positions in ``intervene_at`` (all: None); a forward resumed at ``layer`` inside
-    :func:`~probekit.interventions.ablate` (zero) or
-    :func:`~probekit.interventions.replace_update`."""
+    values: Sequence[torch.Tensor | None],
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Per layer, in order, the output measures with ``component`` of that layer replaced by
+    ``values[layer]`` (None: zeroed) at the positions in ``intervene_at`` (all: None): the
+    ablated block runs alone inside :func:`~probekit.interventions.ablate` (zero) or
+    :func:`~probekit.interventions.replace_update`, and the forwards resume hook-free from its
+    output, stacked (:meth:`~probekit.analyses.depth.shared.Shared.resume_variants`)."""
     trace = shared.trace(batch)
     model = shared.model
-    if value is None:
-        replaced = ablate(model, layer, component, at=intervene_at)
-    else:
-        replaced = replace_update(model, layer, component, value, intervene_at)
-    with shared.precision(), replaced:
-        out = shared.logits_out(trace.residuals[-1])
-        logits = trace.resume(layer, out=out)
-    check_outputs_finite(logits, "the outputs of an intervened forward")
-    return shared.measure(batch, logits)
+
+    def ablated(layer: int) -> torch.Tensor:
+        value = values[layer]
+        if value is None:
+            replaced = ablate(model, layer, component, at=intervene_at)
+        else:
+            replaced = replace_update(model, layer, component, value, intervene_at)
+        with replaced:
+            return trace.run_block(layer, trace.residuals[layer])
+
+    starts = [layer + 1 for layer in range(model.n_layers)]
+    for _, final in shared.resume_variants(starts, ablated):
+        yield shared.measure_final(final, "the outputs of an intervened forward")
 
 
 def _add_change(

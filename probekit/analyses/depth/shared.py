@@ -16,11 +16,15 @@ It keeps:
   measured (``skip_effects`` after ``contributions``, the clean side of ``layer_swaps``) does
   not trace the batch again.
 
-Hook-free variants (whole-layer skips, swaps) can run several at a time stacked along the
-batch dimension (:meth:`probekit.model.Trace.resume_stacked`): ``variants_per_pass`` sets how
-many (``None``: as many as half the free accelerator memory holds; 1 on CPU, where stacking
-gains little, see docs/speed.md), and ``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under
-``torch.autocast`` with the measures still taken in float32.
+Hook-free variants (whole-layer skips, the blocks after an ablated sublayer, swaps) run
+block by block, several at a time stacked along the batch dimension
+(:meth:`probekit.model.Trace.resume_stacked`): ``variants_per_pass`` sets how many per block run
+(``None``, the default: on a CPU enough for :data:`~probekit.model.inputs.STACKED_ROWS` token
+rows, 1 for a batch of that many tokens or more; on an accelerator as many as half its free
+memory holds; 1: one variant at a time). The variants whose residuals are held at once are as
+many as an eighth of the free memory holds (all of a batch's, at the sizes a diagnosis runs).
+``autocast`` (``"bf16"``/``"fp16"``) runs the forwards under ``torch.autocast`` with the
+measures still taken in float32.
 
 Example:
     >>> from probekit.toy import toy_model, toy_tokens
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +63,7 @@ from probekit.interventions import (
     sublayer_means,
 )
 from probekit.model import Model, Trace
+from probekit.model.inputs import variants_per_run
 from probekit.numerics import available_memory
 from probekit.progress import step as count_variants
 
@@ -94,7 +99,7 @@ class Shared:
     """The per-diagnosis cache of clean traces and hook-free variants (see the module)."""
 
     def __init__(
-        self, model: Model, *, variants_per_pass: int | None = 1, autocast: str | None = None
+        self, model: Model, *, variants_per_pass: int | None = None, autocast: str | None = None
     ) -> None:
         if variants_per_pass is not None and (
             isinstance(variants_per_pass, bool)
@@ -214,17 +219,61 @@ class Shared:
         return self._logits
 
     def per_pass(self) -> int:
-        """How many variants one stacked forward runs."""
+        """How many variants one stacked block run takes (see the module)."""
         if self.variants_per_pass is not None:
             return self.variants_per_pass
-        device = self.model.device
-        if device.type == "cpu" or self._trace is None:
+        if self._trace is None:
             return 1
-        free = available_memory(device) or 0
-        tokens = self._trace.batch.tokens.numel()
-        per_variant = 4 * tokens * (16 * self.model.d_model + self.model.d_vocab)
-        per_variant *= 2 if self.autocast is None else 1
-        return max(1, min(self.model.n_layers, int(0.5 * free // max(per_variant, 1))))
+        device = self.model.device
+        return variants_per_run(
+            self._trace.batch.tokens.numel(),
+            device.type,
+            d_model=self.model.d_model,
+            d_vocab=self.model.d_vocab,
+            n_layers=self.model.n_layers,
+            free=None if device.type == "cpu" else available_memory(device),
+            half=self.autocast is not None,
+        )
+
+    def in_flight(self, count: int) -> int:
+        """How many of ``count`` variants of the current batch one stacked resumption holds:
+        all when their residuals take at most an eighth of the free memory, never fewer than
+        :meth:`per_pass`."""
+        assert self._trace is not None
+        residual = self._trace.residuals[0]
+        per_variant = 2 * residual.numel() * residual.element_size()  # its input and output
+        free = available_memory(self.model.device) or 0
+        return max(1, self.per_pass(), min(count, int(free / 8 // max(per_variant, 1))))
+
+    def resume_variants(
+        self,
+        starts: Sequence[int],
+        residual: Callable[[int], torch.Tensor] | None = None,
+        orders: Sequence[Sequence[int]] | None = None,
+        observe: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(v, final residual)`` of each hook-free variant ``v`` of the loaded batch, in
+        order: variant v resumes at block ``starts[v]`` from ``residual(v)`` (default: the
+        clean input there) in the layer order ``orders[v]`` (default: the remaining layers);
+        :meth:`in_flight` variants at a time, :meth:`per_pass` per block run, under
+        :meth:`precision`. ``observe(v, layer, h_in, h_out)`` sees every block run."""
+        trace = self._trace
+        assert trace is not None
+        step = self.per_pass()
+        held = self.in_flight(len(starts))
+        for first in range(0, len(starts), held):
+            group = range(first, min(first + held, len(starts)))
+            seen = None if observe is None else _offset(observe, first)
+            with self.precision():
+                residuals = None if residual is None else [residual(v) for v in group]
+                finals = trace.resume_stacked(
+                    [starts[v] for v in group],
+                    residuals,
+                    orders=None if orders is None else [orders[v] for v in group],
+                    observe=seen,
+                    chunk=step,
+                )
+            yield from zip(group, finals, strict=True)
 
     def replacements(self, setting: InterventionSetting, batches: list[Batch]) -> list[Replacement]:
         """Per batch, what an ablated update is replaced by under ``setting.ablation``
@@ -262,30 +311,29 @@ class Shared:
     ) -> Iterator[tuple[int, SkipRecord]]:
         trace, n = self._trace, self.model.n_layers
         assert trace is not None
-        layers = list(range(n))
-        step = self.per_pass()
-        for first in range(0, n, step):
-            group = layers[first : first + step]
-            residuals = [
-                merge(intervene_at, _skipped(trace, s, replacement), trace.residuals[s + 1])
-                for s in group
-            ]
-            diffs: list[dict[int, torch.Tensor]] = [{} for _ in group]
+        diffs: list[dict[int, torch.Tensor]] = [{} for _ in range(n)]
 
-            def observe(v: int, block: int, h_in, h_out, diffs=diffs) -> None:
-                clean = trace.residuals[block + 1] - trace.residuals[block]
-                diffs[v][block] = ((h_out - h_in) - clean).double().norm(dim=-1)
+        def skipped(s: int) -> torch.Tensor:
+            return merge(intervene_at, _skipped(trace, s, replacement), trace.residuals[s + 1])
 
-            with self.precision():
-                finals = trace.resume_stacked([s + 1 for s in group], residuals, observe=observe)
-            for v, (s, final) in enumerate(zip(group, finals, strict=True)):
-                yield s, SkipRecord(self._measure(final), diffs[v])
-                self.runs["skips"] += 1
+        def observe(v: int, block: int, h_in, h_out) -> None:
+            clean = trace.residuals[block + 1] - trace.residuals[block]
+            diffs[v][block] = ((h_out - h_in) - clean).double().norm(dim=-1)
 
-    def _measure(self, final: torch.Tensor) -> dict[str, torch.Tensor]:
+        starts = [s + 1 for s in range(n)]
+        for s, final in self.resume_variants(starts, skipped, observe=observe):
+            yield s, SkipRecord(self.measure_final(final), diffs[s])
+            self.runs["skips"] += 1
+
+    def measure_final(
+        self, final: torch.Tensor, what: str = "the outputs of a skipped-layer forward"
+    ) -> dict[str, torch.Tensor]:
+        """Every output measure ``[B, T]`` of the variant of the loaded batch whose final
+        residual is ``final`` (its output made by the model's head); a non-finite output is
+        refused naming ``what`` it is."""
         with self.precision():
             logits = self.model.head(final, self.logits_out(final))
-        check_outputs_finite(logits, "the outputs of a skipped-layer forward")
+        check_outputs_finite(logits, what)
         trace = self._trace
         assert trace is not None
         return self.measure(trace.batch, logits)
@@ -303,23 +351,31 @@ class Shared:
         self._load(batch)
         trace = self._trace
         assert trace is not None
-        step = self.per_pass()
-        for first in range(0, len(todo), step):
-            group = todo[first : first + step]
+        variants = self.resume_variants(
+            [starts[i] for i in todo], orders=[orders[i][starts[i] :] for i in todo]
+        )
+        for v, final in variants:
+            i = todo[v]
             with self.precision():
-                finals = trace.resume_stacked(
-                    [starts[i] for i in group], orders=[orders[i][starts[i] :] for i in group]
-                )
-            for i, final in zip(group, finals, strict=True):
-                with self.precision():
-                    logits = self.model.head(final, self.logits_out(final))
-                check_outputs_finite(logits, "the outputs of a swapped forward")
-                cost = cost_measure(self.model)
-                change = self.measure(batch, logits, (cost,))[cost]
-                self.swaps[(key, tuple(orders[i]))] = change
-                self.runs["swaps"] += 1
-            count_variants(len(group))
+                logits = self.model.head(final, self.logits_out(final))
+            check_outputs_finite(logits, "the outputs of a swapped forward")
+            cost = cost_measure(self.model)
+            change = self.measure(batch, logits, (cost,))[cost]
+            self.swaps[(key, tuple(orders[i]))] = change
+            self.runs["swaps"] += 1
+            count_variants(1)
         return [self.swaps[(key, tuple(o))] for o in orders]
+
+
+def _offset(
+    observe: Callable[[int, int, torch.Tensor, torch.Tensor], None], first: int
+) -> Callable[[int, int, torch.Tensor, torch.Tensor], None]:
+    """``observe`` seeing the variants of a group numbered from ``first``."""
+
+    def seen(v: int, layer: int, h_in: torch.Tensor, h_out: torch.Tensor) -> None:
+        observe(first + v, layer, h_in, h_out)
+
+    return seen
 
 
 def _skipped(trace: Trace, layer: int, replacement: Replacement | None) -> torch.Tensor:
