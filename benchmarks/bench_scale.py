@@ -511,6 +511,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--diagnose-args", default="", help="more flags for probekit diagnose")
     p.add_argument("--build-only", action="store_true", help="build the checkpoint, no diagnosis")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument(
+        "--stacking",
+        action="store_true",
+        help="build nothing: time one block of the shape at one batch's tokens, alone and "
+        "with 2-16 variants stacked, its weights in float32 and kept in bf16",
+    )
     args = p.parse_args(argv)
     sequences, tokens = DATA.get(args.shape, (4, 128))
     args.n_sequences = args.n_sequences or sequences
@@ -518,8 +524,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def stacking(args: argparse.Namespace) -> list[str]:
+    """One block of ``args.shape`` (a one-layer copy from its config, random weights) timed
+    on one batch's tokens alone and with 2, 4, 8 and 16 variants stacked along the batch
+    (:func:`probekit.model.estimate.time_block_and_head`, medians of 3 after a warm-up), its
+    weights in float32 and kept in bf16 (each copied to float32 as it is read): per stacked
+    count, the time of one run and per variant per batch."""
+    import torch
+
+    from probekit.model import estimate as est
+
+    torch.set_num_threads(args.threads)
+    config = SHAPES[args.shape]
+    shapes = est.Shapes.from_config(config)
+    batch = est.workload(shapes, args.n_sequences, args.seq_len).batch
+    lines = [f"{args.shape}: one block at {batch} x {args.seq_len} tokens, {args.threads} "
+             f"thread(s); per stacked count: one run / per variant"]  # fmt: skip
+    for storage in ("float32", "bfloat16"):
+        cells = []
+        for chunk in (1, 2, 4, 8, 16):
+            timing = est.time_block_and_head(
+                config, batch, args.seq_len, "float32", storage=storage, chunk=chunk
+            )
+            cells.append(
+                f"{chunk}: {timing.stacked * 1e3:.0f} / {timing.stacked / chunk * 1e3:.0f} ms"
+            )
+        lines.append(f"weights in {storage}: " + ", ".join(cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.stacking:
+        print(f"before: {uptime()}", flush=True)
+        for line in stacking(args):
+            print(line, flush=True)
+        print(f"after:  {uptime()}")
+        return 0
     temporary = args.out is None
     base = Path(tempfile.mkdtemp(prefix="bench-scale-")) if temporary else args.out
     args.folder = base / args.shape

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -135,6 +136,16 @@ def test_bench_scale_builds_a_sharded_checkpoint_and_diagnoses_it(tmp_path, caps
     assert "reusing the checkpoint" in capsys.readouterr().out
 
 
+def test_bench_scale_times_one_block_alone_and_stacked(capsys):
+    from benchmarks import bench_scale
+
+    assert bench_scale.main(["--shape", "tiny-llama", "--stacking", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    for storage in ("float32", "bfloat16"):
+        line = next(x for x in out.splitlines() if x.startswith(f"weights in {storage}: "))
+        assert re.findall(r"(\d+): \d+ / \d+ ms", line) == ["1", "2", "4", "8", "16"]
+
+
 def test_bench_scale_shapes_are_the_real_models():
     from benchmarks import bench_scale
     from probekit.model import estimate as est
@@ -152,3 +163,23 @@ def test_bench_scale_shapes_are_the_real_models():
         assert abs(total - size) < 0.01e9, (shape, total)
         shapes = est.Shapes.from_config(bench_scale.SHAPES[shape], parameters=total)
         assert shapes.tied == (shape not in ("pythia-1b", "llama-3.1-8b"))
+
+
+def test_report_drift_finds_the_value_that_moved(tmp_path, capsys):
+    """Two report folders alike but for one table value: the drift names that value."""
+    from benchmarks import report_drift
+
+    for name, share in (("a", 0.25), ("b", 0.26)):
+        folder = tmp_path / name
+        folder.mkdir()
+        headline = {"second_half_share": share, "skippable_layers": [0]}
+        summary = {"model": "toy", "verdict": ["v"], "headline": headline}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "contributions.csv").write_text(
+            f"layer,component,measure,value\n0,layer,kl,1.0\n1,layer,kl,{4 * share}\n"
+        )
+    assert report_drift.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"second_half_share\s+0.25\s+0.26\s+\+0.01", out)
+    assert re.search(r"contributions\s+2\s+4.00e-02\s+value \(layer 1, component layer", out)
+    assert "verdict sentences the same: True" in out
