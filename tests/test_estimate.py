@@ -12,6 +12,7 @@ import torch
 
 from probekit import report
 from probekit.model import estimate as est
+from probekit.model import storage
 from probekit.model.inputs import stacked_variants
 from probekit.toy import toy_hf_model, toy_model, toy_tokens
 
@@ -140,7 +141,7 @@ def test_block_and_head_flops_are_the_ones_torch_counts(arch):
     assert counter.get_total_flops() == est.head_flops(shapes, 2, 8)
 
 
-def test_weight_bytes_keep_the_stored_dtype_with_one_matrix_computed_apart():
+def test_weight_bytes_keep_the_stored_dtype_with_one_block_computed_apart():
     config = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
               "intermediate_size": 128, "vocab_size": 100, "hidden_act": "silu"}  # fmt: skip
     shapes = est.Shapes.from_config(config, parameters=10_000)
@@ -148,7 +149,11 @@ def test_weight_bytes_keep_the_stored_dtype_with_one_matrix_computed_apart():
     assert est.weight_bytes(shapes, "bfloat16", "bfloat16") == 20_000
     assert shapes.block_parameters == 4 * 64 * 64 + 3 * 64 * 128
     assert shapes.largest == 64 * 128  # the MLP's, larger than the 100-token unembedding
-    assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * 64 * 128
+    block = shapes.block_parameters  # one block's weights computed at a time
+    assert est.weight_bytes(shapes, "bfloat16", "float32") == 20_000 + 4 * block
+    wide = est.Shapes.from_config({**config, "vocab_size": 10**6}, parameters=10_000)
+    slice_ = storage.UNEMBED_SLICE * 64  # the unembedding in slices, larger than a block here
+    assert est.weight_bytes(wide, "bfloat16", "float32") == 20_000 + 4 * slice_
 
 
 def test_the_peak_counts_the_load_or_the_work_with_one_weights_gradient():

@@ -40,6 +40,7 @@ from probekit.model.checkpoint import (
     largest_weight,
 )
 from probekit.model.inputs import default_batch_size, variants_per_run
+from probekit.model.storage import UNEMBED_SLICE
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per value of the dtypes a checkpoint is stored or computed in."""
@@ -134,13 +135,16 @@ def head_flops(shapes: Shapes, sequences: int, seq_len: int) -> float:
 
 def weight_bytes(shapes: Shapes, storage: str, compute: str) -> int:
     """Bytes of the weights in memory kept in the ``storage`` dtype and run in ``compute``:
-    the parameters in their dtype when the two agree; else the stored weights and one weight
-    matrix at a time in the compute dtype, made when it is read (the largest: the unembedding,
-    or an MLP matrix where that is larger; :mod:`probekit.model.storage`)."""
+    the parameters in their dtype when the two agree; else the stored weights and one block's
+    weights in the compute dtype (:mod:`probekit.model.storage`: made when read, held for a
+    step of stacked variants; the unembedding is computed by slices of
+    :data:`~probekit.model.storage.UNEMBED_SLICE` rows and the embedding read as stored, so
+    neither is copied whole)."""
     kept = shapes.parameters * DTYPE_BYTES[storage]
     if storage == compute:
         return kept
-    return kept + shapes.largest * DTYPE_BYTES[compute]
+    unembedding = min(shapes.vocab, UNEMBED_SLICE) * shapes.d_model
+    return kept + max(shapes.block_parameters, unembedding) * DTYPE_BYTES[compute]
 
 
 def activation_bytes(shapes: Shapes, sequences: int, seq_len: int, backward: bool) -> int:

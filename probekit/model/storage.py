@@ -8,7 +8,9 @@ parametrization): the stored tensor stays in memory as it is, and each read of
 readers of weights: ``W_U``, ``W_E``, the frozen norm, the weight analyses) returns a fresh
 float32 copy that lives only as long as the operation using it. bfloat16 and float16 values are
 exactly representable in float32, so the numbers are those of a float32 load, while the memory
-is the stored weights plus one weight matrix in float32 at a time and the activations. The
+is the stored weights plus one weight matrix in float32 at a time (one block's while a step of
+stacked variants runs it chunk by chunk, :meth:`probekit.model.Trace.resume_stacked`) and the
+activations. The
 two ``vocab x d_model`` matrices are never copied whole by the analyses' forwards: an
 embedding lookup gathers stored rows (the table is not parametrized) and the unembedding is
 computed by vocabulary slices (:func:`sliced_product`, the forward of every linear layer to

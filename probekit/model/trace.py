@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from probekit.data import Batch
 from probekit.errors import InputError, NumericalError, UnsupportedModelError
@@ -139,11 +140,12 @@ class Trace:
         same block at the same position are stacked along the batch dimension and the block
         runs once for all of them (one variant alone runs exactly as :meth:`resume` does), at
         most ``chunk`` variants per run (None: all of them): the blocks run in order, each once
-        per chunk of the variants that reach it, so a model whose weights are read anew per
-        run (kept in their stored dtype, :mod:`probekit.model.storage`) reads each block's
-        once per chunk, not once per variant. ``observe(v, layer, h_in, h_out)`` sees every
-        block run. Apply the model's head
-        (``model.head``) to each returned residual for its logits.
+        per chunk of the variants that reach it, and a model whose weights are computed on
+        each read (kept in their stored dtype, :mod:`probekit.model.storage`) computes a
+        block's once for all the chunks of a step (``parametrize.cached``: one block's
+        float32 weights held at a time), not once per variant. ``observe(v, layer, h_in,
+        h_out)`` sees every block run. Apply the model's head (``model.head``) to each
+        returned residual for its logits.
 
         Example:
             >>> from probekit.toy import toy_model, toy_tokens
@@ -176,13 +178,14 @@ class Trace:
                 if starts[v] <= pos:
                     groups.setdefault(plan[v][pos - starts[v]], []).append(v)
             for layer, group in groups.items():
-                for first in range(0, len(group), step):
-                    members = group[first : first + step]
-                    outs = self.run_stacked(layer, [hs[v] for v in members])
-                    for v, h_out in zip(members, outs, strict=True):
-                        if observe is not None:
-                            observe(v, layer, hs[v], h_out)
-                        hs[v] = h_out
+                with parametrize.cached():  # weights kept as stored: copied once per group
+                    for first in range(0, len(group), step):
+                        members = group[first : first + step]
+                        outs = self.run_stacked(layer, [hs[v] for v in members])
+                        for v, h_out in zip(members, outs, strict=True):
+                            if observe is not None:
+                                observe(v, layer, hs[v], h_out)
+                            hs[v] = h_out
         return hs
 
     @torch.no_grad()
