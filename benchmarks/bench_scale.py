@@ -426,8 +426,11 @@ def report(shape: str, args: argparse.Namespace, run: dict[str, Any], rate: floa
     from probekit.model import estimate as est
 
     shapes, stored, config = est.read_shapes(args.folder)
-    work = est.workload(shapes, args.n_sequences, args.seq_len)
-    storage, compute = weight_dtypes(stored, args.dtype, args.storage, config, args.free)
+    keep = args.storage  # as the diagnosis chose: --storage auto may weigh its whole peak
+    if "--storage auto keeps the weights as stored" in run["stderr"]:
+        keep = "stored"
+    storage, compute = weight_dtypes(stored, args.dtype, keep, config, args.free)
+    work = est.workload(shapes, args.n_sequences, args.seq_len, kept=storage)
     weights = est.weight_bytes(shapes, storage, compute) / 2**30
     phases = phase_seconds(run["stderr"])
     lines = [f"{'analysis':18s} {'seconds':>8s} {'block passes':>12s} {'runs':>6s} "

@@ -62,3 +62,20 @@ def test_several_batches_take_the_norm_of_the_summed_gradient(arch):
     split = gradients.gradient_norms(model, tokens, batch_size=1).df.value.to_numpy()
     assert split == pytest.approx(whole, rel=1e-5)
     assert all(p.grad is None for p in model.hf_model.parameters())
+
+
+def test_one_backward_batch_when_it_holds_less_than_the_gradient_sums(monkeypatch):
+    """Split batches hold every block's gradient sums (74 KB in this toy); a backward of 8
+    tokens holds less (7 KB a token), so the gradients run them as one batch, while 32 tokens
+    hold more and stay split; the norms are those of the split run."""
+    from probekit.model import inputs
+
+    model = toy_model("llama", n_layers=2)
+    monkeypatch.setattr(inputs, "OUTPUT_BATCH_BYTES", 1)  # every forward batch: one sequence
+    small, large = toy_tokens(2, 4), toy_tokens(4, 8)
+    assert len(model.prepare(small)) == 2 and len(model.prepare(large)) == 4
+    assert len(model.prepare(small, backward=True)) == 1
+    assert len(model.prepare(large, backward=True)) == 4
+    whole = probekit.gradient_norms(model, small).df.value.to_numpy()
+    split = probekit.gradient_norms(model, small, batch_size=1).df.value.to_numpy()
+    assert whole == pytest.approx(split, rel=1e-5)

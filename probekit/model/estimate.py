@@ -325,17 +325,20 @@ def workload(
     batch_size: int | None = None,
     device: str = "cpu",
     free: int | None = None,
+    kept: str = "float32",
     **plan: Any,
 ) -> Workload:
     """The :class:`Workload` of a diagnosis; its batches as :meth:`probekit.model.Model.prepare`
-    splits them (``batch_size``, else :func:`~probekit.model.inputs.default_batch_size`) and
-    the variants one block run stacks on ``device`` (``free`` bytes there, for an
-    accelerator: :func:`~probekit.model.inputs.variants_per_run`); ``plan`` goes to
-    :func:`diagnosis_plan`."""
+    splits them (``batch_size``, else :func:`~probekit.model.inputs.default_batch_size`, the
+    gradients' weighing their backward against the blocks' gradient sums in the ``kept``
+    dtype of the weights) and the variants one block run stacks on ``device`` (``free``
+    bytes there, for an accelerator: :func:`~probekit.model.inputs.variants_per_run`);
+    ``plan`` goes to :func:`diagnosis_plan`."""
     width = shapes.vocab if plan.get("vocabulary", True) else shapes.d_model
     batch = batch_size or default_batch_size(seq_len, width, shapes.d_model, shapes.n_layers)
+    sums = shapes.n_layers * shapes.block_parameters * DTYPE_BYTES[kept]
     grad = batch_size or default_batch_size(
-        seq_len, width, shapes.d_model, shapes.n_layers, backward=True
+        seq_len, width, shapes.d_model, shapes.n_layers, True, n_sequences, sums
     )
     batch, grad = min(batch, n_sequences), min(grad, n_sequences)
     chunk = variants_per_run(

@@ -410,10 +410,15 @@ class Model:
             inputs.require_targets(out)
         return out
 
-    def default_batch_size(self, seq_len: int, backward: bool = False) -> int:
+    def default_batch_size(
+        self, seq_len: int, backward: bool = False, sequences: int | None = None
+    ) -> int:
         """Sequences of ``seq_len`` tokens per batch when none is given: as many as keep one
         batch's float32 output within :data:`~probekit.model.inputs.OUTPUT_BATCH_BYTES` (at
-        least one); for a ``backward``, with the gradients and saved activations counted too.
+        least one); for a ``backward``, with the gradients and saved activations counted too,
+        and all ``sequences`` at once when their backward takes no more memory than the
+        blocks' gradient sums that several batches would hold
+        (:func:`~probekit.model.inputs.default_batch_size`).
 
         Example:
             >>> from probekit.toy import toy_model
@@ -422,7 +427,12 @@ class Model:
             2
         """
         width = self.d_vocab if self.output_kind == "logits" else self.d_model
-        return inputs.default_batch_size(seq_len, width, self.d_model, self.n_layers, backward)
+        sums = None
+        if backward and sequences is not None:  # as the weights are kept: as stored or not
+            sums = sum(p.numel() * p.element_size() for p in self.blocks.parameters())
+        return inputs.default_batch_size(
+            seq_len, width, self.d_model, self.n_layers, backward, sequences, sums
+        )
 
     def split_batches(
         self, batches: list[Batch], batch_size: int | None, backward: bool = False
@@ -436,8 +446,12 @@ class Model:
         return [
             part
             for batch in batches
-            for part in as_batches(batch, self.default_batch_size(batch.tokens.shape[-1], backward))
+            for part in as_batches(batch, self._split_size(batch, backward))
         ]
+
+    def _split_size(self, batch: Batch, backward: bool) -> int:
+        rows, seq_len = batch.tokens.shape
+        return self.default_batch_size(seq_len, backward, rows if backward else None)
 
     def default_labels(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Targets per position: the next real token (decoders) or the token itself (encoders)."""

@@ -42,10 +42,11 @@ STACKED_ROWS = 1024
 """Token rows one block run takes on a CPU when hook-free variants of one batch are stacked
 along the batch dimension (:meth:`probekit.model.Trace.resume_stacked`): a batch of fewer
 tokens runs ``STACKED_ROWS // tokens`` variants at a time (:func:`stacked_variants`). Measured
-on one Llama-3.1-8B block, one thread (``benchmarks/bench_scale.py``'s shape): per 128 tokens
-445 ms alone and 362 ms stacked eight times with float32 weights; 755 ms and 391 ms with the
-weights kept in bf16 and copied to float32 on each read (the copy is made once per run, not
-per variant). A batch of 1024 tokens or more runs one variant at a time, as before."""
+on one Llama-3.1-8B block at 128 tokens, two threads (``python benchmarks/bench_scale.py
+--shape llama-3.1-8b --stacking``), per variant: 240 ms alone and 179 ms stacked eight times
+(188 ms sixteen times) with float32 weights; 443 ms and 206 ms (194 ms) with the weights kept
+in bf16 and copied to float32 when read, a copy made once per run instead of per variant. A
+batch of 1024 tokens or more runs one variant at a time, as before."""
 
 
 def stacked_variants(tokens: int) -> int:
@@ -85,15 +86,39 @@ def variants_per_run(
 
 
 def default_batch_size(
-    seq_len: int, width: int, d_model: int, n_layers: int, backward: bool = False
+    seq_len: int,
+    width: int,
+    d_model: int,
+    n_layers: int,
+    backward: bool = False,
+    sequences: int | None = None,
+    gradient_sums: int | None = None,
 ) -> int:
     """Sequences of ``seq_len`` tokens per batch whose float32 output of ``width`` values per
     token stays within :data:`OUTPUT_BATCH_BYTES` (at least one); for a ``backward``, with the
-    gradients and saved activations of ``n_layers`` blocks of ``d_model`` counted too."""
+    gradients and saved activations of ``n_layers`` blocks of ``d_model`` counted too.
+
+    A backward over several batches holds every block weight's gradient summed over them
+    (``gradient_sums`` bytes; :mod:`probekit.analyses.depth.gradients`), one batch holds one
+    weight's gradient at a time: so all ``sequences`` run as one batch when their backward
+    takes no more memory than those sums would.
+
+    Example:
+        >>> default_batch_size(128, 50_000, 512, 8, backward=True)
+        1
+        >>> default_batch_size(128, 50_000, 512, 8, backward=True, sequences=4,
+        ...                    gradient_sums=4 * 10**9)   # 4 GB of sums: one batch is less
+        4
+    """
     floats = width
     if backward:
         floats = 3 * width + BACKWARD_FLOATS_PER_LAYER * d_model * n_layers
-    return max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
+    size = max(1, OUTPUT_BATCH_BYTES // (4 * max(1, seq_len) * floats))
+    if backward and sequences is not None and gradient_sums is not None and sequences > size:
+        whole = 4 * sequences * max(1, seq_len) * floats
+        if whole <= gradient_sums:
+            return sequences
+    return size
 
 
 def check_token_shape(tokens: torch.Tensor) -> None:
