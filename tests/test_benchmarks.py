@@ -183,3 +183,14 @@ def test_report_drift_finds_the_value_that_moved(tmp_path, capsys):
     assert re.search(r"second_half_share\s+0.25\s+0.26\s+\+0.01", out)
     assert re.search(r"contributions\s+2\s+4.00e-02\s+value \(layer 1, component layer", out)
     assert "verdict sentences the same: True" in out
+
+
+def test_bench_scale_says_what_the_arithmetic_leaves_out_of_a_missed_time_goal():
+    from benchmarks import bench_scale
+    from probekit.model import estimate as est
+
+    shapes = est.Shapes.from_config(bench_scale.SHAPES["tiny-llama"])
+    assert bench_scale.measures_seconds(shapes, 1, 8) > 0
+    [time_goal, _] = bench_scale.goal_lines("qwen2.5-0.5b", 3.6, 5.0, 0.66, 38.9e12, 288, 60.0)
+    assert "not met (3.6 min; the arithmetic alone" in time_goal
+    assert "timed here, add 1.0 min: 3.3 min, 108% of the goal" in time_goal
