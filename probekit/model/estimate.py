@@ -198,7 +198,7 @@ def stacked_runs(
     start; default the remaining layers in order).
 
     Example:
-        >>> stacked_runs([1, 2, 3], None, n_layers=3, chunk=2)  # 1 + 1 variants: 2 runs
+        >>> stacked_runs([1, 2, 3], None, n_layers=3, chunk=2)  # block 1 alone, block 2 for two
         2
         >>> stacked_runs([1, 2, 3], None, n_layers=3, chunk=1)  # one per pass: 3 passes
         3
