@@ -276,7 +276,8 @@ def sliced_product(
         return None  # (a parametrized nn.Linear is of a subclass parametrize makes)
     if not parametrize.is_parametrized(linear, "weight"):
         return None
-    chain: Any = linear.parametrizations["weight"]
+    parametrizations: Any = linear.parametrizations
+    chain = parametrizations["weight"]
     if len(chain) != 1 or not isinstance(chain[0], Upcast):
         return None  # another parametrization (e.g. a weight norm) is the model's own
     stored = stored_tensor(linear)
