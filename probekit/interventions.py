@@ -40,7 +40,7 @@ import torch
 from probekit.data import Batch, Data
 from probekit.errors import InputError, UnsupportedModelError
 from probekit.model import HookList, Model
-from probekit.model.inputs import check_layer_list
+from probekit.model.inputs import check_layer_list, swapped_order
 from probekit.model.structure import MID_SITES
 
 SUBLAYERS = ("attn", "mlp")
@@ -422,22 +422,6 @@ def reorder_layers(model: Model, order: Sequence[int]) -> Iterator[Model]:
     finally:
         for position, module in enumerate(original):
             blocks[position] = module
-
-
-def swapped_order(n_layers: int, first: Sequence[int], second: Sequence[int]) -> list[int]:
-    """The layer order with two contiguous, non-overlapping ranges of layers exchanged.
-
-    ``first`` and ``second`` are ``(start, stop)`` ranges; single layers are ``(i, i + 1)``.
-    """
-    (a, b), (c, d) = sorted([tuple(first), tuple(second)])
-    if not (0 <= a < b <= c < d <= n_layers):
-        raise InputError(
-            f"blocks {tuple(first)} and {tuple(second)} are not two non-overlapping ranges "
-            f"inside 0..{n_layers}",
-            fix="give (start, stop) ranges with start < stop that do not overlap",
-        )
-    layers = list(range(n_layers))
-    return layers[:a] + layers[c:d] + layers[b:c] + layers[a:b] + layers[d:]
 
 
 @contextmanager

@@ -39,7 +39,12 @@ from probekit.model.checkpoint import (
     estimate_parameters,
     largest_weight,
 )
-from probekit.model.inputs import default_batch_size, variants_per_run
+from probekit.model.inputs import (
+    default_batch_size,
+    swap_pairs,
+    swapped_order,
+    variants_per_run,
+)
 from probekit.model.storage import UNEMBED_SLICE
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -218,13 +223,6 @@ def stacked_runs(
     return runs
 
 
-def swap_pairs(n_layers: int, pairs: str = "adjacent") -> list[tuple[int, int]]:
-    """The layer pairs ``layer_swaps`` swaps: neighbours, or every pair i < j (``"all"``)."""
-    if pairs == "adjacent":
-        return [(i, i + 1) for i in range(n_layers - 1)]
-    return [(i, j) for i in range(n_layers) for j in range(i + 1, n_layers)]
-
-
 def diagnosis_plan(
     n_layers: int,
     n_batches: int,
@@ -248,7 +246,7 @@ def diagnosis_plan(
     skips = Passes(sum(L - 1 - layer for layer in range(L)), L, 0, skip_runs)
     ablations = Passes(L, 0, 0, L) + skips  # the ablated block alone, then as a skip
     swaps = swap_pairs(L, pairs)
-    orders = [_swapped(L, i, j)[i:] for i, j in swaps]
+    orders = [swapped_order(L, (i, i + 1), (j, j + 1))[i:] for i, j in swaps]
     swapped = Passes(
         sum(L - i for i, _ in swaps),
         len(swaps),
@@ -276,13 +274,6 @@ def diagnosis_plan(
     if "gradients" in out:
         out["gradients"] = plan["gradients"].times(gradient_batches or n_batches)
     return out
-
-
-def _swapped(n_layers: int, first: int, second: int) -> list[int]:
-    """The layer order with ``first`` and ``second`` exchanged."""
-    order = list(range(n_layers))
-    order[first], order[second] = order[second], order[first]
-    return order
 
 
 @dataclass(frozen=True)

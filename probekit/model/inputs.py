@@ -121,6 +121,39 @@ def default_batch_size(
     return size
 
 
+def swap_pairs(n_layers: int, pairs: str = "adjacent") -> list[tuple[int, int]]:
+    """The layer pairs ``layer_swaps`` swaps for ``pairs="adjacent"`` (neighbours) or
+    ``"all"`` (every pair i < j), as :func:`probekit.model.estimate.diagnosis_plan` counts them.
+
+    Example:
+        >>> swap_pairs(3), swap_pairs(3, "all")
+        ([(0, 1), (1, 2)], [(0, 1), (0, 2), (1, 2)])
+    """
+    if pairs == "adjacent":
+        return [(i, i + 1) for i in range(n_layers - 1)]
+    return [(i, j) for i in range(n_layers) for j in range(i + 1, n_layers)]
+
+
+def swapped_order(n_layers: int, first: Sequence[int], second: Sequence[int]) -> list[int]:
+    """The layer order with two contiguous, non-overlapping ranges of layers exchanged.
+
+    ``first`` and ``second`` are ``(start, stop)`` ranges; single layers are ``(i, i + 1)``.
+
+    Example:
+        >>> swapped_order(4, (0, 1), (2, 4))
+        [2, 3, 1, 0]
+    """
+    (a, b), (c, d) = sorted([tuple(first), tuple(second)])
+    if not (0 <= a < b <= c < d <= n_layers):
+        raise InputError(
+            f"blocks {tuple(first)} and {tuple(second)} are not two non-overlapping ranges "
+            f"inside 0..{n_layers}",
+            fix="give (start, stop) ranges with start < stop that do not overlap",
+        )
+    layers = list(range(n_layers))
+    return layers[:a] + layers[c:d] + layers[b:c] + layers[a:b] + layers[d:]
+
+
 def check_token_shape(tokens: torch.Tensor) -> None:
     """Token ids must be an integer ``[batch, pos]`` tensor (a 0-D or 3-D one is refused
     before anything reads its shape).
@@ -359,6 +392,8 @@ __all__ = [
     "probe_batch",
     "require_targets",
     "stacked_variants",
+    "swap_pairs",
+    "swapped_order",
     "variants_per_run",
     "tokenize",
 ]

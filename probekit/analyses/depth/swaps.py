@@ -54,8 +54,8 @@ from probekit.analyses.common import (
 from probekit.analyses.depth.shared import Shared, make_shared
 from probekit.data import Data, position_mask
 from probekit.errors import InputError
-from probekit.interventions import swapped_order
 from probekit.model import Model, load
+from probekit.model.inputs import swap_pairs, swapped_order
 from probekit.progress import expect
 from probekit.result import Result
 from probekit.words import figure_words, swap_cost
@@ -181,10 +181,8 @@ def _variant_orders(
     n: int, pairs: str | Sequence[tuple[int, int]]
 ) -> list[tuple[str, Range, Range]]:
     chosen: list[tuple[int, ...]]
-    if pairs == "adjacent":
-        chosen = [(i, i + 1) for i in range(n - 1)]
-    elif pairs == "all":
-        chosen = list(combinations(range(n), 2))
+    if pairs in ("adjacent", "all"):
+        chosen = list(swap_pairs(n, pairs))
     elif isinstance(pairs, str):
         raise InputError(f"unknown pairs={pairs!r}", fix="use 'adjacent', 'all' or a list of pairs")
     else:
